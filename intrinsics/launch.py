@@ -1,0 +1,123 @@
+"""Kernel launches that numba-cuda does not do by itself.
+
+- Dynamic shared memory above 48 KB: the kernel's ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` attribute must be
+  raised first (``cuKernelSetAttribute``); the limit on sm_90 is 227 KB per block.
+- Thread-block clusters (sm_90+): numba's ``kernel[grid, block]`` has no cluster dimension; this
+  launches through cuda.core's ``LaunchConfig(cluster=...)``.
+- ``launch_bounds``: pass ``@cuda.jit(launch_bounds=(threads, 1))`` -- numba-cuda supports it, and
+  ``setmaxnreg`` only takes effect with such a register cap.
+
+``launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0)`` takes the grid in
+blocks (as ``kernel[grid, block]`` does), whatever cuda.core version is installed.
+"""
+
+import functools
+
+from numba import cuda
+from numba.cuda.cudadrv.driver import _to_core_stream
+
+__all__ = ["LaunchError", "launch", "max_dynamic_shared_bytes"]
+
+_DEFAULT_DYNAMIC_LIMIT = 48 * 1024
+
+
+class LaunchError(ValueError):
+    """A launch configuration the hardware cannot run, named before the driver sees it."""
+
+
+def _dim3(value, what):
+    dims = (value,) if isinstance(value, int) else tuple(value)
+    if not 1 <= len(dims) <= 3 or any(not isinstance(d, int) or d < 1 for d in dims):
+        raise LaunchError(f"{what} must be 1 to 3 positive integers, got {value!r}")
+    return dims + (1,) * (3 - len(dims))
+
+
+def max_dynamic_shared_bytes(device=None):
+    """The most dynamic shared memory one block may opt in to on ``device`` (default: current)."""
+    device = device or cuda.get_current_device()
+    return device.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+
+
+def _as_kernel_arg(value):
+    # Foreign device arrays (torch, CuPy) become numba device arrays without a copy.
+    if hasattr(value, "__cuda_array_interface__") and not cuda.is_cuda_array(value):
+        return value
+    if hasattr(value, "__cuda_array_interface__") and not isinstance(
+        value, cuda.cudadrv.devicearray.DeviceNDArray
+    ):
+        return cuda.as_cuda_array(value)
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_core_grid_counts_clusters():
+    # cuda.core 1.0 changed LaunchConfig.grid to count clusters when a cluster shape is given.
+    from packaging import version
+    from cuda import core
+
+    return version.parse(core.__version__) >= version.parse("1.0.0")
+
+
+def _set_kernel_attribute(cufunc, attribute, value):
+    from cuda.bindings import driver
+
+    attr = getattr(driver.CUfunction_attribute, attribute)
+    (err,) = driver.cuKernelSetAttribute(attr, value, cufunc.handle, cufunc.device.id)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise LaunchError(f"cuKernelSetAttribute({attribute}, {value}) failed: {err.name}")
+
+
+def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0):
+    """Launch a ``cuda.jit`` kernel with optional >48 KB dynamic shared memory and clusters.
+
+    ``grid`` and ``block`` are block counts and thread counts (1-3 dims), ``args`` the kernel's
+    arguments, ``shared_bytes`` the dynamic shared memory per block, ``cluster`` the cluster shape
+    in blocks (each dimension must divide the grid's), ``stream`` a numba stream or 0.
+    """
+    from cuda.core import LaunchConfig, launch as core_launch
+
+    grid = _dim3(grid, "grid")
+    block = _dim3(block, "block")
+    args = tuple(_as_kernel_arg(a) for a in args)
+    if block[0] * block[1] * block[2] > 1024:
+        raise LaunchError(f"a block has at most 1024 threads, got {block}")
+    if shared_bytes < 0:
+        raise LaunchError(f"shared_bytes must be >= 0, got {shared_bytes}")
+
+    signature = tuple(kernel.typeof_pyval(a) for a in args)
+    compiled = kernel.compile(signature)
+    cufunc = compiled._codelibrary.get_cufunc()
+
+    if shared_bytes > _DEFAULT_DYNAMIC_LIMIT:
+        limit = max_dynamic_shared_bytes(cufunc.device)
+        static = cufunc.attrs.shared
+        if shared_bytes + static > limit:
+            raise LaunchError(
+                f"{shared_bytes} B of dynamic shared memory plus {static} B static exceeds the "
+                f"device's per-block limit of {limit} B"
+            )
+        _set_kernel_attribute(cufunc, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", shared_bytes)
+
+    core_grid = grid
+    if cluster is not None:
+        cluster = _dim3(cluster, "cluster")
+        if any(g % c for g, c in zip(grid, cluster)):
+            raise LaunchError(f"the cluster shape {cluster} must divide the grid {grid}")
+        size = cluster[0] * cluster[1] * cluster[2]
+        if size > 16:
+            raise LaunchError(f"a cluster has at most 16 blocks, got {size}")
+        if size > 8:
+            _set_kernel_attribute(cufunc, "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1)
+        if _cuda_core_grid_counts_clusters():
+            core_grid = tuple(g // c for g, c in zip(grid, cluster))
+
+    kernelargs = []
+    retr = []
+    for ty, value in zip(compiled.argument_types, args):
+        compiled._prepare_args(ty, value, stream, retr, kernelargs)
+
+    config = LaunchConfig(grid=core_grid, cluster=cluster, block=block, shmem_size=shared_bytes)
+    core_launch(_to_core_stream(stream), config, cufunc.kernel, *kernelargs)
+    for writeback in retr:
+        writeback()
+
