@@ -1,0 +1,9 @@
+"""numbatc: tensor-core kernels written in Numba ``@cuda.jit`` Python, on top of the
+:mod:`intrinsics` layer (mma.sync, ldmatrix, cp.async, wgmma, TMA, mbarrier ...).
+
+``python -m numbatc`` runs the demo: on a GPU it runs the examples and checks them; without one it
+compiles every example kernel and intrinsic for each architecture the project claims and reports
+what assembled.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+import sys
+
+from numbatc.demo import main
+
+sys.exit(main())

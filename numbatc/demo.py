@@ -1,0 +1,161 @@
+"""``python -m numbatc``: the project's main job.
+
+On a machine with a CUDA GPU it runs every example in ``examples/`` and checks its result.  Without
+one it compiles every example kernel and every intrinsic probe (:mod:`intrinsics.catalog`) for each
+architecture the project claims, assembles the PTX with nvJitLink, and reports what it found.
+The exit status is 0 only when everything that should work did.
+"""
+
+import argparse
+import collections
+import importlib.util
+import pathlib
+import sys
+import time
+
+from intrinsics._core import ArchitectureError
+from intrinsics.toolchain import ARCHS, AssemblyError, assemble, cc_of, compile_ptx
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+def _gpu_name():
+    from numba import cuda
+
+    try:
+        if not cuda.is_available():
+            return None
+        device = cuda.get_current_device()
+        name = device.name.decode() if isinstance(device.name, bytes) else device.name
+        return f"{name} (cc {device.compute_capability[0]}.{device.compute_capability[1]})"
+    except Exception:  # a broken driver counts as no GPU
+        return None
+
+
+def _load_examples():
+    if not EXAMPLES.is_dir():
+        print(f"examples/ not found next to the package ({EXAMPLES}); run from a source checkout")
+        return []
+    modules = []
+    for path in sorted(EXAMPLES.glob("ex[0-9][0-9]_*.py")):
+        spec = importlib.util.spec_from_file_location(f"numbatc_examples.{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        modules.append(module)
+    return modules
+
+
+def _compile_one(kernel, signature, arch):
+    """'ok', 'refused' (ArchitectureError) or an error message."""
+    try:
+        assemble(compile_ptx(kernel, signature, arch), arch)
+        return "ok"
+    except ArchitectureError:
+        return "refused"
+    except Exception as exc:  # report, do not hide: the caller counts it as a failure
+        cause = exc
+        while cause.__cause__ is not None or cause.__context__ is not None:
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(cause, ArchitectureError) or "needs sm_" in str(exc):
+            return "refused"
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+
+
+def run_examples(modules):
+    failures = 0
+    print("\n== examples on the GPU")
+    for module in modules:
+        name = module.__name__.rsplit(".", 1)[1]
+        start = time.perf_counter()
+        try:
+            ok = module.run(verbose=False)
+            status = "PASS" if ok else "FAIL"
+        except Exception as exc:
+            ok, status = False, f"ERROR {type(exc).__name__}: {exc}"
+        failures += not ok
+        print(f"  {name:32s} {status}  ({time.perf_counter() - start:.1f} s)")
+    return failures
+
+
+def compile_examples(modules, archs):
+    failures = 0
+    print(f"\n== example kernels, compiled and assembled for {', '.join(archs)}")
+    for module in modules:
+        name = module.__name__.rsplit(".", 1)[1]
+        for kernel, signature, oldest in module.KERNELS:
+            results = []
+            for arch in archs:
+                if cc_of(arch)[:2] < cc_of(oldest)[:2] or (
+                    len(cc_of(oldest)) > 2 and cc_of(arch) != cc_of(oldest)
+                ):
+                    results.append(f"{arch}: -")
+                    continue
+                outcome = _compile_one(kernel, signature, arch)
+                failures += outcome != "ok"
+                results.append(f"{arch}: {outcome}")
+            kname = getattr(kernel, "__name__", getattr(getattr(kernel, "py_func", None), "__name__", "?"))
+            print(f"  {name}.{kname}: " + "  ".join(results))
+    return failures
+
+
+def compile_intrinsics(archs):
+    from intrinsics.catalog import probes
+
+    print(f"\n== intrinsics: one probe kernel per form, for {', '.join(archs)}")
+    table = collections.OrderedDict()
+    failures = []
+    for probe in probes():
+        row = table.setdefault(probe.family, {arch: [0, 0] for arch in archs})
+        for arch in archs:
+            expect = probe.arch.accepts(cc_of(arch))
+            outcome = _compile_one(probe.kernel, probe.signature, arch)
+            if outcome == "ok" and expect:
+                row[arch][0] += 1
+            elif outcome == "refused" and not expect:
+                row[arch][1] += 1
+            else:
+                failures.append(f"{probe.family} {probe.name} on {arch}: {outcome} "
+                                f"(expected {'to assemble' if expect else 'a refusal'})")
+        if sys.stdout.isatty():  # progress on a terminal; logs get the table only
+            print(f"  {probe.family:12s} {probe.name:40s}", end="\r", flush=True)
+    width = max(len(f) for f in table) if table else 8
+    if sys.stdout.isatty():
+        print(" " * 60, end="\r")
+    print(f"  {'family':{width}s}  " + "  ".join(f"{a:>14s}" for a in archs))
+    for family, row in table.items():
+        cells = "  ".join(f"{ok:4d} ok {ref:3d} n/a" for ok, ref in (row[a] for a in archs))
+        print(f"  {family:{width}s}  {cells}")
+    print("  (ok: compiled and assembled; n/a: refused by design, the architecture lacks it)")
+    for line in failures:
+        print("  UNEXPECTED:", line)
+    return len(failures)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m numbatc", description=__doc__.splitlines()[0])
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile and assemble even when a GPU is present")
+    parser.add_argument("--arch", action="append", choices=list(ARCHS),
+                        help="architectures to compile for (default: all claimed)")
+    args = parser.parse_args(argv)
+    archs = args.arch or list(ARCHS)
+
+    import intrinsics
+    import numbatc
+
+    gpu = None if args.compile_only else _gpu_name()
+    print(f"numbatc {numbatc.__version__}, intrinsics {intrinsics.__version__}; "
+          f"GPU: {gpu or 'none (compile-only mode)'}")
+    modules = _load_examples()
+    failures = 0
+    if gpu:
+        failures += run_examples(modules)
+    else:
+        failures += compile_examples(modules, archs)
+        failures += compile_intrinsics(archs)
+    print(f"\n{'OK' if not failures else f'{failures} FAILURE(S)'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
