@@ -47,8 +47,69 @@ from intrinsics.ldmatrix import (
     stmatrix_x4,
     stmatrix_x4_trans,
 )
+from intrinsics.cluster import (
+    cluster_arrive,
+    cluster_arrive_relaxed,
+    cluster_ctaid,
+    cluster_ctarank,
+    cluster_id,
+    cluster_nctaid,
+    cluster_nctarank,
+    cluster_nclusterid,
+    cluster_sync,
+    cluster_wait,
+    dsmem_load_f32,
+    dsmem_load_u32,
+    dsmem_store_f32,
+    dsmem_store_u32,
+    elect_sync,
+    fence_acq_rel_cluster,
+    fence_proxy_async,
+    fence_proxy_async_global,
+    fence_proxy_async_shared,
+    map_shared_rank,
+)
 from intrinsics.launch import LaunchError
+from intrinsics.mbarrier import (
+    fence_mbarrier_init,
+    mbarrier_arrive,
+    mbarrier_arrive_cluster,
+    mbarrier_arrive_count,
+    mbarrier_arrive_expect_tx,
+    mbarrier_complete_tx,
+    mbarrier_expect_tx,
+    mbarrier_init,
+    mbarrier_inval,
+    mbarrier_test_wait,
+    mbarrier_test_wait_parity,
+    mbarrier_try_wait_parity,
+    mbarrier_wait_parity,
+)
 from intrinsics.mma import MmaSpec, mma_specs, mma_sync
+from intrinsics.setmaxnreg import setmaxnreg_dec, setmaxnreg_inc
 from intrinsics.smem import shared_address, swizzle, swizzle_offset
+from intrinsics.tensormap import TensorMap, TensorMapError
+from intrinsics.tma import (
+    bulk_commit_group,
+    bulk_copy_g2s,
+    bulk_copy_s2g,
+    bulk_wait_group,
+    bulk_wait_group_read,
+    tma_load,
+    tma_load_im2col,
+    tma_load_multicast,
+    tma_prefetch_descriptor,
+    tma_store,
+)
+from intrinsics.wgmma import (
+    SmemLayout,
+    make_smem_desc,
+    smem_desc,
+    wgmma_commit_group,
+    wgmma_fence,
+    wgmma_fence_operand,
+    wgmma_mma_async,
+    wgmma_wait_group,
+)
 
 __version__ = "0.1.0"

@@ -87,7 +87,13 @@ def compile_cc():
     capability when a kernel is launched); the flags sit on a config stack during lowering.
     """
     flags = targetconfig.ConfigStack.top_or_none()
-    return getattr(flags, "compute_capability", None) if flags is not None else None
+    cc = getattr(flags, "compute_capability", None) if flags is not None else None
+    if cc is not None and type(cc) is not tuple and len(cc) == 2 and tuple(cc) >= (9, 0):
+        # A launch on a device: numba lowers with the device's ComputeCapability (9, 0) but
+        # writes the PTX for sm_90a (CUDACodeLibrary._ensure_cc adds the 'a' for cc >= 9.0).
+        # compile_ptx(cc=(9, 0)) passes a plain tuple and really means plain sm_90.
+        cc = (cc[0], cc[1], "a")
+    return cc
 
 
 def require_arch(name, arch):

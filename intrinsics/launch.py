@@ -6,6 +6,11 @@
   launches through cuda.core's ``LaunchConfig(cluster=...)``.
 - ``launch_bounds``: pass ``@cuda.jit(launch_bounds=(threads, 1))`` -- numba-cuda supports it, and
   ``setmaxnreg`` only takes effect with such a register cap.
+- Whole-program compilation: numba links every kernel through nvJitLink, which compiles the PTX as
+  relocatable code, and ptxas then drops ``setmaxnreg`` (info C7504, "ignored to maintain
+  compatibility across compilation units").  A kernel whose PTX holds setmaxnreg is therefore
+  loaded from its PTX by the driver's JIT, which compiles the whole program and keeps it
+  (``whole_program=True`` forces this path for any kernel).
 
 ``launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0)`` takes the grid in
 blocks (as ``kernel[grid, block]`` does), whatever cuda.core version is installed.
@@ -14,7 +19,6 @@ blocks (as ``kernel[grid, block]`` does), whatever cuda.core version is installe
 import functools
 
 from numba import cuda
-from numba.cuda.cudadrv.driver import _to_core_stream
 
 __all__ = ["LaunchError", "launch", "max_dynamic_shared_bytes"]
 
@@ -58,23 +62,60 @@ def _cuda_core_grid_counts_clusters():
     return version.parse(core.__version__) >= version.parse("1.0.0")
 
 
-def _set_kernel_attribute(cufunc, attribute, value):
+def _set_kernel_attribute(core_kernel, device, attribute, value):
     from cuda.bindings import driver
 
     attr = getattr(driver.CUfunction_attribute, attribute)
-    (err,) = driver.cuKernelSetAttribute(attr, value, cufunc.handle, cufunc.device.id)
+    (err,) = driver.cuKernelSetAttribute(attr, value, core_kernel.handle, device.id)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise LaunchError(f"cuKernelSetAttribute({attribute}, {value}) failed: {err.name}")
 
 
-def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0):
+# PTX ISA versions to try when the driver's JIT is older than the NVVM that wrote the PTX (pip's
+# NVVM 13.5 writes 9.5; a CUDA 13.0 driver reads up to 9.0).  NVVM writes its own newest version,
+# not the oldest the kernel needs; everything the intrinsics emit exists in PTX 8.0 or later.
+_PTX_VERSIONS = ["9.4", "9.3", "9.2", "9.1", "9.0", "8.8", "8.7", "8.6", "8.5", "8.4", "8.3",
+                 "8.2", "8.1", "8.0"]
+_WHOLE_PROGRAM = {}
+
+
+def _whole_program_kernel(compiled, device):
+    """The kernel loaded from its PTX by the driver's JIT (whole-program), cached."""
+    import re
+
+    from cuda.core import ObjectCode
+
+    key = (id(compiled), device.id)
+    if key in _WHOLE_PROGRAM:
+        return _WHOLE_PROGRAM[key][1]
+    ptx = compiled.inspect_asm()
+    name = compiled._codelibrary._entry_name
+    errors = []
+    for version in [None] + _PTX_VERSIONS:
+        text = ptx if version is None else re.sub(r"^\.version \S+", f".version {version}", ptx, flags=re.M)
+        try:
+            kernel = ObjectCode.from_ptx(text.encode(), name=name).get_kernel(name)
+        except Exception as exc:  # the driver says which PTX it cannot read; try an older header
+            errors.append(f"{version or 'as written'}: {exc}")
+            if "PTX" not in str(exc) and "ptx" not in str(exc):
+                break
+            continue
+        _WHOLE_PROGRAM[key] = (compiled, kernel)  # keep the compiled kernel alive with its key
+        return kernel
+    raise LaunchError("the driver could not JIT the kernel's PTX: " + "; ".join(errors[-3:]))
+
+
+def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, whole_program=None):
     """Launch a ``cuda.jit`` kernel with optional >48 KB dynamic shared memory and clusters.
 
     ``grid`` and ``block`` are block counts and thread counts (1-3 dims), ``args`` the kernel's
     arguments, ``shared_bytes`` the dynamic shared memory per block, ``cluster`` the cluster shape
     in blocks (each dimension must divide the grid's), ``stream`` a numba stream or 0.
+    ``whole_program``: load through the driver's whole-program JIT (default: when the kernel
+    uses setmaxnreg, which nvJitLink's separate compilation drops).
     """
     from cuda.core import LaunchConfig, launch as core_launch
+    from numba.cuda.cudadrv.driver import _to_core_stream
 
     grid = _dim3(grid, "grid")
     block = _dim3(block, "block")
@@ -87,6 +128,9 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0):
     signature = tuple(kernel.typeof_pyval(a) for a in args)
     compiled = kernel.compile(signature)
     cufunc = compiled._codelibrary.get_cufunc()
+    if whole_program is None:
+        whole_program = "setmaxnreg" in compiled.inspect_asm()
+    core_kernel = _whole_program_kernel(compiled, cufunc.device) if whole_program else cufunc.kernel
 
     if shared_bytes > _DEFAULT_DYNAMIC_LIMIT:
         limit = max_dynamic_shared_bytes(cufunc.device)
@@ -96,7 +140,7 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0):
                 f"{shared_bytes} B of dynamic shared memory plus {static} B static exceeds the "
                 f"device's per-block limit of {limit} B"
             )
-        _set_kernel_attribute(cufunc, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", shared_bytes)
+        _set_kernel_attribute(core_kernel, cufunc.device, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", shared_bytes)
 
     core_grid = grid
     if cluster is not None:
@@ -107,7 +151,7 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0):
         if size > 16:
             raise LaunchError(f"a cluster has at most 16 blocks, got {size}")
         if size > 8:
-            _set_kernel_attribute(cufunc, "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1)
+            _set_kernel_attribute(core_kernel, cufunc.device, "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1)
         if _cuda_core_grid_counts_clusters():
             core_grid = tuple(g // c for g, c in zip(grid, cluster))
 
@@ -117,7 +161,7 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0):
         compiled._prepare_args(ty, value, stream, retr, kernelargs)
 
     config = LaunchConfig(grid=core_grid, cluster=cluster, block=block, shmem_size=shared_bytes)
-    core_launch(_to_core_stream(stream), config, cufunc.kernel, *kernelargs)
+    core_launch(_to_core_stream(stream), config, core_kernel, *kernelargs)
     for writeback in retr:
         writeback()
 

@@ -1,0 +1,737 @@
+"""Warpgroup-level matrix multiply-accumulate: ``wgmma`` (PTX ISA 9.7.15, "Asynchronous Warpgroup
+Level Matrix Multiply-Accumulate Instructions"; sm_90a only -- sm_90 without the ``a``, sm_100a and
+sm_120a all refuse it).
+
+One table lists every input family; :func:`wgmma_mma_async` builds the intrinsic for one
+combination of N, types, operand source, scales and transposes.  A call site looks like::
+
+    mma = intrinsics.wgmma_mma_async(128, "bf16")            # m64n128k16, f32 accumulator, SS
+    a_tile = SmemLayout("K", 128, 64, 64, 2)                  # (M=64, K=64) bf16, 128B swizzle
+    b_tile = SmemLayout("K", 128, 128, 64, 2)                 # (N=128, K=64)
+
+    @cuda.jit
+    def kernel(...):
+        smem = cuda.shared.array(..., np.uint32)           # a_at, b_at: 1024-B aligned words
+        ...                                                # store the tiles (a_tile.offset)
+        fence_proxy_async_shared()                         # generic-proxy stores -> async proxy
+        cuda.syncthreads()
+        acc = wgmma_fence_operand(acc)                     # acc: UniTuple(float32, 64)
+        wgmma_fence()
+        for ks in range(4):                                # K-slices of 16 (a_tile.k_offset)
+            da = smem_desc(smem, a_at + 8 * ks, 16, 1024, 128)   # +32 B per slice
+            db = smem_desc(smem, b_at + 8 * ks, 16, 1024, 128)
+            acc = mma(acc, da, db, 1)                      # scale_d: 0 would ignore acc
+        wgmma_commit_group()
+        wgmma_wait_group(0)
+        acc = wgmma_fence_operand(acc)                     # REQUIRED before reading acc
+        ...                                                # epilogue reads acc
+
+All 128 threads of a warpgroup (four consecutive warps, the first a multiple of 4) execute every
+call here (``.sync.aligned``).
+
+NOTE: ``wgmma.mma_async`` is asynchronous, but the inline asm that emits it hands LLVM its
+accumulator registers as ordinary SSA results, "ready" at once.  Nothing stops LLVM from moving a
+read of the accumulator (a store, a conversion) above ``wgmma.wait_group`` -- it would read a
+register the tensor core is still writing.  :func:`wgmma_fence_operand` is an empty asm that takes
+every accumulator register in and hands it back out; being volatile it stays below the (volatile)
+wait, and every later read depends on its outputs.  The pattern is always::
+
+    wgmma_wait_group(0)
+    acc = wgmma_fence_operand(acc)
+
+(CUTLASS: ``warpgroup_wait<0>(); warpgroup_fence_operand(accum);``.)  ptxas itself notices a read
+of a register that a wgmma may still be writing and injects a wait (info C7517, "wgmma.wait_group
+is injected ..."); the compile tests check that a kernel written with the pattern needs none.
+
+Accumulators: ``UniTuple(float32, N/2)`` for f32, ``UniTuple(uint32, N/4)`` (two packed f16, low
+half = even element) for f16.  Register-sourced A (RS form): ``UniTuple(uint32, 4)``.  Descriptors
+are 64-bit integers built by :func:`make_smem_desc` / :func:`smem_desc`.  ``scale_d`` is a run-time
+integer: 0 makes D = A*B (the input accumulator is ignored), anything else D = A*B + D.
+
+Shared-memory layouts and the matrix descriptor
+-----------------------------------------------
+The descriptor (PTX ISA 9.7.15.5.1.2.2, "Matrix Descriptor Format") packs::
+
+    bits  0-13  start address >> 4          (shared state space, 16-byte aligned)
+    bits 16-29  leading-dimension byte offset (LBO) >> 4
+    bits 32-45  stride-dimension byte offset  (SBO) >> 4
+    bits 49-51  base offset (0 when every swizzle atom starts on its repeat boundary)
+    bits 62-63  swizzle: 0 none, 1 128B, 2 64B, 3 32B
+
+The operand tile must be in one of the canonical layouts (PTX ISA 9.7.15.5.1.2, "Shared Memory
+Matrix Layout", with 9.7.15.5.1.2.1 "Major-ness supported by Strides" and its "Canonical
+Layouts" table; CUTLASS ``make_gmma_desc`` in cute/atom/mma_traits_sm90_gmma.hpp).  With S the
+swizzle width in bytes and (mn, k) the indices of an element of one instruction's operand (A: m,
+k; B: n, k), the byte address the tensor core reads is::
+
+    K-major  (trans 0)   none:  (mn%8)*16 + (mn/8)*SBO + (kb%16) + (kb/16)*LBO
+                         S:     (mn%8)*S  + (mn/8)*SBO + kb                    (LBO unused, "1")
+    MN-major (trans 1)   none:  (mb%16)   + (mb/16)*SBO + (k%8)*16 + (k/8)*LBO
+                         S:     (mb%S)    + (mb/S)*LBO  + (k%8)*S  + (k/8)*SBO
+
+    (kb = k * element bytes, mb = mn * element bytes; the start address is added and then the
+    swizzle XORs address bits [4, 4+log2(S/16)) with bits [7, 7+log2(S/16)))
+
+so the two offsets step along different directions depending on the layout:
+
+    K-major,  any swizzle:   SBO = next 8 rows (MN);   LBO = next 16 B of K (no swizzle only;
+                             swizzled: unused, "assumed 1" -- one instruction reads 32 B of K)
+    MN-major, swizzled:      LBO = next atom along MN (S bytes of MN);   SBO = next 8 k
+    MN-major, no swizzle:    SBO = next 16 B along MN;   LBO = next 8 k
+
+:class:`SmemLayout` is the tile-level model (where element (mn, k) of a whole tile lives) with the
+LBO/SBO that describe it; :func:`smem_desc_address_host` is the instruction-level model above.
+
+Advancing along K: the descriptor for the K-slice that starts at ``k0`` is the tile's descriptor
+with its start address moved to element (0, k0): ``SmemLayout.k_offset(k0)`` bytes, i.e.
+``k0 * element_bytes`` inside a K-major swizzle atom.  Because the start field holds the address
+>> 4, that is ``desc + (k_offset >> 4)`` (no carry can leave the 14-bit field: shared addresses are
+below 256 KiB).  Inside a K-major swizzle atom the start address then stops being aligned to the
+swizzle repeat; that is fine (CUTLASS and DeepGEMM do it): the swizzle is a function of the
+address bits, and the base-offset field only matters when the atom itself is misaligned.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda, types
+from numba.cuda.core.errors import NumbaTypeError
+
+from intrinsics._core import (
+    SM90A,
+    asm,
+    check_type,
+    intrinsic,
+    literal_value,
+    pack,
+    register_list,
+    require_arch,
+    unpack,
+)
+from intrinsics.smem import shared_address, swizzle_offset_host
+
+__all__ = [
+    "SWIZZLE_DESC_CODES",
+    "SmemLayout",
+    "WGMMA_TABLE",
+    "WgmmaSpec",
+    "a_fragment_coords",
+    "accumulator_coords",
+    "decode_smem_desc",
+    "make_smem_desc",
+    "make_smem_desc_host",
+    "smem_desc",
+    "smem_desc_address_host",
+    "wgmma_commit_group",
+    "wgmma_fence",
+    "wgmma_fence_operand",
+    "wgmma_mma_async",
+    "wgmma_specs",
+    "wgmma_wait_group",
+]
+
+# ---------------------------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------------------------
+
+_N_ALL = tuple(range(8, 257, 8))
+_FLOAT16 = ("f16", "bf16")
+_FP8 = ("e4m3", "e5m2")
+
+# input family -> (K of the shape, element bytes, accumulators, valid N, transposes exist).
+# PTX ISA 9.7.15.5.2 (wgmma.mma_async): .m64nNk16 for f16/bf16, .m64nNk8 for tf32, .m64nNk32 for
+# e4m3/e5m2, N = 8..256 in steps of 8 for all of them (the compile tests assemble every row).  The
+# imm-trans-a/b operands exist only for f16/bf16; tf32 and fp8 operands must be K-major.
+WGMMA_TABLE = {
+    # inputs      K  bytes  accumulators    N       transpose
+    ("f16",): (16, 2, ("f32", "f16"), _N_ALL, True),
+    ("bf16",): (16, 2, ("f32",), _N_ALL, True),
+    ("tf32",): (8, 4, ("f32",), _N_ALL, False),
+    _FP8: (32, 1, ("f32", "f16"), _N_ALL, False),
+}
+
+# numba type and inline-asm constraint of one accumulator register.
+_ACC_REGISTER = {"f32": (types.float32, "f"), "f16": (types.uint32, "r")}
+
+
+@dataclass(frozen=True)
+class WgmmaSpec:
+    """One wgmma.mma_async variant, resolved for concrete types, operand source and immediates."""
+
+    n: int
+    a: str
+    b: str
+    acc: str
+    k: int
+    elem_bytes: int
+    a_from: str = "smem"
+    scale_a: int = 1
+    scale_b: int = 1
+    trans_a: int = 0
+    trans_b: int = 0
+    arch: object = SM90A
+
+    @property
+    def shape(self):
+        return f"m64n{self.n}k{self.k}"
+
+    @property
+    def ptx(self):
+        return f"wgmma.mma_async.sync.aligned.{self.shape}.{self.acc}.{self.a}.{self.b}"
+
+    @property
+    def acc_regs(self):
+        return self.n // 2 if self.acc == "f32" else self.n // 4
+
+    @property
+    def acc_type(self):
+        return types.UniTuple(_ACC_REGISTER[self.acc][0], self.acc_regs)
+
+    @property
+    def a_type(self):
+        """Type of the A operand: a descriptor (SS) or four packed registers (RS)."""
+        return types.uint64 if self.a_from == "smem" else types.UniTuple(types.uint32, 4)
+
+    @property
+    def has_transpose(self):
+        return self.a in _FLOAT16
+
+    @property
+    def immediates(self):
+        """The trailing immediates: imm-scale-a, imm-scale-b[, imm-trans-a][, imm-trans-b]."""
+        imms = [self.scale_a, self.scale_b]
+        if self.has_transpose:
+            if self.a_from == "smem":
+                imms.append(self.trans_a)
+            imms.append(self.trans_b)
+        return imms
+
+    @property
+    def template(self):
+        """The asm template: outputs $0.., tied accumulator inputs, A, B, scale-d."""
+        r = self.acc_regs
+        if self.a_from == "smem":
+            a_operand, b_index = f"${2 * r}", 2 * r + 1
+        else:
+            a_operand, b_index = register_list(2 * r, 4), 2 * r + 4
+        scale_d = b_index + 1
+        imms = ", ".join(str(v) for v in self.immediates)
+        return (
+            "{ .reg .pred p; setp.ne.b32 p, $%d, 0; %s %s, %s, $%d, p, %s; }"
+            % (scale_d, self.ptx, register_list(0, r), a_operand, b_index, imms)
+        )
+
+    @property
+    def constraints(self):
+        r = self.acc_regs
+        c = _ACC_REGISTER[self.acc][1]
+        a = ["l"] if self.a_from == "smem" else ["r"] * 4
+        return ["=" + c] * r + [str(i) for i in range(r)] + a + ["l", "r"]
+
+
+def _family(a):
+    for family, row in WGMMA_TABLE.items():
+        if a in family:
+            return family, row
+    return None, None
+
+
+def wgmma_specs(a_from="smem"):
+    """Every (N, a, b, acc) combination of the table with default immediates, as WgmmaSpecs."""
+    specs = []
+    for family, (k, nbytes, accs, ns, _) in WGMMA_TABLE.items():
+        for a in family:
+            for b in family if family == _FP8 else (a,):
+                for acc in accs:
+                    for n in ns:
+                        specs.append(WgmmaSpec(n, a, b, acc, k, nbytes, a_from=a_from))
+    return specs
+
+
+def _resolve(n, a, b, acc, a_from, scale_a, scale_b, trans_a, trans_b):
+    family, row = _family(a)
+    types_valid = ", ".join(
+        f"{'/'.join(fam)} -> {'/'.join(r[2])}" for fam, r in WGMMA_TABLE.items()
+    )
+    if family is None:
+        raise ValueError(
+            f"wgmma has no input type {a!r}; valid inputs -> accumulators: {types_valid}"
+        )
+    k, nbytes, accs, ns, transposable = row
+    if b not in (family if family == _FP8 else (a,)):
+        valid_b = "/".join(family) if family == _FP8 else a
+        raise ValueError(f"wgmma with A={a} takes B={valid_b}, got B={b!r}")
+    if acc not in accs:
+        raise ValueError(
+            f"wgmma with A={a} accumulates in {'/'.join(accs)}, got {acc!r}; "
+            f"valid inputs -> accumulators: {types_valid}"
+        )
+    if not isinstance(n, int) or n not in ns:
+        if ns == _N_ALL:
+            raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n!r}")
+        raise ValueError(f"wgmma N for A={a} must be one of {list(ns)}, got {n!r}")
+    if a_from not in ("smem", "reg"):
+        raise ValueError(
+            f"wgmma a_from must be 'smem' (SS form) or 'reg' (RS form), got {a_from!r}"
+        )
+    for name, value in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if value not in (1, -1):
+            raise ValueError(f"wgmma {name} must be 1 or -1, got {value!r}")
+    for name, value in (("trans_a", trans_a), ("trans_b", trans_b)):
+        if value not in (0, 1):
+            raise ValueError(f"wgmma {name} must be 0 (K-major) or 1 (MN-major), got {value!r}")
+    if (trans_a or trans_b) and not transposable:
+        raise ValueError(
+            f"wgmma transposes (MN-major operands) exist only for f16/bf16; A={a} needs "
+            f"trans_a=0 and trans_b=0 (K-major), got trans_a={trans_a}, trans_b={trans_b}"
+        )
+    if trans_a and a_from == "reg":
+        raise ValueError(
+            "wgmma trans_a applies to A in shared memory only; the RS form takes trans_a=0"
+        )
+    return WgmmaSpec(
+        n, a, b, acc, k, nbytes, a_from, int(scale_a), int(scale_b), int(trans_a), int(trans_b)
+    )
+
+
+_CACHE = {}
+
+
+def wgmma_mma_async(
+    n, a, b=None, acc="f32", *, a_from="smem", scale_a=1, scale_b=1, trans_a=0, trans_b=0
+):
+    """Build the ``wgmma.mma_async`` intrinsic for one variant (PTX ISA 9.7.15.5.2).
+
+    ``a``/``b``: "f16", "bf16", "tf32", "e4m3", "e5m2" (``b`` defaults to ``a``; only the fp8
+    types mix).  ``acc``: "f32", or "f16" for f16 and fp8 inputs.  ``a_from``: "smem" (SS form,
+    called as ``acc = mma(acc, desc_a, desc_b, scale_d)``) or "reg" (RS form, ``acc = mma(acc,
+    a_frag, desc_b, scale_d)`` with ``a_frag`` a UniTuple(uint32, 4) in the layout of
+    :func:`a_fragment_coords`).  ``scale_a``/``scale_b`` (1 or -1) negate A/B;
+    ``trans_a``/``trans_b`` (0 K-major, 1 MN-major; f16/bf16 only, not trans_a in RS form) are
+    baked into the instruction as immediates.  A combination outside the table raises ValueError
+    naming the valid values.  The intrinsic's docstring quotes the PTX it emits.
+    """
+    b = a if b is None else b
+    spec = _resolve(n, a, b, acc, a_from, scale_a, scale_b, trans_a, trans_b)
+    if spec not in _CACHE:
+        _CACHE[spec] = _build(spec)
+    return _CACHE[spec]
+
+
+def _build(spec):
+    template = spec.template
+    constraints = spec.constraints
+    name = spec.ptx
+    n_out = spec.acc_regs
+    acc_type = spec.acc_type
+
+    def typer(typingctx, acc, a, b, scale_d):
+        check_type(name, acc, acc_type, "the accumulator")
+        if spec.a_from == "smem":
+            _check_descriptor(name, a, "the A descriptor")
+        else:
+            check_type(name, a, spec.a_type, "the A fragment")
+        _check_descriptor(name, b, "the B descriptor")
+        if not isinstance(scale_d, (types.Integer, types.Boolean)):
+            raise NumbaTypeError(f"{name}: scale_d must be an integer (0: D = A*B), got {scale_d}")
+        sig = acc_type(acc, a, b, scale_d)
+
+        def codegen(context, builder, sig, args):
+            require_arch(name, spec.arch)
+            acc_t, a_t, b_t, sd_t = sig.args
+            acc_v, a_v, b_v, sd_v = args
+            operands = unpack(builder, acc_t, acc_v)
+            if spec.a_from == "smem":
+                operands.append(context.cast(builder, a_v, a_t, types.uint64))
+            else:
+                operands += unpack(builder, a_t, a_v)
+            operands.append(context.cast(builder, b_v, b_t, types.uint64))
+            operands.append(context.cast(builder, sd_v, sd_t, types.int32))
+            out_ll = context.get_value_type(_ACC_REGISTER[spec.acc][0])
+            outs = asm(builder, template, constraints, [out_ll] * n_out, operands, memory=True)
+            return pack(context, builder, sig.return_type, outs)
+
+        return sig, codegen
+
+    typer.__name__ = f"wgmma_{spec.shape}_{spec.acc}_{spec.a}_{spec.b}_{spec.a_from}"
+    a_arg = "desc_a (uint64)" if spec.a_from == "smem" else "a_frag (UniTuple(uint32, 4))"
+    typer.__doc__ = (
+        f"Emits ``{template}`` (PTX ISA 9.7.15.5.2, wgmma.mma_async).\n\n"
+        f"Called as ``acc = mma(acc, {a_arg}, desc_b (uint64), scale_d)`` by a whole warpgroup; "
+        f"acc is {acc_type}.  Needs {spec.arch.text}."
+    )
+    fn = intrinsic(typer)
+    fn.spec = spec
+    return fn
+
+
+def _check_descriptor(name, ty, what):
+    if not isinstance(ty, types.Integer):
+        raise NumbaTypeError(f"{name}: {what} must be a 64-bit integer (make_smem_desc), got {ty}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fences, groups, and the operand fence
+# ---------------------------------------------------------------------------------------------
+
+
+def _no_operand_intrinsic(pyname, text, doc):
+    def typer(typingctx):
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            require_arch(pyname, SM90A)
+            asm(builder, text, [], memory=True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    typer.__name__ = pyname
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+wgmma_fence = _no_operand_intrinsic(
+    "wgmma_fence",
+    "wgmma.fence.sync.aligned;",
+    """Emits ``wgmma.fence.sync.aligned;`` (PTX ISA 9.7.15.7.1).
+
+    Orders earlier register and shared-memory accesses of the warpgroup before the wgmma.mma_async
+    that follow: needed before the first mma_async, and whenever the accumulator or an RS A
+    fragment was written by ordinary instructions since the last one (consecutive mma_async on the
+    same accumulator need none).  Shared-memory operands written through the generic proxy also
+    need ``fence.proxy.async.shared::cta`` first.  Needs sm_90a.""",
+)
+
+wgmma_commit_group = _no_operand_intrinsic(
+    "wgmma_commit_group",
+    "wgmma.commit_group.sync.aligned;",
+    """Emits ``wgmma.commit_group.sync.aligned;`` (PTX ISA 9.7.15.7.2).
+
+    Closes a wgmma-group with every mma_async issued since the last commit.  Needs sm_90a.""",
+)
+
+
+@intrinsic
+def wgmma_wait_group(typingctx, n):
+    """Emits ``wgmma.wait_group.sync.aligned N;`` (PTX ISA 9.7.15.7.3), N a literal 0..7.
+
+    Waits until at most N wgmma-groups are pending.  Follow it with ``acc =
+    wgmma_fence_operand(acc)`` before reading an accumulator.  Needs sm_90a."""
+    value = literal_value("wgmma_wait_group", n, "the number of pending groups", range(8))
+    if value is None:
+        if isinstance(n, types.Integer):
+            return None  # numba retries with the literal
+        raise NumbaTypeError(f"wgmma_wait_group takes a literal integer 0..7, got {n}")
+    sig = types.void(n)
+    text = f"wgmma.wait_group.sync.aligned {value};"
+
+    def codegen(context, builder, sig, args):
+        require_arch("wgmma_wait_group", SM90A)
+        asm(builder, text, [], memory=True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_FENCEABLE = {types.float32: "f", types.uint32: "r", types.int32: "r"}
+
+
+@intrinsic
+def wgmma_fence_operand(typingctx, frag):
+    """Emits an empty inline asm (``""``, constraints ``=f,...,0,1,...``) that takes every
+    register of ``frag`` in and hands it back: ``acc = wgmma_fence_operand(acc)``.
+
+    No instruction; it pins the accumulator's registers to this program point (CUTLASS's
+    ``warpgroup_fence_operand``).  Use it right after ``wgmma_wait_group`` -- reads of the
+    accumulator then depend on a volatile asm that LLVM keeps below the wait -- and, if the
+    accumulator was just written by ordinary code, before ``wgmma_fence``.  ``frag`` is a
+    float32/uint32/int32 scalar or UniTuple of them.  Any architecture."""
+    dtype = frag.dtype if isinstance(frag, types.UniTuple) else frag
+    if dtype not in _FENCEABLE:
+        raise NumbaTypeError(
+            "wgmma_fence_operand takes a float32, uint32 or int32 register or a UniTuple of them, "
+            f"got {frag}"
+        )
+    sig = frag(frag)
+    count = frag.count if isinstance(frag, types.UniTuple) else 1
+    constraints = ["=" + _FENCEABLE[dtype]] * count + [str(i) for i in range(count)]
+
+    def codegen(context, builder, sig, args):
+        values = unpack(builder, sig.args[0], args[0])
+        outs = asm(builder, "", constraints, [v.type for v in values], values, memory=True)
+        return pack(context, builder, sig.return_type, outs)
+
+    return sig, codegen
+
+
+# ---------------------------------------------------------------------------------------------
+# Matrix descriptors
+# ---------------------------------------------------------------------------------------------
+
+# swizzle width in bytes -> the 2-bit layout code of descriptor bits 62-63.
+SWIZZLE_DESC_CODES = {0: 0, 128: 1, 64: 2, 32: 3}
+
+
+def _make_smem_desc(addr, lbo_bytes, sbo_bytes, swizzle_bytes):
+    # Every field goes through int64 first: numba types uint64-with-int64 arithmetic as float64.
+    code = 0
+    if swizzle_bytes == 128:
+        code = 1
+    elif swizzle_bytes == 64:
+        code = 2
+    elif swizzle_bytes == 32:
+        code = 3
+    lo = ((np.int64(addr) & 0x3FFFF) >> 4) | (((np.int64(lbo_bytes) & 0x3FFFF) >> 4) << 16)
+    hi = ((np.int64(sbo_bytes) & 0x3FFFF) >> 4) | (np.int64(code) << 30)
+    return (np.uint64(hi) << np.uint64(32)) | np.uint64(lo)
+
+
+make_smem_desc = cuda.jit(device=True, inline="always")(_make_smem_desc)
+make_smem_desc.__doc__ = """Device function: the 64-bit wgmma matrix descriptor (PTX ISA
+9.7.15.5.1.2.2) for a tile starting at shared address ``addr`` (bytes, 16-byte aligned), with
+leading/stride byte offsets ``lbo_bytes``/``sbo_bytes`` and swizzle width ``swizzle_bytes``
+(0, 32, 64 or 128; anything else encodes "none").  Base offset 0: the tile's swizzle atoms
+must start on their repeat boundary (256/512/1024 bytes).  Returns uint64."""
+
+
+@cuda.jit(device=True, inline="always")
+def smem_desc(array, index, lbo_bytes, sbo_bytes, swizzle_bytes):
+    """Device function: :func:`make_smem_desc` for the tile that starts at ``array[index]`` in
+    shared memory."""
+    return make_smem_desc(shared_address(array, index), lbo_bytes, sbo_bytes, swizzle_bytes)
+
+
+def make_smem_desc_host(addr, lbo_bytes, sbo_bytes, swizzle_bytes):
+    """Host twin of :func:`make_smem_desc` (returns a Python int); checks its arguments."""
+    if swizzle_bytes not in SWIZZLE_DESC_CODES:
+        raise ValueError(
+            f"swizzle must be one of {sorted(SWIZZLE_DESC_CODES)} bytes, got {swizzle_bytes!r}"
+        )
+    for name, value in (("address", addr), ("LBO", lbo_bytes), ("SBO", sbo_bytes)):
+        if value % 16 or not 0 <= value < 1 << 18:
+            raise ValueError(f"descriptor {name} must be a multiple of 16 in 0..2**18, got {value}")
+    return int(_make_smem_desc(int(addr), int(lbo_bytes), int(sbo_bytes), int(swizzle_bytes)))
+
+
+def decode_smem_desc(desc):
+    """The fields of a descriptor: dict(addr, lbo, sbo, base_offset, swizzle) in bytes."""
+    desc = int(desc)
+    codes = {v: k for k, v in SWIZZLE_DESC_CODES.items()}
+    return {
+        "addr": (desc & 0x3FFF) << 4,
+        "lbo": ((desc >> 16) & 0x3FFF) << 4,
+        "sbo": ((desc >> 32) & 0x3FFF) << 4,
+        "base_offset": (desc >> 49) & 0x7,
+        "swizzle": codes[(desc >> 62) & 0x3],
+    }
+
+
+def smem_desc_address_host(desc, major, elem_bytes, mn, k):
+    """Shared-memory byte address that wgmma reads for element (mn, k) of one instruction's
+    operand, given its descriptor: the canonical-layout formulas of the module docstring (PTX ISA
+    9.7.15.5.1.2; CUTLASS make_gmma_desc), then the swizzle.  ``mn``/``k`` may be NumPy arrays;
+    ``k`` counts within the instruction (0..K-1).  ``major`` is "K" (trans 0) or "MN" (trans 1).
+    Base offset must be 0.  This is the model the layout tests and a CPU emulation rely on."""
+    f = decode_smem_desc(desc)
+    if f["base_offset"]:
+        raise NotImplementedError("descriptors with a non-zero base offset")
+    mn = np.asarray(mn, dtype=np.int64)
+    k = np.asarray(k, dtype=np.int64)
+    s, lbo, sbo = f["swizzle"], f["lbo"], f["sbo"]
+    if major == "K":
+        kb = k * elem_bytes
+        if s == 0:
+            off = (mn % 8) * 16 + (mn // 8) * sbo + kb % 16 + (kb // 16) * lbo
+        else:
+            off = (mn % 8) * s + (mn // 8) * sbo + kb
+    elif major == "MN":
+        mb = mn * elem_bytes
+        if s == 0:
+            off = mb % 16 + (mb // 16) * sbo + (k % 8) * 16 + (k // 8) * lbo
+        else:
+            off = mb % s + (mb // s) * lbo + (k % 8) * s + (k // 8) * sbo
+    else:
+        raise ValueError(f"major must be 'K' or 'MN', got {major!r}")
+    return swizzle_offset_host(f["addr"] + off, s)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tile layouts (host model)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SmemLayout:
+    """A canonical wgmma shared-memory layout of an (mn, k) operand tile (A: mn = m; B: mn = n).
+
+    ``major``: "K" (K contiguous; trans 0) or "MN" (MN contiguous; trans 1).  ``swizzle``: 0, 32,
+    64 or 128 bytes.  ``elem_bytes``: 1 (fp8), 2 (f16/bf16), 4 (tf32).  The tile is built from
+    swizzle atoms (CuTe ``GMMA::Layout_{K,MN}_{INTER,SW32,SW64,SW128}_Atom``) tiled MN-first, then
+    along K (CuTe ``tile_to_shape``'s default order), densely, starting at a base aligned to
+    :attr:`align`:
+
+        K-major,  none:  8 rows x 16 B core matrices; MN step 128 B, K step mn*16 B
+        K-major,  S:     rows of S bytes (S/elem_bytes k values), 8-row atoms of 8*S bytes stacked
+                         along MN; the next S bytes of K start mn*S bytes further
+        MN-major, none:  8 k x 16 B core matrices; MN step 128 B, 8-k step mn*elem_bytes*8 B
+        MN-major, S:     8 k-rows of S bytes (S/elem_bytes mn values); atoms of 8*S bytes stacked
+                         along MN; the next 8 k start mn*elem_bytes*8 bytes further
+
+    then the swizzle of the mode is applied to the byte offset.
+    """
+
+    major: str
+    swizzle: int
+    mn: int
+    k: int
+    elem_bytes: int
+
+    def __post_init__(self):
+        if self.major not in ("K", "MN"):
+            raise ValueError(f"major must be 'K' or 'MN', got {self.major!r}")
+        if self.swizzle not in SWIZZLE_DESC_CODES:
+            raise ValueError(
+                f"swizzle must be one of {sorted(SWIZZLE_DESC_CODES)} bytes, got {self.swizzle!r}"
+            )
+        if self.elem_bytes not in (1, 2, 4):
+            raise ValueError(f"elem_bytes must be 1, 2 or 4, got {self.elem_bytes!r}")
+        width = max(self.swizzle, 16)  # bytes of the contiguous direction in one atom
+        if self.major == "K":
+            if self.mn % 8 or (self.k * self.elem_bytes) % width:
+                raise ValueError(
+                    f"a K-major {self._mode} tile needs mn a multiple of 8 and k * elem_bytes a "
+                    f"multiple of {width}, got mn={self.mn}, k={self.k} ({self.elem_bytes} B)"
+                )
+        elif (self.mn * self.elem_bytes) % width or self.k % 8:
+            raise ValueError(
+                f"an MN-major {self._mode} tile needs mn * elem_bytes a multiple of {width} and k "
+                f"a multiple of 8, got mn={self.mn}, k={self.k} ({self.elem_bytes} B)"
+            )
+
+    @property
+    def _mode(self):
+        return f"{self.swizzle}B-swizzle" if self.swizzle else "no-swizzle"
+
+    @property
+    def nbytes(self):
+        return self.mn * self.k * self.elem_bytes
+
+    @property
+    def align(self):
+        """Alignment the tile's base needs: the swizzle repeat (8 rows), 16 B without swizzle."""
+        return 8 * self.swizzle if self.swizzle else 16
+
+    @property
+    def lbo(self):
+        """Leading-dimension byte offset for the descriptor."""
+        s = self.swizzle
+        if self.major == "K":
+            return self.mn * 16 if s == 0 else 16  # swizzled K-major: unused, "assumed 1"
+        return self.mn * self.elem_bytes * 8 if s == 0 else 8 * s
+
+    @property
+    def sbo(self):
+        """Stride-dimension byte offset for the descriptor."""
+        s = self.swizzle
+        if self.major == "K":
+            return 128 if s == 0 else 8 * s
+        return 128 if s == 0 else self.mn * self.elem_bytes * 8
+
+    def offset(self, mn, k):
+        """Byte offset of element (mn, k) from the tile's base (NumPy arrays welcome)."""
+        mn = np.asarray(mn, dtype=np.int64)
+        k = np.asarray(k, dtype=np.int64)
+        s, eb = self.swizzle, self.elem_bytes
+        if self.major == "K":
+            kb = k * eb
+            if s == 0:
+                return (kb // 16) * (self.mn * 16) + (mn // 8) * 128 + (mn % 8) * 16 + kb % 16
+            return swizzle_offset_host((kb // s) * (self.mn * s) + mn * s + kb % s, s)
+        mb = mn * eb
+        kstep = self.mn * eb * 8
+        if s == 0:
+            return (k // 8) * kstep + (mb // 16) * 128 + (k % 8) * 16 + mb % 16
+        return swizzle_offset_host((k // 8) * kstep + (mb // s) * (8 * s) + (k % 8) * s + mb % s, s)
+
+    def k_offset(self, k0):
+        """Bytes to add to the tile's start address for the instruction K-slice starting at k0."""
+        if (k0 * self.elem_bytes) % 32:
+            raise ValueError(f"k0 must start an instruction K-slice (32 bytes of K), got {k0}")
+        return int(self.offset(0, k0))
+
+    def desc(self, base_addr, k0=0):
+        """Host descriptor for the K-slice at ``k0`` of this tile placed at ``base_addr``."""
+        return make_smem_desc_host(base_addr + self.k_offset(k0), self.lbo, self.sbo, self.swizzle)
+
+    def place(self, tile):
+        """The ``nbytes`` uint8 image of ``tile`` (an (mn, k) array of ``elem_bytes`` items)."""
+        tile = np.ascontiguousarray(tile)
+        if tile.shape != (self.mn, self.k) or tile.dtype.itemsize != self.elem_bytes:
+            raise ValueError(
+                f"tile must be ({self.mn}, {self.k}) of {self.elem_bytes}-byte items, got "
+                f"{tile.shape} of {tile.dtype}"
+            )
+        mn, k = np.meshgrid(np.arange(self.mn), np.arange(self.k), indexing="ij")
+        offs = self.offset(mn, k)
+        src = tile.view(np.uint8).reshape(self.mn, self.k, self.elem_bytes)
+        image = np.zeros(self.nbytes, dtype=np.uint8)
+        for byte in range(self.elem_bytes):
+            image[offs + byte] = src[..., byte]
+        return image
+
+    def gather(self, image, dtype):
+        """Inverse of :meth:`place`: the (mn, k) tile of ``dtype`` stored in ``image``."""
+        mn, k = np.meshgrid(np.arange(self.mn), np.arange(self.k), indexing="ij")
+        offs = self.offset(mn, k)
+        image = np.asarray(image, dtype=np.uint8)
+        out = np.empty((self.mn, self.k, self.elem_bytes), dtype=np.uint8)
+        for byte in range(self.elem_bytes):
+            out[..., byte] = image[offs + byte]
+        return out.reshape(-1).view(dtype).reshape(self.mn, self.k)
+
+
+# ---------------------------------------------------------------------------------------------
+# Register fragments (host model)
+# ---------------------------------------------------------------------------------------------
+
+
+def _thread_parts():
+    t = np.arange(128)[:, None]
+    return 16 * (t // 32), (t % 32) // 4, t % 4  # 16 * warp, groupID, threadID_in_group
+
+
+def accumulator_coords(n):
+    """(rows, cols) of accumulator element v of thread t (arrays of shape (128, n/2)) for
+    m64nN (PTX ISA 9.7.15.5.1.1, "Matrix fragments for wgmma .m64nNk16", accumulator D; the same
+    map for every K and type).  Warp w holds rows 16w..16w+15 like an mma.sync m16n8 C fragment
+    repeated every 8 columns::
+
+        row = 16*w + lane/4 + 8*((v/2) % 2)        col = 8*(v/4) + 2*(lane%4) + v%2
+
+    f32: register i is element i.  f16: register r packs elements 2r (low 16 bits) and 2r+1."""
+    w16, g, c = _thread_parts()
+    v = np.arange(n // 2)[None, :]
+    return w16 + g + 8 * ((v // 2) % 2), 8 * (v // 4) + 2 * c + v % 2
+
+
+def a_fragment_coords(elem_bytes):
+    """(rows, cols) of A element v of thread t for the RS form (PTX ISA 9.7.15.5.1.1, matrix A
+    in registers): the mma.sync m16n8k{8,16,32} A fragment of each warp, warp w taking rows
+    16w..16w+15.  Register r packs elements v = r*(4/elem_bytes) ... (low bits first).
+
+        2-byte (k16): row = 16w + lane/4 + 8*((v/2)%2)   col = 2*(lane%4) + v%2 + 8*(v/4)
+        1-byte (k32): row = 16w + lane/4 + 8*((v/4)%2)   col = 4*(lane%4) + v%4 + 16*(v/8)
+        4-byte (k8):  row = 16w + lane/4 + 8*(v%2)       col = lane%4 + 4*(v/2)
+    """
+    w16, g, c = _thread_parts()
+    if elem_bytes == 2:
+        v = np.arange(8)[None, :]
+        return w16 + g + 8 * ((v // 2) % 2), 2 * c + v % 2 + 8 * (v // 4)
+    if elem_bytes == 1:
+        v = np.arange(16)[None, :]
+        return w16 + g + 8 * ((v // 4) % 2), 4 * c + v % 4 + 16 * (v // 8)
+    if elem_bytes == 4:
+        v = np.arange(4)[None, :]
+        return w16 + g + 8 * (v % 2), c + 4 * (v // 2)
+    raise ValueError(f"elem_bytes must be 1, 2 or 4, got {elem_bytes!r}")
