@@ -7,3 +7,6 @@ what assembled.
 """
 
 __version__ = "0.1.0"
+
+from numbatc._interop import bfloat16  # noqa: E402
+from numbatc.gemm import gemm  # noqa: E402  (the function; the module is sys.modules["numbatc.gemm"])

@@ -1,0 +1,448 @@
+"""``numbatc.gemm``: ``out = activation(alpha * (a @ b) + beta * c + bias)`` on CUDA arrays of any
+library, accumulating in float32.
+
+This module is the user-facing layer: check -> allocate -> hand a :class:`GemmProblem` to
+``numbatc.kernels.dispatch.launch_gemm`` (which picks a configuration and launches). It makes no
+copies: each operand may be row-major (unit stride on its last dimension) or column-major (a
+transposed view: unit stride on its first dimension), and the problem records which, with the
+leading-dimension stride.
+
+NOTE: ``numbatc.gemm`` (the attribute) is the function; this module is
+``sys.modules["numbatc.gemm"]`` (``importlib.import_module("numbatc.gemm")``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from functools import cached_property
+import numpy as np
+
+from numbatc import _interop
+from numbatc._interop import CudaArray, dtype_name
+
+__all__ = ["gemm", "GemmProblem", "Operand", "DTypeRule", "DTYPE_RULES", "ACTIVATIONS"]
+
+
+# ---------------------------------------------------------------------------------------------
+# what is supported: dtypes and activations, as data
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DTypeRule:
+    """One supported (a, b) dtype pair: the output dtypes it may produce (the first is the
+    default), the dtypes ``bias`` may have, and the oldest GPU that runs it. ``c`` always has the
+    output dtype (as C and D in BLAS)."""
+
+    a: str
+    b: str
+    outputs: tuple
+    bias: tuple
+    min_cc: tuple
+    acc: str = "float32"
+
+
+#: (a dtype, b dtype) -> rule. fp8 plugs in here, e.g.
+#: ("float8_e4m3fn", "float8_e4m3fn"): outputs ("bfloat16", "float16", "float32"), min_cc (8, 9).
+DTYPE_RULES = {
+    (r.a, r.b): r
+    for r in (
+        DTypeRule("float16", "float16", outputs=("float16", "float32"),
+                  bias=("float16", "float32"), min_cc=(8, 0)),
+        DTypeRule("bfloat16", "bfloat16", outputs=("bfloat16", "float32"),
+                  bias=("bfloat16", "float32"), min_cc=(8, 0)),
+    )
+}
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _relu(x):
+    return np.maximum(x, np.float32(0))
+
+
+def _gelu_tanh(x):
+    x = x.astype(np.float32, copy=False)
+    inner = np.float32(_SQRT_2_OVER_PI) * (x + np.float32(0.044715) * x * x * x)
+    return np.float32(0.5) * x * (np.float32(1) + np.tanh(inner))
+
+
+def _silu(x):
+    x = x.astype(np.float32, copy=False)
+    with np.errstate(over="ignore"):
+        return x / (np.float32(1) + np.exp(-x))
+
+
+#: activation name -> NumPy float32 model (the reference the kernels must match):
+#: relu max(x, 0); gelu, tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); silu x sigmoid(x).
+ACTIVATIONS = {None: lambda x: x, "relu": _relu, "gelu": _gelu_tanh, "silu": _silu}
+
+_ACCEPTED_DTYPES = (
+    "float16, bfloat16 (torch.bfloat16, ml_dtypes.bfloat16, or numbatc.bfloat16(<uint16 array>))"
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# the problem handed to the kernel layer
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One operand as the kernel sees it.
+
+    ``layout`` 'row': element (i, j) of a matrix is at ``ptr + (i * ld + j) * itemsize``;
+    'col': at ``ptr + (i + j * ld) * itemsize``. For bias (1-D, unit stride) layout is 'row' and
+    ld its length. ``ld`` is normally >= the contiguous extent; it is 0 for a stride-0 broadcast
+    input (``x.expand(m, k)``), never for ``out``. ``alignment`` is the largest power of two
+    <= 16 bytes dividing the pointer and every row/column start: the widest vector access the
+    kernel may use on it. ``view`` is a Numba device array over the same memory with the user's
+    shape and strides (bf16 as uint16, fp8 as uint8), built on first use;
+    ``_interop.transpose_view(view)`` of a 'col' operand is row-major (NOTE: not ``view.T``:
+    Numba's ``.T`` launches a transpose kernel and returns a copy)."""
+
+    name: str
+    array: CudaArray
+    layout: str
+    ld: int
+    alignment: int
+
+    @property
+    def ptr(self) -> int:
+        return self.array.ptr
+
+    @property
+    def shape(self) -> tuple:
+        return self.array.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.array.dtype
+
+    @property
+    def itemsize(self) -> int:
+        return self.array.itemsize
+
+    @cached_property
+    def view(self):
+        return _interop.kernel_view(self.array)
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """``out = activation(alpha * (a @ b) + beta * c + bias)``, checked and laid out.
+
+    a (m, k), b (k, n), out (m, n); ``c`` (m, n) is None when the call had no c or beta == 0
+    (then c is not read, as in BLAS: NaN in c does not propagate); ``bias`` (n,) or None.
+    ``in_dtype`` is a's dtype ('float16' | 'bfloat16'), ``b_dtype`` b's (equal until mixed fp8
+    pairs are added), ``out_dtype`` out's (c has it too), ``bias_dtype`` bias's or None,
+    ``acc_dtype`` the accumulator ('float32'). ``device`` is the CUDA ordinal, ``cc`` its compute
+    capability (major, minor). ``stream_handle`` is the raw CUstream the caller's library is
+    using (0: Numba's default stream); ``stream`` the Numba stream object for it.
+    ``launch_gemm`` is only called with m, n, k >= 1."""
+
+    m: int
+    n: int
+    k: int
+    a: Operand
+    b: Operand
+    c: Operand | None
+    bias: Operand | None
+    out: Operand
+    alpha: float
+    beta: float
+    activation: str | None
+    in_dtype: str
+    b_dtype: str
+    out_dtype: str
+    bias_dtype: str | None
+    acc_dtype: str
+    device: int | None
+    cc: tuple | None
+    stream_handle: int
+
+    @cached_property
+    def stream(self):
+        return _interop.numba_stream(self.stream_handle, self.device)
+
+
+# ---------------------------------------------------------------------------------------------
+# checks
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _device_capability(device: int) -> tuple:
+    """(major, minor) of CUDA device ``device`` (patched in CPU tests)."""
+    from numba import cuda
+
+    return tuple(cuda.gpus[device].compute_capability)
+
+
+def _alignment(ptr: int, step_bytes: int | None) -> int:
+    g = 16
+    while g > 1 and (ptr % g or (step_bytes is not None and step_bytes % g)):
+        g //= 2
+    return g
+
+
+def _matrix(name: str, ca: CudaArray, rows: int, cols: int, writable: bool = False) -> Operand:
+    """Layout of a (rows, cols) operand: 'row' if it has unit stride along its columns, 'col' if
+    along its rows (a transposed view). No copies: anything else is an error naming the strides."""
+    if ca.size == 0:  # never read nor written
+        return Operand(name, ca, "row", max(cols, 1), 16)
+    s0, s1 = ca.strides
+    if cols > 1 and s1 == 1:
+        layout, ld, outer, extent = "row", (s0 if rows > 1 else cols), rows, cols
+    elif rows > 1 and s0 == 1:
+        layout, ld, outer, extent = "col", (s1 if cols > 1 else rows), cols, rows
+    elif cols == 1:  # a single column: element i at ptr + i * s0
+        layout, ld, outer, extent = "row", (s0 if rows > 1 else 1), rows, 1
+    elif rows == 1:  # a single row: element j at ptr + j * s1
+        layout, ld, outer, extent = "col", (s1 if cols > 1 else 1), cols, 1
+    else:
+        raise ValueError(
+            f"{name} (shape {ca.shape}) has strides {ca.strides} (in elements): no unit stride in "
+            "either dimension; numbatc.gemm reads row-major (unit stride on the last dimension) "
+            "or column-major (a transposed view, unit stride on the first dimension) operands "
+            "without copying: make it contiguous first"
+        )
+    if ld < 0:
+        raise ValueError(f"{name} has a negative stride {ca.strides}; reverse views are not supported")
+    if writable and outer > 1 and ld < extent:
+        raise ValueError(
+            f"{name} (shape {ca.shape}, strides {ca.strides}) has overlapping elements: it cannot "
+            "be written"
+        )
+    step = ld * ca.itemsize if outer > 1 else None
+    return Operand(name, ca, layout, ld, _alignment(ca.ptr, step))
+
+
+def _vector(name: str, ca: CudaArray) -> Operand:
+    if ca.size > 1 and ca.strides[0] != 1:
+        raise ValueError(
+            f"{name} (shape {ca.shape}) has stride {ca.strides[0]}; bias must have unit stride: "
+            "make it contiguous first"
+        )
+    return Operand(name, ca, "row", max(ca.shape[0], 1), _alignment(ca.ptr, None))
+
+
+def _real(name, value) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number (int or float), got {value!r}")
+    return float(value)
+
+
+def _check_2d(name, ca):
+    if ca.ndim != 2:
+        what = "(M, K)" if name == "a" else "(K, N)" if name == "b" else "(M, N)"
+        raise ValueError(f"{name} must be 2-D {what}, got shape {ca.shape}")
+
+
+def _rule_for(A: CudaArray, B: CudaArray) -> DTypeRule:
+    rule = DTYPE_RULES.get((A.dtype, B.dtype))
+    if rule is not None:
+        return rule
+    known = {d for pair in DTYPE_RULES for d in pair}
+    for nm, ca in (("a", A), ("b", B)):
+        if ca.dtype not in known:
+            raise TypeError(f"{nm} has dtype {ca.dtype}, not supported; supported: {_ACCEPTED_DTYPES}")
+    pairs = ", ".join(f"({x}, {y})" for x, y in DTYPE_RULES)
+    raise TypeError(
+        f"mixed dtypes: a is {A.dtype} but b is {B.dtype}; supported (a, b) pairs: {pairs}"
+    )
+
+
+def _check_activation(activation):
+    if activation is None or (isinstance(activation, str) and activation in ACTIVATIONS):
+        return activation
+    names = ", ".join(repr(x) for x in ACTIVATIONS if x is not None)
+    extra = " (arbitrary epilogues are not supported yet)" if callable(activation) else ""
+    raise ValueError(
+        f"activation must be None or one of {names} (gelu is the tanh form); got {activation!r}{extra}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the call
+# ---------------------------------------------------------------------------------------------
+
+
+def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=None,
+         out_dtype=None):
+    """``activation(alpha * (a @ b) + beta * c + bias)``, accumulated in float32.
+
+    a (M, K) and b (K, N): CUDA arrays of any library (Numba, CuPy, PyTorch, anything with
+    ``__cuda_array_interface__`` or ``__dlpack__``), row- or column-major (transposed views are
+    not copied), both float16 or both bfloat16 (torch.bfloat16, ml_dtypes.bfloat16, or
+    ``numbatc.bfloat16(<uint16 array>)``). ``c`` (M, N) has the output dtype and is read only when
+    beta != 0; ``bias`` (N,) has the input dtype or float32; ``activation`` is None, 'relu',
+    'gelu' (tanh form) or 'silu'.
+
+    Returns an array of a's library (a ``numbatc.bfloat16`` view for marked inputs) of dtype
+    ``out_dtype`` (default: the input dtype; 'float32' on request), or ``out`` written in place
+    (it must not overlap a, b or bias; it may be c itself). Runs on the caller's current stream
+    (torch's or CuPy's, else Numba's default). M or N == 0 gives an empty result; K == 0 gives
+    activation(beta * c + bias) (zeros without c and bias).
+    """
+    # --- operands: library, dtype, shape -----------------------------------------------------
+    A = _interop.as_cuda_array(a, "a")
+    B = _interop.as_cuda_array(b, "b")
+    _check_2d("a", A)
+    _check_2d("b", B)
+    (m, k), (k2, n) = A.shape, B.shape
+    if k != k2:
+        raise ValueError(
+            f"inner dimensions differ: a is (M, K) = {A.shape} but b is (K, N) = {B.shape}; "
+            "a.shape[1] must equal b.shape[0]"
+        )
+    rule = _rule_for(A, B)
+    activation = _check_activation(activation)
+    alpha = _real("alpha", alpha)
+    beta = _real("beta", beta)
+
+    C = None if c is None else _interop.as_cuda_array(c, "c")
+    BIAS = None if bias is None else _interop.as_cuda_array(bias, "bias")
+    OUT = None if out is None else _interop.as_cuda_array(out, "out")
+    if beta != 0.0 and C is None:
+        raise ValueError(f"beta = {beta} but c is None; pass c (shape ({m}, {n})) or beta = 0")
+
+    # --- output dtype -------------------------------------------------------------------------
+    if out_dtype is not None:
+        odt = dtype_name(out_dtype)
+        if odt not in rule.outputs:
+            raise TypeError(
+                f"out_dtype {odt} is not available for {rule.a} inputs; choose one of "
+                f"{', '.join(rule.outputs)}"
+            )
+    else:
+        odt = OUT.dtype if OUT is not None else rule.outputs[0]
+    if OUT is not None:
+        _check_2d("out", OUT)
+        if OUT.shape != (m, n):
+            raise ValueError(f"out must have shape (M, N) = ({m}, {n}), got {OUT.shape}")
+        if OUT.dtype != odt or OUT.dtype not in rule.outputs:
+            want = odt if out_dtype is not None else " or ".join(rule.outputs)
+            raise TypeError(f"out has dtype {OUT.dtype}; for {rule.a} inputs it must be {want}")
+        if OUT.readonly:
+            raise ValueError("out is read-only")
+    if C is not None:
+        _check_2d("c", C)
+        if C.shape != (m, n):
+            raise ValueError(f"c must have the output's shape (M, N) = ({m}, {n}), got {C.shape}")
+        if C.dtype != odt:
+            raise TypeError(f"c has dtype {C.dtype}; it must have the output dtype {odt}")
+    if BIAS is not None:
+        if BIAS.ndim != 1 or BIAS.shape[0] != n:
+            raise ValueError(f"bias must have shape (N,) = ({n},), got {BIAS.shape}")
+        if BIAS.dtype not in rule.bias:
+            raise TypeError(
+                f"bias has dtype {BIAS.dtype}; for {rule.a} inputs it must be "
+                f"{' or '.join(rule.bias)}"
+            )
+
+    # --- device -------------------------------------------------------------------------------
+    device = _interop.same_device(A, B, C, BIAS, OUT, names=("a", "b", "c", "bias", "out"))
+    cc = None
+    if device is not None:
+        cc = _device_capability(device)
+        if tuple(cc) < rule.min_cc:
+            need = "%d.%d" % rule.min_cc
+            raise ValueError(
+                f"numbatc.gemm needs a GPU of compute capability {need} (sm_{need.replace('.', '')}, "
+                f"Ampere) or newer for {rule.a}; device {device} is sm_{cc[0]}{cc[1]}"
+            )
+
+    # --- layouts and aliasing -------------------------------------------------------------------
+    op_a = _matrix("a", A, m, k)
+    op_b = _matrix("b", B, k, n)
+    op_c = _matrix("c", C, m, n) if C is not None else None
+    op_bias = _vector("bias", BIAS) if BIAS is not None else None
+    if OUT is not None:
+        op_out = _matrix("out", OUT, m, n, writable=True)
+        for nm, other in (("a", A), ("b", B), ("bias", BIAS), ("c", C if beta != 0.0 else None)):
+            if other is None or not OUT.shares_memory(other):
+                continue
+            if nm == "c" and (C.ptr, C.strides) == (OUT.ptr, OUT.strides):
+                continue  # out is c itself: each element is read before it is written
+            raise ValueError(
+                f"out overlaps {nm} in memory; numbatc.gemm cannot write its result over an "
+                f"input{' (out may be c itself, but not part of it)' if nm == 'c' else ''}: "
+                "pass a separate out"
+            )
+
+    # --- result -------------------------------------------------------------------------------
+    if OUT is None:
+        result = _interop.allocate_like(A, (m, n), odt)
+        OUT = _interop.as_cuda_array(result, "out")
+        op_out = _matrix("out", OUT, m, n, writable=True)
+    else:
+        result = out
+    if m == 0 or n == 0:
+        return result
+
+    problem = GemmProblem(
+        m=m, n=n, k=k, a=op_a, b=op_b, c=op_c if beta != 0.0 else None, bias=op_bias,
+        out=op_out, alpha=alpha, beta=beta, activation=activation, in_dtype=A.dtype,
+        b_dtype=B.dtype, out_dtype=odt, bias_dtype=None if BIAS is None else BIAS.dtype,
+        acc_dtype=rule.acc, device=device if device is not None else OUT.device, cc=cc,
+        stream_handle=_interop.stream_handle(A),
+    )
+    if k == 0:
+        _epilogue_without_product(problem)
+    else:
+        from numbatc.kernels.dispatch import launch_gemm
+
+        launch_gemm(problem)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# K == 0: no product, only the epilogue
+# ---------------------------------------------------------------------------------------------
+
+
+def _to_float32(host: np.ndarray, dtype: str) -> np.ndarray:
+    """Host storage (bf16 as uint16 bits) -> float32."""
+    if dtype == "bfloat16":
+        return (host.astype(np.uint32) << 16).view(np.float32)
+    return host.astype(np.float32)
+
+
+def _from_float32(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 -> host storage of ``dtype`` (bf16: round to nearest even, as uint16 bits)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if dtype == "bfloat16":
+        u = x.view(np.uint32).astype(np.uint64)
+        bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        nan = np.isnan(x)
+        bits[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)  # quiet NaN, sign kept
+        return bits
+    return x.astype(np.dtype(dtype))
+
+
+def _epilogue_without_product(p: GemmProblem) -> None:
+    """out = activation(beta * c + bias) for K == 0.
+
+    NOTE: a degenerate case, computed on the host rather than by a GEMM kernel with an empty main
+    loop: c and bias are read and out written on the caller's stream (a strided out goes through
+    Numba's own assignment kernel), and the host waits for that stream."""
+    stream = p.stream
+    c_host = p.c.view.copy_to_host(stream=stream) if p.c is not None else None
+    bias_host = p.bias.view.copy_to_host(stream=stream) if p.bias is not None else None
+    stream.synchronize()
+    acc = np.zeros((p.m, p.n), np.float32)
+    if c_host is not None:
+        acc += np.float32(p.beta) * _to_float32(c_host, p.c.dtype)
+    if bias_host is not None:
+        acc += _to_float32(bias_host, p.bias.dtype)[None, :]
+    host = _from_float32(ACTIVATIONS[p.activation](acc), p.out_dtype)
+    view = p.out.view
+    if view.is_c_contiguous() or view.is_f_contiguous():
+        view.copy_to_device(host, stream=stream)
+    else:
+        view.setitem(slice(None), host, stream=stream)  # any strides: numba's assign kernel
+    stream.synchronize()
+
