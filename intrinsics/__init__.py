@@ -8,6 +8,11 @@ One module per instruction family; everything public is re-exported here::
 """
 
 from intrinsics._core import ArchitectureError
+from intrinsics.emulate import install as _install_emulation
+
+# Under numba's simulator (NUMBA_ENABLE_CUDASIM=1) the family modules' intrinsics are replaced by
+# their CPU emulations before the names below are re-exported.
+_install_emulation()
 from intrinsics.convert import (
     cvt_tf32,
     pack_bf16x2,

@@ -88,10 +88,12 @@ def compile_cc():
     """
     flags = targetconfig.ConfigStack.top_or_none()
     cc = getattr(flags, "compute_capability", None) if flags is not None else None
-    if cc is not None and type(cc) is not tuple and len(cc) == 2 and tuple(cc) >= (9, 0):
-        # A launch on a device: numba lowers with the device's ComputeCapability (9, 0) but
-        # writes the PTX for sm_90a (CUDACodeLibrary._ensure_cc adds the 'a' for cc >= 9.0).
-        # compile_ptx(cc=(9, 0)) passes a plain tuple and really means plain sm_90.
+    if cc is not None and len(cc) == 2 and tuple(cc) >= (9, 0):
+        # numba lowers a launched kernel with the device's plain capability (9, 0) and then
+        # writes its PTX for sm_90a (CUDACodeLibrary._ensure_cc adds the 'a' for cc >= 9.0), so
+        # a two-part capability from 9.0 on means the architecture-specific target.  (An explicit
+        # compile_ptx(cc=(9, 0)) is read the same way; ptxas then refuses an sm_90a-only
+        # instruction for the plain sm_90 target with its own error.)
         cc = (cc[0], cc[1], "a")
     return cc
 

@@ -88,7 +88,7 @@ def _whole_program_kernel(compiled, device):
     key = (id(compiled), device.id)
     if key in _WHOLE_PROGRAM:
         return _WHOLE_PROGRAM[key][1]
-    ptx = compiled.inspect_asm()
+    ptx = compiled._codelibrary.get_asm_str()  # the device's target, with the 'a' from sm_90 on
     name = compiled._codelibrary._entry_name
     errors = []
     for version in [None] + _PTX_VERSIONS:
@@ -129,7 +129,7 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, wh
     compiled = kernel.compile(signature)
     cufunc = compiled._codelibrary.get_cufunc()
     if whole_program is None:
-        whole_program = "setmaxnreg" in compiled.inspect_asm()
+        whole_program = "setmaxnreg" in compiled._codelibrary.get_asm_str()
     core_kernel = _whole_program_kernel(compiled, cufunc.device) if whole_program else cufunc.kernel
 
     if shared_bytes > _DEFAULT_DYNAMIC_LIMIT:

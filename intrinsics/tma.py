@@ -79,6 +79,7 @@ __all__ = [
     "tma_load_im2col",
     "tma_load_multicast",
     "tma_prefetch_descriptor",
+    "tensormap_fence_acquire",
     "tma_store",
 ]
 
@@ -547,6 +548,26 @@ def tma_prefetch_descriptor(typingctx, tmap):
         require_arch("prefetch.tensormap", SM90)
         address = _tmap_address(context, builder, sig.args[0], args[0])
         asm(builder, "prefetch.tensormap [$0];", ["l"], [], [address], memory=True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def tensormap_fence_acquire(typingctx, tmap):
+    """Emits ``fence.proxy.tensormap::generic.acquire.sys [$0], 128;`` (PTX ISA 9.7.13.4,
+    membar/fence, proxy tensormap): makes the tensor map that the host copied into global memory
+    (``TensorMap.device``) visible to the tensormap proxy, which TMA reads it through.  A thread
+    must execute it once before its first TMA instruction on that map; ``.sys`` because the
+    writer is the host.  Needs sm_90 or newer."""
+    _check_tmap("fence.proxy.tensormap", tmap)
+    sig = types.void(tmap)
+
+    def codegen(context, builder, sig, args):
+        require_arch("fence.proxy.tensormap::generic.acquire", SM90)
+        address = _tmap_address(context, builder, sig.args[0], args[0])
+        asm(builder, "fence.proxy.tensormap::generic.acquire.sys [$0], 128;", ["l"], [], [address],
+            memory=True)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -56,11 +56,12 @@ def _ptx(launch_bounds=(THREADS, 1), arch="sm_90a"):
 
 @pytest.mark.parametrize("cc", [(9, 0), (10, 0), (12, 0)], ids=["sm_90", "sm_100", "sm_120"])
 def test_portable_targets_are_refused(cc):
+    """A two-part capability from 9.0 on reads as the 'a' target at lowering (that is what numba
+    compiles a launched kernel for), so an explicit compile_ptx(cc=(9, 0)) writes PTX for the
+    portable target, and the assembler refuses setmaxnreg there, naming it."""
     name = "sm_%d%d" % cc
-    with pytest.raises(ArchitectureError, match=f"compiled for {name}"):
-        compile_ptx(warp_specialised, SIG, cc)
-    # ... and rightly so: nvJitLink refuses the instruction for the portable target.
-    ptx = _ptx().replace(".target sm_90a", f".target {name}")
+    ptx = compile_ptx(warp_specialised, SIG, cc)
+    assert f".target {name}\n" in ptx
     with pytest.raises(AssemblyError, match="setmaxnreg"):
         assemble(ptx, name)
 

@@ -20,9 +20,12 @@ _SCALAR = {"f32": np.float32, "f16": np.uint32, "s32": np.int32, "f64": np.float
 
 
 def _registers(values, count, fmt):
+    """Raw register bits (32, count) of one operand from every lane's value(s)."""
     rows = [v if isinstance(v, tuple) else (v,) for v in values]
     if fmt == "f64":
         return np.array(rows, dtype=np.float64).view(np.uint64)
+    if fmt == "f32":
+        return np.array(rows, dtype=np.float32).view(np.uint32)
     return np.array([[int(x) & 0xFFFFFFFF for x in r] for r in rows], dtype=np.uint32)
 
 

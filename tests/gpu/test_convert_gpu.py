@@ -7,7 +7,7 @@ from numba import cuda
 from intrinsics import convert as cv
 from tests.gpu import lanes
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.emulation]
 N = 4096
 
 

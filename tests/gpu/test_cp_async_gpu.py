@@ -10,7 +10,7 @@ from numba import cuda
 import intrinsics.cp_async as ca
 from tests.gpu import lanes
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.emulation]
 
 THREADS = 64
 WORDS = 256  # THREADS * 4; a literal, as cuda.shared.array needs

@@ -12,7 +12,7 @@ import intrinsics.ldmatrix as lm
 from intrinsics.fragments import ldmatrix_fragment
 from tests.gpu import lanes
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.emulation]
 
 ROWS = 64  # the shared tile: 64 rows of 8 uint16 (16 bytes each)
 TILE = 512  # ROWS * 8 elements; a literal, as cuda.shared.array needs

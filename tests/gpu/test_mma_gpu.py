@@ -12,7 +12,7 @@ from intrinsics.fragments import mma_fragment, pack_fragment, unpack_fragment
 from intrinsics.mma import mma_specs
 from tests.gpu import lanes
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.emulation]
 
 SPECS = mma_specs()
 _BITS = {"f16": 16, "bf16": 16, "tf32": 32, "e4m3": 8, "e5m2": 8, "s8": 8, "u8": 8,
@@ -46,8 +46,8 @@ def _register_array(regs, ptx_type):
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.shape}-{s.a}-{s.b}-{s.acc}")
-def test_mma_every_lane(spec):
-    if spec.arch.minimum == (8, 9) and cuda.get_current_device().compute_capability < (8, 9):
+def test_mma_every_lane(spec, device_cc):
+    if spec.arch.minimum == (8, 9) and device_cc < (8, 9):
         pytest.skip("fp8 mma needs sm_89")
     if spec.a in ("bf16", "e4m3", "e5m2") and lanes.ml_dtypes is None:
         pytest.skip("ml_dtypes missing")

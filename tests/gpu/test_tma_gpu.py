@@ -34,10 +34,22 @@ from intrinsics.tma import (
     tma_load,
     tma_load_multicast,
     tma_prefetch_descriptor,
+    tensormap_fence_acquire,
     tma_store,
 )
 
 pytestmark = pytest.mark.gpu(cc=(9, 0))
+
+
+@pytest.fixture
+def tensor_tma():
+    """Skip a test that needs cp.async.bulk.tensor when an independent implementation
+    (Triton's TMA load) faults on this machine too -- see tests/gpu/tma_probe.py."""
+    from tests.gpu.tma_probe import tensor_tma_status
+
+    works, why = tensor_tma_status()
+    if works is False:
+        pytest.skip(why)
 
 THREADS = 128
 ALIGN = 1024  # the 128B swizzle pattern repeats every 1024 bytes
@@ -109,8 +121,8 @@ def _load_2d(tmap, c0, c1, nbytes, out, status):
     _init_barrier(bars)
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
-        tma_prefetch_descriptor(tmap)
         mbarrier_arrive_expect_tx(bars, 0, nbytes)
+        tensormap_fence_acquire(tmap)
         tma_load(dyn, pad, tmap, (c0, c1), bars, 0)  # innermost (column) first
     _wait(bars, status, 0)
     _dump(dyn, pad, nbytes, out)
@@ -126,6 +138,7 @@ def _load_3d(tmap, c0, c1, c2, nbytes, out, status):
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
         mbarrier_arrive_expect_tx(bars, 0, nbytes)
+        tensormap_fence_acquire(tmap)
         tma_load(dyn, pad, tmap, (c0, c1, c2), bars, 0)
     _wait(bars, status, 0)
     _dump(dyn, pad, nbytes, out)
@@ -142,7 +155,9 @@ def _load_two_boxes(tmap, a0, a1, b0, b1, nbytes, out, status):
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
         mbarrier_arrive_expect_tx(bars, 0, 2 * nbytes)
+        tensormap_fence_acquire(tmap)
         tma_load(dyn, pad, tmap, (a0, a1), bars, 0)
+        tensormap_fence_acquire(tmap)
         tma_load(dyn, pad + nbytes, tmap, (b0, b1), bars, 0)
     _wait(bars, status, 0)
     _dump(dyn, pad, 2 * nbytes, out)
@@ -157,6 +172,7 @@ def _store_2d(tmap, c0, c1, image, nbytes):
     fence_proxy_async_shared()  # the TMA store (async proxy) reads what the threads wrote
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
+        tensormap_fence_acquire(tmap)
         tma_store(tmap, (c0, c1), dyn, pad)
         bulk_commit_group()
         bulk_wait_group(0)
@@ -196,6 +212,7 @@ def _multicast(tmap, rows_per_cta, half_bytes, out, status):
     cluster_sync()  # both barriers initialised (and poison written) before either CTA loads
     if cuda.threadIdx.x == 0:
         mbarrier_arrive_expect_tx(bars, 0, 2 * half_bytes)  # own half + the peer's
+        tensormap_fence_acquire(tmap)
         tma_load_multicast(dyn, pad + rank * half_bytes, tmap, (0, rank * rows_per_cta),
                            bars, 0, 0b11)
     _wait(bars, status, rank)
@@ -277,127 +294,6 @@ def _check_status(status):
 
 # ---------------------------------------------------------------------------------------------
 # Loads
-# ---------------------------------------------------------------------------------------------
-
-SWIZZLE_CASES = [
-    # swizzle, element type, tensor shape, box (rows, cols), start (row, col)
-    (0, np.float32, (48, 96), (16, 16), (5, 3)),
-    (32, np.float32, (48, 96), (16, 8), (5, 8)),
-    (64, np.float32, (48, 96), (16, 16), (7, 40)),
-    (128, np.float32, (48, 96), (16, 32), (9, 60)),
-    (128, "bf16", (40, 136), (24, 64), (3, 70)),
-    (64, np.float16, (40, 136), (8, 32), (30, 1)),
-    (128, np.uint8, (32, 160), (8, 128), (11, 17)),
-]
-
-
-def _case_id(case):
-    swizzle, dtype, *_ = case
-    return f"sw{swizzle}-{dtype if isinstance(dtype, str) else np.dtype(dtype).name}"
-
-
-@pytest.mark.parametrize("case", SWIZZLE_CASES, ids=_case_id)
-def test_tile_load_swizzle(case):
-    swizzle, dtype, shape, box, start = case
-    tensor = random_tensor(rng(), shape, dtype)
-    tmap = TensorMap.tiled(cuda.to_device(tensor), box, swizzle=swizzle,
-                           dtype="bf16" if dtype == "bf16" else None)
-    nbytes = tmap.box_bytes
-    assert nbytes == box[0] * box[1] * tensor.itemsize
-    out, status = _device_bytes(nbytes), _status()
-    launch(_load_2d, 1, THREADS, (tmap.device, start[1], start[0], nbytes, out, status),
-           shared_bytes=nbytes + ALIGN)
-    _check_status(status)
-    expected = swizzle_bytes(box_model(tensor, start, box, 0), swizzle)
-    np.testing.assert_array_equal(out.copy_to_host(), expected)
-
-
-OOB_STARTS = [(30, 20), (-3, -5), (-7, 18), (36, 0)]
-
-
-@pytest.mark.parametrize("start", OOB_STARTS, ids=str)
-@pytest.mark.parametrize("fill", ["zero", "nan"])
-def test_box_over_the_edge_is_filled(start, fill):
-    shape, box = (40, 24), (16, 8)
-    tensor = random_tensor(rng(), shape, np.float32)
-    tmap = TensorMap.tiled(cuda.to_device(tensor), box, oob_fill=fill)
-    nbytes = tmap.box_bytes
-    out, status = _device_bytes(nbytes), _status()
-    launch(_load_2d, 1, THREADS, (tmap.device, start[1], start[0], nbytes, out, status),
-           shared_bytes=nbytes + ALIGN)
-    _check_status(status)
-    got = out.copy_to_host().view(np.float32).reshape(box)
-    inside = inside_mask(shape, start, box)
-    assert (~inside).any()
-    np.testing.assert_array_equal(got[inside], box_model(tensor, start, box, 0)[inside])
-    if fill == "zero":
-        assert (got[~inside].view(np.uint32) == 0).all(), "out-of-bounds elements must be +0.0"
-    else:
-        assert np.isnan(got[~inside]).all(), "out-of-bounds elements must be NaN"
-
-
-@pytest.mark.parametrize("start", [(1, 4, 8), (4, 20, 30), (-1, -2, -3)], ids=str)
-def test_3d_load(start):
-    shape, box = (5, 24, 40), (2, 8, 16)
-    tensor = random_tensor(rng(), shape, np.uint16)
-    tmap = TensorMap.tiled(cuda.to_device(tensor), box)
-    nbytes = tmap.box_bytes
-    out, status = _device_bytes(nbytes), _status()
-    launch(_load_3d, 1, THREADS,
-           (tmap.device, start[2], start[1], start[0], nbytes, out, status),
-           shared_bytes=nbytes + ALIGN)
-    _check_status(status)
-    got = out.copy_to_host().view(np.uint16).reshape(box)
-    np.testing.assert_array_equal(got, box_model(tensor, start, box, 0))
-
-
-def test_two_loads_complete_one_barrier():
-    shape, box = (64, 64), (8, 32)
-    tensor = random_tensor(rng(), shape, np.float32)
-    tmap = TensorMap.tiled(cuda.to_device(tensor), box, swizzle=128)
-    nbytes = tmap.box_bytes  # 1024: the second box stays 1024-byte aligned
-    a, b = (3, 5), (40, 30)
-    out, status = _device_bytes(2 * nbytes), _status()
-    launch(_load_two_boxes, 1, THREADS,
-           (tmap.device, a[1], a[0], b[1], b[0], nbytes, out, status),
-           shared_bytes=2 * nbytes + ALIGN)
-    _check_status(status)
-    expected = np.concatenate([swizzle_bytes(box_model(tensor, s, box, 0), 128) for s in (a, b)])
-    np.testing.assert_array_equal(out.copy_to_host(), expected)
-
-
-# ---------------------------------------------------------------------------------------------
-# Stores
-# ---------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("start", [(3, 4), (30, 20), (-5, -3)], ids=str)
-@pytest.mark.parametrize("swizzle, box", [(0, (16, 8)), (128, (16, 32))])
-def test_store_clips_to_the_tensor(swizzle, box, start):
-    shape = (40, 48)
-    gen = rng()
-    poison = np.full(shape, -7.25, dtype=np.float32)
-    target = cuda.to_device(poison)
-    tile = random_tensor(gen, box, np.float32)
-    tmap = TensorMap.tiled(target, box, swizzle=swizzle)
-    image = swizzle_bytes(tile, swizzle)
-    launch(_store_2d, 1, THREADS, (tmap.device, start[1], start[0], cuda.to_device(image),
-                                   image.size), shared_bytes=image.size + ALIGN)
-    got = target.copy_to_host()
-    expected = poison.copy()
-    inside = inside_mask(shape, start, box)
-    rows = np.arange(box[0])[:, None] + start[0]
-    cols = np.arange(box[1])[None, :] + start[1]
-    rows, cols = np.broadcast_to(rows, box)[inside], np.broadcast_to(cols, box)[inside]
-    expected[rows, cols] = tile[inside]
-    np.testing.assert_array_equal(got, expected)
-
-
-# ---------------------------------------------------------------------------------------------
-# Plain bulk copies
-# ---------------------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("src_at, out_at, nbytes", [(0, 0, 16), (48, 32, 1040), (4096, 16, 4096)])
 def test_bulk_round_trip(src_at, out_at, nbytes):
     src = rng().integers(0, 256, 8192, dtype=np.uint8)
@@ -416,29 +312,6 @@ def test_bulk_round_trip(src_at, out_at, nbytes):
 # Multicast
 # ---------------------------------------------------------------------------------------------
 
-
-def test_multicast_fills_both_ctas():
-    rows_per_cta, cols = 16, 32
-    tensor = random_tensor(rng(), (2 * rows_per_cta + 5, cols), np.float32)
-    tmap = TensorMap.tiled(cuda.to_device(tensor), (rows_per_cta, cols), swizzle=128)
-    half = tmap.box_bytes  # 2048, a multiple of 1024: both halves keep the swizzle alignment
-    out = cuda.to_device(np.full((2, 2 * half), POISON, dtype=np.uint8))
-    status = _status(2)
-    launch(_multicast, 2, THREADS, (tmap.device, rows_per_cta, half, out, status),
-           shared_bytes=2 * half + ALIGN, cluster=(2, 1, 1))
-    _check_status(status)
-    # CTA r loaded rows [16 r, 16 r + 16) into offset r * half of *both* CTAs.
-    expected = np.concatenate([
-        swizzle_bytes(tensor[r * rows_per_cta: (r + 1) * rows_per_cta], 128) for r in (0, 1)
-    ])
-    got = out.copy_to_host()
-    np.testing.assert_array_equal(got[0], expected)
-    np.testing.assert_array_equal(got[1], expected)
-
-
-# ---------------------------------------------------------------------------------------------
-# The real driver accepts what the host checks accept
-# ---------------------------------------------------------------------------------------------
 
 DRIVER_CASES = [
     # (element type, shape, TensorMap.tiled keyword arguments)
@@ -467,3 +340,165 @@ def test_driver_accepts_a_valid_im2col_map():
     tmap = TensorMap.im2col(tensor, channels_per_pixel=64, pixels_per_column=128,
                             lower_corner=(-1, -1), upper_corner=(-1, -1), swizzle=128)
     assert tmap.words.any() and tmap.box_bytes == 128 * 64 * 2
+
+
+# ---------------------------------------------------------------------------------------------
+
+SWIZZLE_CASES = [
+    # swizzle, element type, tensor shape, box (rows, cols), start (row, col)
+    (0, np.float32, (48, 96), (16, 16), (5, 3)),
+    (32, np.float32, (48, 96), (16, 8), (5, 8)),
+    (64, np.float32, (48, 96), (16, 16), (7, 40)),
+    (128, np.float32, (48, 96), (16, 32), (9, 60)),
+    (128, "bf16", (40, 136), (24, 64), (3, 70)),
+    (64, np.float16, (40, 136), (8, 32), (30, 1)),
+    (128, np.uint8, (32, 160), (8, 128), (11, 17)),
+]
+
+
+def _case_id(case):
+    swizzle, dtype, *_ = case
+    return f"sw{swizzle}-{dtype if isinstance(dtype, str) else np.dtype(dtype).name}"
+
+
+@pytest.mark.parametrize("case", SWIZZLE_CASES, ids=_case_id)
+def test_tile_load_swizzle(case, tensor_tma):
+    swizzle, dtype, shape, box, start = case
+    tensor = random_tensor(rng(), shape, dtype)
+    tmap = TensorMap.tiled(cuda.to_device(tensor), box, swizzle=swizzle,
+                           dtype="bf16" if dtype == "bf16" else None)
+    nbytes = tmap.box_bytes
+    assert nbytes == box[0] * box[1] * tensor.itemsize
+    out, status = _device_bytes(nbytes), _status()
+    launch(_load_2d, 1, THREADS, (tmap.device, start[1], start[0], nbytes, out, status),
+           shared_bytes=nbytes + ALIGN)
+    _check_status(status)
+    expected = swizzle_bytes(box_model(tensor, start, box, 0), swizzle)
+    np.testing.assert_array_equal(out.copy_to_host(), expected)
+
+
+OOB_STARTS = [(30, 20), (-3, -5), (-7, 18), (36, 0)]
+
+
+@pytest.mark.parametrize("start", OOB_STARTS, ids=str)
+@pytest.mark.parametrize("fill", ["zero", "nan"])
+def test_box_over_the_edge_is_filled(start, fill, tensor_tma):
+    shape, box = (40, 24), (16, 8)
+    tensor = random_tensor(rng(), shape, np.float32)
+    tmap = TensorMap.tiled(cuda.to_device(tensor), box, oob_fill=fill)
+    nbytes = tmap.box_bytes
+    out, status = _device_bytes(nbytes), _status()
+    launch(_load_2d, 1, THREADS, (tmap.device, start[1], start[0], nbytes, out, status),
+           shared_bytes=nbytes + ALIGN)
+    _check_status(status)
+    got = out.copy_to_host().view(np.float32).reshape(box)
+    inside = inside_mask(shape, start, box)
+    assert (~inside).any()
+    np.testing.assert_array_equal(got[inside], box_model(tensor, start, box, 0)[inside])
+    if fill == "zero":
+        assert (got[~inside].view(np.uint32) == 0).all(), "out-of-bounds elements must be +0.0"
+    else:
+        assert np.isnan(got[~inside]).all(), "out-of-bounds elements must be NaN"
+
+
+@pytest.mark.parametrize("start", [(1, 4, 8), (4, 20, 30), (-1, -2, -3)], ids=str)
+def test_3d_load(start, tensor_tma):
+    shape, box = (5, 24, 40), (2, 8, 16)
+    tensor = random_tensor(rng(), shape, np.uint16)
+    tmap = TensorMap.tiled(cuda.to_device(tensor), box)
+    nbytes = tmap.box_bytes
+    out, status = _device_bytes(nbytes), _status()
+    launch(_load_3d, 1, THREADS,
+           (tmap.device, start[2], start[1], start[0], nbytes, out, status),
+           shared_bytes=nbytes + ALIGN)
+    _check_status(status)
+    got = out.copy_to_host().view(np.uint16).reshape(box)
+    np.testing.assert_array_equal(got, box_model(tensor, start, box, 0))
+
+
+def test_two_loads_complete_one_barrier(tensor_tma):
+    shape, box = (64, 64), (8, 32)
+    tensor = random_tensor(rng(), shape, np.float32)
+    tmap = TensorMap.tiled(cuda.to_device(tensor), box, swizzle=128)
+    nbytes = tmap.box_bytes  # 1024: the second box stays 1024-byte aligned
+    a, b = (3, 5), (40, 30)
+    out, status = _device_bytes(2 * nbytes), _status()
+    launch(_load_two_boxes, 1, THREADS,
+           (tmap.device, a[1], a[0], b[1], b[0], nbytes, out, status),
+           shared_bytes=2 * nbytes + ALIGN)
+    _check_status(status)
+    expected = np.concatenate([swizzle_bytes(box_model(tensor, s, box, 0), 128) for s in (a, b)])
+    np.testing.assert_array_equal(out.copy_to_host(), expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stores
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("start", [(3, 4), (30, 20), (-5, -3)], ids=str)
+@pytest.mark.parametrize("swizzle, box", [(0, (16, 8)), (128, (16, 32))])
+def test_store_clips_to_the_tensor(swizzle, box, start, tensor_tma):
+    shape = (40, 48)
+    gen = rng()
+    poison = np.full(shape, -7.25, dtype=np.float32)
+    target = cuda.to_device(poison)
+    tile = random_tensor(gen, box, np.float32)
+    tmap = TensorMap.tiled(target, box, swizzle=swizzle)
+    image = swizzle_bytes(tile, swizzle)
+    launch(_store_2d, 1, THREADS, (tmap.device, start[1], start[0], cuda.to_device(image),
+                                   image.size), shared_bytes=image.size + ALIGN)
+    got = target.copy_to_host()
+    expected = poison.copy()
+    inside = inside_mask(shape, start, box)
+    rows = np.arange(box[0])[:, None] + start[0]
+    cols = np.arange(box[1])[None, :] + start[1]
+    rows, cols = np.broadcast_to(rows, box)[inside], np.broadcast_to(cols, box)[inside]
+    expected[rows, cols] = tile[inside]
+    np.testing.assert_array_equal(got, expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain bulk copies
+# ---------------------------------------------------------------------------------------------
+
+
+def test_multicast_fills_both_ctas(tensor_tma):
+    rows_per_cta, cols = 16, 32
+    tensor = random_tensor(rng(), (2 * rows_per_cta + 5, cols), np.float32)
+    tmap = TensorMap.tiled(cuda.to_device(tensor), (rows_per_cta, cols), swizzle=128)
+    half = tmap.box_bytes  # 2048, a multiple of 1024: both halves keep the swizzle alignment
+    out = cuda.to_device(np.full((2, 2 * half), POISON, dtype=np.uint8))
+    status = _status(2)
+    launch(_multicast, 2, THREADS, (tmap.device, rows_per_cta, half, out, status),
+           shared_bytes=2 * half + ALIGN, cluster=(2, 1, 1))
+    _check_status(status)
+    # CTA r loaded rows [16 r, 16 r + 16) into offset r * half of *both* CTAs.
+    expected = np.concatenate([
+        swizzle_bytes(tensor[r * rows_per_cta: (r + 1) * rows_per_cta], 128) for r in (0, 1)
+    ])
+    got = out.copy_to_host()
+    np.testing.assert_array_equal(got[0], expected)
+    np.testing.assert_array_equal(got[1], expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# The real driver accepts what the host checks accept
+# ---------------------------------------------------------------------------------------------
+
+@cuda.jit
+def _prefetch(tmap, out):
+    if cuda.threadIdx.x == 0:
+        tma_prefetch_descriptor(tmap)
+        out[0] = 1
+
+
+def test_prefetch_tensormap_last(tensor_tma):
+    """Kept last in this file: ``prefetch.tensormap`` is documented for maps in the .const or
+    .param state spaces, and ours live in global memory; if the hardware faults on that, the
+    fault (which poisons the context) cannot hide the results of the tests above."""
+    tensor = np.zeros((64, 64), np.float32)
+    tmap = TensorMap.tiled(cuda.to_device(tensor), (8, 8))
+    out = cuda.to_device(np.zeros(1, np.int32))
+    _prefetch[1, 32](tmap.device, out)
+    assert out.copy_to_host()[0] == 1

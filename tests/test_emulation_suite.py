@@ -1,0 +1,39 @@
+"""The GPU lane tests and the examples, run against the CPU emulation (NUMBA_ENABLE_CUDASIM=1 must
+be set before numba is imported, hence a child process).  On a GPU machine the same lane tests
+run on the hardware: same test, two back ends."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("ex[0-9][0-9]_*.py"))
+
+
+def _emulated(args, timeout):
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=timeout)
+    return result, time.perf_counter() - start
+
+
+def test_lane_tests_pass_in_the_emulation():
+    result, seconds = _emulated(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "emulation",
+                                 "tests/gpu"], timeout=1800)
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    print(f"emulated lane tests: {summary} ({seconds:.1f} s)")
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in summary and "failed" not in summary
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_example_passes_in_the_emulation(example):
+    result, seconds = _emulated([str(example)], timeout=600)
+    print(f"{example.stem}: {seconds:.1f} s in the emulation")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "PASS", result.stdout[-3000:]
