@@ -114,16 +114,30 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, wh
     ``whole_program``: load through the driver's whole-program JIT (default: when the kernel
     uses setmaxnreg, which nvJitLink's separate compilation drops).
     """
-    from cuda.core import LaunchConfig, launch as core_launch
-    from numba.cuda.cudadrv.driver import _to_core_stream
-
     grid = _dim3(grid, "grid")
     block = _dim3(block, "block")
-    args = tuple(_as_kernel_arg(a) for a in args)
     if block[0] * block[1] * block[2] > 1024:
         raise LaunchError(f"a block has at most 1024 threads, got {block}")
     if shared_bytes < 0:
         raise LaunchError(f"shared_bytes must be >= 0, got {shared_bytes}")
+    if cluster is not None:
+        cluster = _dim3(cluster, "cluster")
+        if any(g % c for g, c in zip(grid, cluster)):
+            raise LaunchError(f"the cluster shape {cluster} must divide the grid {grid}")
+        if cluster[0] * cluster[1] * cluster[2] > 16:
+            raise LaunchError(f"a cluster has at most 16 blocks, got {cluster}")
+
+    from numba import config as numba_config
+
+    if numba_config.ENABLE_CUDASIM:  # numba's simulator: the CPU emulation runs it
+        from intrinsics.emulate.runtime import launch as emulated_launch
+
+        return emulated_launch(kernel, grid, block, args, shared_bytes, cluster)
+
+    from cuda.core import LaunchConfig, launch as core_launch
+    from numba.cuda.cudadrv.driver import _to_core_stream
+
+    args = tuple(_as_kernel_arg(a) for a in args)
 
     signature = tuple(kernel.typeof_pyval(a) for a in args)
     compiled = kernel.compile(signature)
@@ -144,13 +158,7 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, wh
 
     core_grid = grid
     if cluster is not None:
-        cluster = _dim3(cluster, "cluster")
-        if any(g % c for g, c in zip(grid, cluster)):
-            raise LaunchError(f"the cluster shape {cluster} must divide the grid {grid}")
-        size = cluster[0] * cluster[1] * cluster[2]
-        if size > 16:
-            raise LaunchError(f"a cluster has at most 16 blocks, got {size}")
-        if size > 8:
+        if cluster[0] * cluster[1] * cluster[2] > 8:
             _set_kernel_attribute(core_kernel, cufunc.device, "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1)
         if _cuda_core_grid_counts_clusters():
             core_grid = tuple(g // c for g, c in zip(grid, cluster))
@@ -160,8 +168,8 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, wh
     for ty, value in zip(compiled.argument_types, args):
         compiled._prepare_args(ty, value, stream, retr, kernelargs)
 
-    config = LaunchConfig(grid=core_grid, cluster=cluster, block=block, shmem_size=shared_bytes)
-    core_launch(_to_core_stream(stream), config, core_kernel, *kernelargs)
+    launch_config = LaunchConfig(grid=core_grid, cluster=cluster, block=block, shmem_size=shared_bytes)
+    core_launch(_to_core_stream(stream), launch_config, core_kernel, *kernelargs)
     for writeback in retr:
         writeback()
 

@@ -52,21 +52,85 @@ class EmulationError(RuntimeError):
 # ---------------------------------------------------------------------------------------------
 
 
+class TrackedArray(np.ndarray):
+    """A shared-memory array whose element stores are recorded as generic-proxy writes.
+
+    The async proxy (TMA stores, wgmma operand reads, tcgen05) sees such writes only after the
+    writing thread executes ``fence.proxy.async``; the emulation checks that (see
+    ``SharedSpace.check_async_read``)."""
+
+    def __setitem__(self, index, value):
+        np.ndarray.__setitem__(self, index, value)
+        space = getattr(self, "_space", None)
+        if space is None:
+            return
+        thread = threading.current_thread()
+        if not isinstance(thread, EmuThread):
+            return
+        lo, hi = _byte_range(self, index)
+        space.dirty[lo - space.origin: hi - space.origin] = thread.thread_id + 1
+
+    def __array_finalize__(self, obj):
+        self._space = getattr(obj, "_space", None)
+
+
+def _byte_range(array, index):
+    """[lo, hi) absolute byte addresses touched by ``array[index] = ...``."""
+    base = array.__array_interface__["data"][0]
+    if isinstance(index, (int, np.integer)) and array.ndim == 1:
+        i = int(index) + (array.shape[0] if index < 0 else 0)
+        lo = base + i * array.strides[0]
+        return lo, lo + array.itemsize
+    if (isinstance(index, tuple) and len(index) == array.ndim
+            and all(isinstance(i, (int, np.integer)) for i in index)):
+        lo = base + sum((int(i) + (n if i < 0 else 0)) * st
+                        for i, n, st in zip(index, array.shape, array.strides))
+        return lo, lo + array.itemsize
+    view = np.ndarray.__getitem__(array.view(np.ndarray), index)
+    lo, hi = np.byte_bounds(view)
+    return lo, hi
+
+
 class SharedSpace:
     """One block's shared memory: arrays placed at 32-bit addresses, like the hardware's window.
 
     Every allocation is a NumPy array over a slice of one byte buffer, so that an address can be
-    resolved back to the bytes behind it whatever array type wrote them.
+    resolved back to the bytes behind it whatever array type wrote them.  ``dirty`` holds, per
+    byte, 1 + the thread id of a generic-proxy store not yet followed by that thread's
+    ``fence.proxy.async`` (0: clean).
     """
 
     SIZE = 232448  # 227 KB, Hopper's per-block maximum
 
     def __init__(self, dynamic_bytes):
         self.memory = np.zeros(self.SIZE, dtype=np.uint8)
+        self.origin = self.memory.__array_interface__["data"][0]
+        self.dirty = np.zeros(self.SIZE, dtype=np.int32)
         self.top = 0
         self.static = {}
         self.dynamic_bytes = dynamic_bytes
         self.dynamic_base = None
+
+    def _tracked(self, raw):
+        array = raw.view(TrackedArray)
+        array._space = self
+        return array
+
+    def fence_proxy_async(self, thread):
+        """``fence.proxy.async`` by ``thread``: its generic stores become visible to the async proxy."""
+        self.dirty[self.dirty == thread.thread_id + 1] = 0
+
+    def check_async_read(self, address, nbytes, what, reader):
+        """EmulationError when the async proxy reads bytes a thread stored without a fence."""
+        region = self.dirty[address: address + nbytes]
+        if region.any():
+            offset = int(np.flatnonzero(region)[0])
+            writer = int(region[offset]) - 1
+            raise EmulationError(
+                f"{reader.where()}: {what} reads shared address {address + offset}, which thread "
+                f"{writer} (warp {writer // 32} lane {writer % 32}) wrote with an ordinary store "
+                "and did not order with fence.proxy.async before the barrier"
+            )
 
     def _place(self, nbytes, alignment):
         base = -(-self.top // alignment) * alignment
@@ -87,12 +151,12 @@ class SharedSpace:
                 self.dynamic_base = self._place(self.dynamic_bytes, 1024)
             count = self.dynamic_bytes // dtype.itemsize
             raw = self.memory[self.dynamic_base: self.dynamic_base + count * dtype.itemsize]
-            return raw.view(dtype)
+            return self._tracked(raw.view(dtype))
         if key not in self.static:
             shape = (shape,) if np.isscalar(shape) else tuple(shape)
             nbytes = int(np.prod(shape)) * dtype.itemsize
             base = self._place(nbytes, alignment)
-            self.static[key] = self.memory[base: base + nbytes].view(dtype).reshape(shape)
+            self.static[key] = self._tracked(self.memory[base: base + nbytes].view(dtype).reshape(shape))
         return self.static[key]
 
     def address(self, array, index):
