@@ -477,15 +477,32 @@ def check_im2col(dtype, address, shape, strides, lower_corner, upper_corner, cha
 # ---------------------------------------------------------------------------------------------
 
 
+def _simulated():
+    """True under numba's CUDA simulator: no driver, the CPU emulation runs the kernels."""
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)
+
+
+def _array_interface(tensor):
+    """The ``__cuda_array_interface__`` of a device array; under the simulator also the array
+    interface of the NumPy array behind a simulator device array (``cuda.to_device``)."""
+    if hasattr(tensor, "__cuda_array_interface__"):
+        return tensor.__cuda_array_interface__
+    if _simulated() and isinstance(getattr(tensor, "_ary", None), np.ndarray):
+        return tensor._ary.__array_interface__
+    return None
+
+
 def _describe_source(tensor, dtype, shape, strides):
     """(TmaType, address, shape, strides, owner) of an array with ``__cuda_array_interface__``
     or a raw device pointer plus ``dtype`` and ``shape``."""
-    if hasattr(tensor, "__cuda_array_interface__"):
+    cai = _array_interface(tensor)
+    if cai is not None:
         if shape is not None or strides is not None:
             raise TypeError(
                 "tensor map: shape= and strides= are for a raw pointer; an array brings its own"
             )
-        cai = tensor.__cuda_array_interface__
         array_dtype = np.dtype(cai["typestr"])
         if cai.get("mask") is not None:
             raise TypeError("tensor map: masked arrays are not supported")
@@ -639,7 +656,7 @@ class TensorMap:
         driver_params = _driver_params(params)
         driver_params["boxDim"] = params["box"][::-1]
         driver_params = _ordered(driver_params, tiled=True)
-        encoded = _encode("Tiled", driver_params)
+        encoded = None if _simulated() else _encode("Tiled", driver_params)
         return cls("tiled", params, driver_params, encoded, owner)
 
     @classmethod
@@ -668,7 +685,7 @@ class TensorMap:
         driver_params["channelsPerPixel"] = params["channels_per_pixel"]
         driver_params["pixelsPerColumn"] = params["pixels_per_column"]
         driver_params = _ordered(driver_params, tiled=False)
-        encoded = _encode("Im2col", driver_params)
+        encoded = None if _simulated() else _encode("Im2col", driver_params)
         return cls("im2col", params, driver_params, encoded, owner)
 
     # -- derived values ------------------------------------------------------------------------
@@ -708,11 +725,24 @@ class TensorMap:
     @property
     def words(self):
         """The encoded 128-byte map as 16 host ``uint64`` words."""
+        if self.encoded is None:
+            raise TensorMapError(
+                "TensorMap.words: under numba's simulator there is no CUDA driver; the map was "
+                "checked against every documented rule but not encoded"
+            )
         return np.array([int(w) for w in self.encoded.opaque], dtype=np.uint64)
 
     @property
     def device(self):
-        """The map in device memory (a numba device array of 16 ``uint64``), copied once."""
+        """The map in device memory (a numba device array of 16 ``uint64``), copied once.
+
+        Under numba's simulator: a simulator array of 16 words that carries this TensorMap, so
+        that the emulated TMA instructions find its parameters and source array
+        (:func:`intrinsics.emulate.tma.device_tensormap`)."""
+        if self._device is None and self.encoded is None:
+            from intrinsics.emulate.tma import device_tensormap
+
+            self._device = device_tensormap(self)
         if self._device is None:
             from numba import cuda
 

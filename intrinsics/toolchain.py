@@ -7,6 +7,8 @@ the pip NVVM writes -- the CUDA 13.0 ``ptxas`` rejects PTX 9.5) and returns the 
 assembles for each architecture it claims; the demo uses them to report what compiles where.
 """
 
+import contextlib
+
 from numba import cuda
 
 __all__ = ["ARCHS", "AssemblyError", "assemble", "compile_ptx", "cc_of", "arch_name"]
@@ -40,12 +42,39 @@ def arch_name(cc):
     return "sm_%d%d%s" % (cc[0], cc[1], cc[2] if len(cc) > 2 else "")
 
 
+class _TargetDevice:
+    """Stands in for the current device while compiling without a GPU (see _device_shim)."""
+
+    def __init__(self, cc):
+        self.compute_capability = cc[:2]
+
+
+@contextlib.contextmanager
+def _device_shim(cc):
+    """numba-cuda compiles a kernel's *device* functions for ``get_current_device()``'s
+    capability (dispatcher.compile_device), which needs a driver.  Without a GPU, answer with the
+    target being compiled for; with one, change nothing."""
+    from numba.cuda import dispatcher
+
+    if cuda.is_available():
+        yield
+        return
+    original = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: _TargetDevice(cc)
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = original
+
+
 def compile_ptx(pyfunc, sig, arch, **options):
     """PTX text of ``pyfunc`` (a plain Python function, or a ``cuda.jit`` dispatcher) compiled
-    as a kernel with signature ``sig`` for ``arch`` ('sm_90a' or a cc tuple)."""
+    as a kernel with signature ``sig`` for ``arch`` ('sm_90a' or a cc tuple).  Works without a
+    GPU, device functions included."""
     cc = cc_of(arch) if isinstance(arch, str) else tuple(arch)
     pyfunc = getattr(pyfunc, "py_func", pyfunc)
-    ptx, _ = cuda.compile_ptx(pyfunc, sig, cc=cc, **options)
+    with _device_shim(cc):
+        ptx, _ = cuda.compile_ptx(pyfunc, sig, cc=cc, **options)
     return ptx
 
 

@@ -26,6 +26,11 @@ FAMILIES = {
     "intrinsics.mma": "intrinsics.emulate.mma",
     "intrinsics.ldmatrix": "intrinsics.emulate.ldmatrix",
     "intrinsics.cp_async": "intrinsics.emulate.cp_async",
+    "intrinsics.mbarrier": "intrinsics.emulate.mbarrier",
+    "intrinsics.cluster": "intrinsics.emulate.cluster",
+    "intrinsics.setmaxnreg": "intrinsics.emulate.setmaxnreg",
+    "intrinsics.tma": "intrinsics.emulate.tma",
+    "intrinsics.wgmma": "intrinsics.emulate.wgmma",
 }
 
 

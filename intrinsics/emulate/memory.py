@@ -44,11 +44,18 @@ def global_bytes(array, index, nbytes):
         offset = sum(int(i) * s for i, s in zip(index, arr.strides))
     else:
         offset = int(index) * arr.strides[0]
-    flat = arr.reshape(-1).view(np.uint8) if arr.flags.c_contiguous else None
+    # Any strides: view the bytes of the allocation that owns the array.
+    owner = arr
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    flat = owner.reshape(-1, order="A").view(np.uint8) if (
+        owner.flags.c_contiguous or owner.flags.f_contiguous) else None
     if flat is None:
-        raise EmulationError("global operands of async copies must be contiguous arrays")
-    if offset < 0 or offset + nbytes > flat.size:
+        raise EmulationError("the global array's memory is not one contiguous allocation")
+    start = arr.__array_interface__["data"][0] + offset - flat.__array_interface__["data"][0]
+    if start < 0 or start + nbytes > flat.size:
         raise EmulationError(
-            f"global access [{offset}, {offset + nbytes}) bytes is outside the array of {flat.size} bytes"
+            f"global access of {nbytes} bytes at byte {start} is outside the allocation of "
+            f"{flat.size} bytes"
         )
-    return flat[offset: offset + nbytes]
+    return flat[start: start + nbytes]

@@ -556,9 +556,17 @@ def _fake_arg(arg, writebacks):
     return arg
 
 
+# cuda.jit options that matter to code generation only; the simulator's jit rejects them, so the
+# emulation drops them and the same kernel source runs in both.
+_CODEGEN_ONLY = ("forceinline", "launch_bounds", "max_registers", "lineinfo", "inline")
+
+
 @functools.cache
 def install():
-    """Route ``kernel[grid, block](...)`` launches of the simulator through this runtime."""
+    """Route ``kernel[grid, block](...)`` launches of the simulator through this runtime, and let
+    its ``cuda.jit`` accept the code-generation options real kernels use."""
+    import numba.cuda
+    import numba.cuda.simulator.api as simapi
     from numba.cuda.simulator.kernel import FakeCUDAKernel
 
     original = FakeCUDAKernel.__call__
@@ -569,6 +577,17 @@ def install():
         launch(self, self.grid_dim, self.block_dim, args, self.dynshared_size)
 
     FakeCUDAKernel.__call__ = call
+
+    simulator_jit = simapi.jit
+
+    @functools.wraps(simulator_jit)
+    def jit(func_or_sig=None, device=False, **options):
+        for name in _CODEGEN_ONLY:
+            options.pop(name, None)
+        return simulator_jit(func_or_sig, device=device, **options)
+
+    simapi.jit = jit
+    numba.cuda.jit = jit
 
 
 def _in_kernel():

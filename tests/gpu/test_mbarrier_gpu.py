@@ -30,6 +30,9 @@ from intrinsics.mbarrier import (
     mbarrier_wait_parity,
 )
 
+# Every test also runs in the CPU emulation (each carries its own gpu(cc=...) marker).
+pytestmark = pytest.mark.emulation
+
 ARRIVE, ARRIVE_COUNT, ARRIVE_EXPECT_TX, EXPECT_TX, COMPLETE_TX = range(5)
 NO_STATE = 2  # the third flag before any arrive has produced a state
 POISON = -1

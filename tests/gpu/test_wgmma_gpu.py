@@ -26,6 +26,10 @@ from intrinsics.wgmma import (
     wgmma_mma_async,
 )
 
+# The GPU tests also run in the CPU emulation (NUMBA_ENABLE_CUDASIM=1); the host-model tests
+# below run in both modes too.
+pytestmark = pytest.mark.emulation
+
 WARPGROUP = 128
 
 
@@ -397,8 +401,8 @@ CASES = _cases()
 
 @pytest.mark.gpu(cc=(9, 0))
 @pytest.mark.parametrize("name", list(CASES))
-def test_wgmma_on_the_gpu(name):
-    cc = tuple(cuda.get_current_device().compute_capability)
+def test_wgmma_on_the_gpu(name, device_cc):
+    cc = tuple(device_cc)  # (9, 0) in the emulation
     if cc != (9, 0):
         pytest.skip(f"wgmma needs sm_90a, this GPU is sm_{cc[0]}{cc[1]}")
     run(CASES[name]())

@@ -1,0 +1,374 @@
+"""Emulation of intrinsics.tma: tensor copies (tile mode) through a TensorMap, plain bulk copies,
+bulk groups and the descriptor fence / prefetch.
+
+The tensor map.  Under the simulator ``TensorMap.tiled`` checks every documented rule but calls no
+driver; ``tmap.device`` is a simulator array of 16 words that carries the TensorMap
+(:func:`device_tensormap`), so the emulated instructions find its parameters and source array.
+
+The box model (PTX ISA 5.5, "Tensors"; 9.7.9.25.5.1, cp.async.bulk.tensor), natural order
+(outermost first) as TensorMap keeps it; the instruction's coordinates are innermost first:
+
+- element ``i`` of box dimension ``d`` is tensor element ``start[d] + i * element_strides[d]``
+  for ``i < TensorMap.smem_box[d]`` (the innermost element stride counts only with interleave);
+- outside ``0 <= index < shape[d]`` in any dimension, a load writes the fill -- zero bytes, or
+  with ``oob_fill='nan'`` the canonical NaN of the type (all bits but the sign set; the hardware
+  only promises "a NaN") -- and a store writes nothing;
+- shared memory holds the box densely, C order (the innermost dimension contiguous, rows of
+  ``smem_box[-1] * element size`` bytes), and byte ``L`` of that image lives at
+  ``dst + swizzle_offset_host(L, swizzle)``.  The pattern is a function of the shared address
+  bits (PTX ISA 9.7.9.27.5), so the box must start at a multiple of its repeat (256 / 512 /
+  1024 bytes for 32B / 64B / 128B) and of 128 bytes in any case; otherwise EmulationError.
+
+Loads copy at issue and then perform complete_tx of ``TensorMap.box_bytes`` on the mbarrier at
+the barrier operand's shared address -- in every CTA of ``cta_mask`` for multicast, which also
+writes the box at the same shared offset in each of them.  A peer's barrier must exist
+(initialised and made visible with a cluster barrier before the copy).
+
+Stores (``tma_store``, ``bulk_copy_s2g``) are performed at issue: the async proxy reads shared
+memory then (``SharedSpace.check_async_read``: bytes a thread stored without a following
+``fence.proxy.async`` are an EmulationError) and writes global memory.  The thread's bulk group
+remembers what was read; the wait that completes the group (``bulk_wait_group`` or
+``bulk_wait_group_read``) checks that those shared bytes are unchanged, since the hardware may
+read them as late as that wait -- overwriting the source earlier is an EmulationError.
+
+Not emulated (NotImplementedError naming the reason): ``tma_load_im2col``, interleaved maps,
+the packed sub-byte types and the tf32 / ftz types (whose conversions the hardware applies).
+"""
+
+import numpy as np
+
+from intrinsics.emulate import memory
+from intrinsics.emulate.cluster import peer_block
+from intrinsics.emulate.mbarrier import barrier_address, complete_tx
+from intrinsics.emulate.runtime import EmulationError, current
+from intrinsics.smem import swizzle_offset_host
+
+__all__ = ["TensorMapWords", "device_tensormap"]
+
+TENSOR_ALIGN = 128  # shared-memory box address (PTX ISA 9.7.9.25.5.1)
+BULK_ALIGN = 16  # cp.async.bulk addresses and sizes (9.7.9.25.4.1)
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+# Bits of the NaN the out-of-bounds fill writes, per TMA type.
+_NAN_BITS = {"f16": 0x7FFF, "bf16": 0x7FFF, "f32": 0x7FFFFFFF, "f64": 0x7FFFFFFFFFFFFFFF}
+_CONVERTING_TYPES = ("f32_ftz", "tf32", "tf32_ftz")
+
+
+# ---------------------------------------------------------------------------------------------
+# The tensor map on the device
+# ---------------------------------------------------------------------------------------------
+
+
+class TensorMapWords(np.ndarray):
+    """The 16 ``uint64`` words of a tensor map under the simulator, carrying the TensorMap."""
+
+    tensormap = None
+
+    def __array_finalize__(self, obj):
+        self.tensormap = getattr(obj, "tensormap", None)
+
+
+def device_tensormap(tmap):
+    """``TensorMap.device`` under the simulator: a simulator device array (uint64[16])."""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    words = np.zeros(16, dtype=np.uint64).view(TensorMapWords)
+    words.tensormap = tmap
+    return FakeCUDAArray(words)
+
+
+def _tensormap(thread, tmap, op):
+    array = memory.host_array(tmap)
+    tm = getattr(array, "tensormap", None)
+    if tm is None:
+        raise EmulationError(
+            f"{thread.where()}: {op}: the tensor map operand must be TensorMap.device, got a "
+            f"{array.dtype}{list(array.shape)} array that carries no TensorMap"
+        )
+    return tm
+
+
+def _check_map(thread, tm, op, mode="tiled"):
+    if tm.mode != mode:
+        raise EmulationError(f"{thread.where()}: {op}: needs a {mode} tensor map, got {tm!r}")
+    why = None
+    if tm.interleave:
+        why = f"interleaved maps ({tm.interleave}B interleave)"
+    elif tm.dtype.packed:
+        why = f"the packed type {tm.dtype.name}"
+    elif tm.dtype.name in _CONVERTING_TYPES:
+        why = f"the {tm.dtype.name} type (the copy converts the values; use 'f32')"
+    if why:
+        raise NotImplementedError(f"{thread.where()}: {op}: the emulation does not model {why}")
+
+
+def _source(thread, tm, op):
+    """The NumPy array behind the tensor map."""
+    if tm.tensor is None:
+        raise EmulationError(
+            f"{thread.where()}: {op}: the tensor map was built from a raw pointer; the emulation "
+            "needs the array (TensorMap.tiled(array, ...))"
+        )
+    array = memory.host_array(tm.tensor)
+    if tuple(array.shape) != tuple(tm.shape) or array.itemsize * 8 != tm.dtype.bits:
+        raise EmulationError(f"{thread.where()}: {op}: the source array {array.dtype}"
+                             f"{list(array.shape)} does not match {tm!r}")
+    return array
+
+
+def _s32(value):
+    return (int(value) + 2**31) % 2**32 - 2**31
+
+
+def _box(thread, tm, coords, op):
+    """Tensor indices per dimension of the box at ``coords`` and the in-bounds mask (natural
+    order)."""
+    coords = tuple(coords)
+    if len(coords) != tm.rank:
+        raise EmulationError(f"{thread.where()}: {op}: {len(coords)} coordinates for a rank-"
+                             f"{tm.rank} tensor map")
+    start = [_s32(c) for c in coords][::-1]
+    strides = list(tm.element_strides)
+    if tm.interleave == 0:
+        strides[-1] = 1
+    box = tm.smem_box
+    index = [s + e * np.arange(b, dtype=np.int64) for s, e, b in zip(start, strides, box)]
+    mask = np.ones(box, dtype=bool)
+    for axis, (i, n) in enumerate(zip(index, tm.shape)):
+        shape = [1] * len(box)
+        shape[axis] = box[axis]
+        mask &= ((i >= 0) & (i < n)).reshape(shape)
+    return index, mask
+
+
+def _image(thread, address, nbytes, swizzle, op):
+    """Shared offsets (from ``address``) of the box image's bytes 0..nbytes-1."""
+    repeat = 8 * swizzle
+    if address % TENSOR_ALIGN or (repeat and address % repeat):
+        need = f"{repeat} bytes (the {swizzle}B swizzle pattern's repeat)" if repeat else "128 bytes"
+        raise EmulationError(
+            f"{thread.where()}: {op}: the shared-memory box at address {address:#x} is not "
+            f"aligned to {need}"
+        )
+    return swizzle_offset_host(np.arange(nbytes, dtype=np.int64), swizzle)
+
+
+def _shared(thread, block, address, nbytes, op):
+    try:
+        return block.shared.bytes(address, nbytes)
+    except EmulationError as exc:
+        raise EmulationError(f"{thread.where()}: {op}: {exc}") from None
+
+
+def _rank_ptx(copy, rank):
+    from intrinsics.tma import TENSOR_COPIES
+
+    return TENSOR_COPIES[copy].ptx(rank)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor loads
+# ---------------------------------------------------------------------------------------------
+
+
+def _load_image(thread, tm, coords, op):
+    """The box's shared-memory image before the swizzle (uint8, C order)."""
+    source = _source(thread, tm, op)
+    index, mask = _box(thread, tm, coords, op)
+    clipped = [np.clip(i, 0, n - 1) for i, n in zip(index, tm.shape)]
+    bits = np.ascontiguousarray(source[np.ix_(*clipped)]).view(_UINT[source.itemsize])
+    bits[~mask] = _NAN_BITS[tm.dtype.name] if tm.oob_fill == "nan" else 0
+    image = bits.reshape(-1).view(np.uint8)
+    assert image.size == tm.box_bytes
+    return image
+
+
+def _load(copy, dst, dst_index, tmap, coords, bars, bar_index, cta_mask=None):
+    thread = current()
+    op = _rank_ptx(copy, len(tuple(coords)))
+    tm = _tensormap(thread, tmap, op)
+    _check_map(thread, tm, op)
+    address = memory.shared_address(dst, dst_index)
+    bar = barrier_address(op, bars, bar_index)
+    image = _load_image(thread, tm, coords, op)
+    offsets = _image(thread, address, image.size, tm.swizzle, op)
+    if cta_mask is None:
+        targets = [thread.block]
+    else:
+        mask = int(cta_mask) & 0xFFFF
+        if not mask:
+            raise EmulationError(f"{thread.where()}: {op}: cta_mask is 0: no CTA receives the box")
+        targets = [peer_block(thread, r, op) for r in range(16) if mask >> r & 1]
+    for block in targets:
+        _shared(thread, block, address, int(offsets.max()) + 1, op)[offsets] = image
+    for block in targets:
+        complete_tx(thread, block, bar, image.size, op)
+
+
+def tma_load(dst, dst_index, tmap, coords, bars, bar_index):
+    _load("tma_load", dst, dst_index, tmap, coords, bars, bar_index)
+
+
+def tma_load_multicast(dst, dst_index, tmap, coords, bars, bar_index, cta_mask):
+    _load("tma_load_multicast", dst, dst_index, tmap, coords, bars, bar_index, cta_mask)
+
+
+def tma_load_im2col(dst, dst_index, tmap, coords, offsets, bars, bar_index):
+    thread = current()
+    raise NotImplementedError(
+        f"{thread.where()}: tma_load_im2col (cp.async.bulk.tensor.{len(tuple(coords))}d ... "
+        ".im2col) is not emulated: the emulation has no verified model of the im2col pixel "
+        "traversal (bounding box corners, im2col offsets, traversal strides); run this kernel "
+        "on a GPU"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Stores and bulk groups
+# ---------------------------------------------------------------------------------------------
+
+
+class _Read:
+    """What an issued bulk store read from shared memory, checked again at its group's wait."""
+
+    def __init__(self, block, address, offsets, data, op):
+        self.block, self.address, self.offsets, self.data, self.op = (
+            block, address, offsets, data, op)
+
+    def verify(self, thread, wait):
+        now = self.block.shared.memory[self.address + self.offsets]
+        changed = np.flatnonzero(now != self.data)
+        if changed.size:
+            at = self.address + int(self.offsets[changed[0]])
+            raise EmulationError(
+                f"{thread.where()}: {wait}: the shared memory that {self.op} reads was "
+                f"overwritten (first at shared address {at:#x}) before this wait; the copy may "
+                "read its source until bulk_wait_group_read says it has finished"
+            )
+
+
+def _bulk():
+    return current().state.setdefault("bulk", {"pending": [], "groups": []})
+
+
+def _read_shared(thread, address, offsets, op):
+    span = int(offsets.max()) + 1
+    thread.block.shared.check_async_read(address, span, op, thread)
+    data = _shared(thread, thread.block, address, span, op)[offsets].copy()
+    _bulk()["pending"].append(_Read(thread.block, address, offsets, data, op))
+    return data
+
+
+def tma_store(tmap, coords, src, src_index):
+    thread = current()
+    op = _rank_ptx("tma_store", len(tuple(coords)))
+    tm = _tensormap(thread, tmap, op)
+    _check_map(thread, tm, op)
+    address = memory.shared_address(src, src_index)
+    target = _source(thread, tm, op)
+    index, mask = _box(thread, tm, coords, op)
+    image = _read_shared(thread, address, _image(thread, address, tm.box_bytes, tm.swizzle, op),
+                         op)
+    values = image.view(_UINT[target.itemsize]).reshape(mask.shape)
+    inside = np.nonzero(mask)
+    target.view(_UINT[target.itemsize])[tuple(i[p] for i, p in zip(index, inside))] = (
+        values[inside])
+
+
+def _check_bulk(thread, op, nbytes, shared, global_view):
+    if nbytes <= 0 or nbytes % BULK_ALIGN:
+        raise EmulationError(f"{thread.where()}: {op}: the byte count must be a positive multiple "
+                             f"of 16, got {nbytes}")
+    if shared % BULK_ALIGN:
+        raise EmulationError(f"{thread.where()}: {op}: shared address {shared:#x} is not 16-byte "
+                             "aligned")
+    if global_view.__array_interface__["data"][0] % BULK_ALIGN:
+        raise EmulationError(f"{thread.where()}: {op}: the global address is not 16-byte aligned")
+
+
+def _global(thread, array, index, nbytes, op):
+    try:
+        return memory.global_bytes(array, index, nbytes)
+    except EmulationError as exc:
+        raise EmulationError(f"{thread.where()}: {op}: {exc}") from None
+
+
+def bulk_copy_g2s(dst, dst_index, src, src_index, nbytes, bars, bar_index):
+    from intrinsics.tma import BULK_COPIES
+
+    thread = current()
+    op = BULK_COPIES["bulk_copy_g2s"].ptx
+    nbytes = int(nbytes)
+    address = memory.shared_address(dst, dst_index)
+    source = _global(thread, src, src_index, max(nbytes, 0), op)
+    _check_bulk(thread, op, nbytes, address, source)
+    bar = barrier_address(op, bars, bar_index)
+    _shared(thread, thread.block, address, nbytes, op)[:] = source
+    complete_tx(thread, thread.block, bar, nbytes, op)
+
+
+def bulk_copy_s2g(dst, dst_index, src, src_index, nbytes):
+    from intrinsics.tma import BULK_COPIES
+
+    thread = current()
+    op = BULK_COPIES["bulk_copy_s2g"].ptx
+    nbytes = int(nbytes)
+    address = memory.shared_address(src, src_index)
+    target = _global(thread, dst, dst_index, max(nbytes, 0), op)
+    _check_bulk(thread, op, nbytes, address, target)
+    target[:] = _read_shared(thread, address, np.arange(nbytes, dtype=np.int64), op)
+
+
+def bulk_commit_group():
+    queue = _bulk()
+    queue["groups"].append(queue["pending"])
+    queue["pending"] = []
+
+
+def _wait_groups(n, wait):
+    thread = current()
+    n = int(n)
+    if n < 0:
+        raise EmulationError(f"{thread.where()}: {wait}: N must be >= 0, got {n}")
+    queue = _bulk()
+    while len(queue["groups"]) > n:
+        for read in queue["groups"].pop(0):
+            read.verify(thread, f"{wait} {n}")
+
+
+def bulk_wait_group(n):
+    _wait_groups(n, "cp.async.bulk.wait_group")
+
+
+def bulk_wait_group_read(n):
+    _wait_groups(n, "cp.async.bulk.wait_group.read")
+
+
+# ---------------------------------------------------------------------------------------------
+# Descriptor fence and prefetch
+# ---------------------------------------------------------------------------------------------
+
+
+def tensormap_fence_acquire(tmap):
+    thread = current()
+    _tensormap(thread, tmap, "fence.proxy.tensormap::generic.acquire.sys")
+
+
+def tma_prefetch_descriptor(tmap):
+    thread = current()
+    _tensormap(thread, tmap, "prefetch.tensormap")
+
+
+EMULATIONS = {
+    "bulk_commit_group": bulk_commit_group,
+    "bulk_copy_g2s": bulk_copy_g2s,
+    "bulk_copy_s2g": bulk_copy_s2g,
+    "bulk_wait_group": bulk_wait_group,
+    "bulk_wait_group_read": bulk_wait_group_read,
+    "tensormap_fence_acquire": tensormap_fence_acquire,
+    "tma_load": tma_load,
+    "tma_load_im2col": tma_load_im2col,
+    "tma_load_multicast": tma_load_multicast,
+    "tma_prefetch_descriptor": tma_prefetch_descriptor,
+    "tma_store": tma_store,
+}

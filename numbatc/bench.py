@@ -1,0 +1,165 @@
+"""Benchmarks: ``python -m numbatc.bench gemm [options]``.
+
+For each shape it measures numbatc's GEMM and the reference (cuBLAS through ``torch.matmul``) in
+the same run, on the same inputs: the median kernel time over many launches (CUDA events), the
+first call (compilation, or loading the on-disk kernel cache, included) and the warm call's host
+overhead (time for ``numbatc.gemm`` to return, without waiting for the GPU).  It prints a table,
+and writes a CSV and a PNG plot (matplotlib, when installed) where asked.
+
+Shapes: squares 1024..8192 and LLM shapes M in {1, 16, 64, 128, 256, 4096} x (N, K) in
+{(4096, 4096), (8192, 8192), (28672, 8192), (8192, 28672)}.  torch is needed for the inputs and
+the reference; it is optional for numbatc itself.
+"""
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+
+SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
+LLM = [(m, n, k) for (n, k) in ((4096, 4096), (8192, 8192), (28672, 8192), (8192, 28672))
+       for m in (1, 16, 64, 128, 256, 4096)]
+SHAPES = {"squares": SQUARES, "llm": LLM, "all": SQUARES + LLM, "quick": [(4096, 4096, 4096), (8192, 8192, 8192)]}
+
+
+class Progress:
+    """A one-line progress bar on stderr (a line per step when stderr is not a terminal)."""
+
+    def __init__(self, total, label):
+        self.total, self.label, self.done, self.start = total, label, 0, time.perf_counter()
+
+    def step(self, what):
+        self.done += 1
+        elapsed = time.perf_counter() - self.start
+        bar = "#" * (20 * self.done // self.total)
+        line = f"{self.label} [{bar:<20s}] {self.done}/{self.total} {what} ({elapsed:.0f} s)"
+        if sys.stderr.isatty():
+            print("\r" + line, end="" if self.done < self.total else "\n", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+def _time_gpu(fn, torch, reps, warmup=3):
+    """Median milliseconds of ``fn`` on the current stream, by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def bench_gemm(shapes, dtype="bfloat16", reps=20):
+    import torch
+
+    import numbatc
+
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    rows = []
+    progress = Progress(len(shapes), "gemm")
+    for m, n, k in shapes:
+        a = torch.randn(m, k, device="cuda", dtype=tdt)
+        b = torch.randn(k, n, device="cuda", dtype=tdt)
+        out = torch.empty(m, n, device="cuda", dtype=tdt)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        numbatc.gemm(a, b, out=out)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        ref = a.float() @ b.float()
+        err = ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+        # host overhead of a warm call: enqueue only
+        calls = 50
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            numbatc.gemm(a, b, out=out)
+        host_us = (time.perf_counter() - t0) / calls * 1e6
+        torch.cuda.synchronize()
+        r = max(3, min(reps, int(2e12 / max(2 * m * n * k, 1))))
+        ours = _time_gpu(lambda: numbatc.gemm(a, b, out=out), torch, r)
+        theirs = _time_gpu(lambda: torch.matmul(a, b, out=out), torch, r)
+        flops = 2.0 * m * n * k
+        rows.append(dict(m=m, n=n, k=k, dtype=dtype, numbatc_ms=ours, cublas_ms=theirs,
+                         numbatc_tflops=flops / ours / 1e9, cublas_tflops=flops / theirs / 1e9,
+                         ratio=theirs / ours, first_call_s=first, host_overhead_us=host_us,
+                         max_rel_err=err))
+        progress.step(f"{m}x{n}x{k}: {rows[-1]['ratio']:.2f}x cuBLAS")
+        del a, b, out, ref
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_table(rows):
+    head = (f"{'M':>6} {'N':>6} {'K':>6}  {'numbatc TF/s':>12} {'cuBLAS TF/s':>11} {'ratio':>6}"
+            f"  {'first call s':>12} {'host us':>8} {'max rel err':>11}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['m']:>6} {r['n']:>6} {r['k']:>6}  {r['numbatc_tflops']:>12.1f} "
+              f"{r['cublas_tflops']:>11.1f} {r['ratio']:>6.2f}  {r['first_call_s']:>12.2f} "
+              f"{r['host_overhead_us']:>8.1f} {r['max_rel_err']:>11.2e}")
+
+
+def write_csv(rows, path):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_png(rows, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot written", file=sys.stderr)
+        return
+    labels = [f"{r['m']}x{r['n']}x{r['k']}" for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.45), 4))
+    ax.bar([i - 0.2 for i in x], [r["numbatc_tflops"] for r in rows], 0.4, label="numbatc")
+    ax.bar([i + 0.2 for i in x], [r["cublas_tflops"] for r in rows], 0.4, label="cuBLAS (torch)")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, rotation=70, fontsize=7)
+    ax.set_ylabel("TFLOP/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m numbatc.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["gemm"])
+    parser.add_argument("--shapes", default="all", choices=sorted(SHAPES))
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--csv", help="write the table as CSV here")
+    parser.add_argument("--png", help="write a bar plot here (needs matplotlib)")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        parser.error("the benchmark needs torch (inputs and the cuBLAS reference)")
+    if not torch.cuda.is_available():
+        parser.error("the benchmark needs a CUDA GPU")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    rows = bench_gemm(SHAPES[args.shapes], args.dtype, args.reps)
+    print_table(rows)
+    if args.csv:
+        write_csv(rows, args.csv)
+    if args.png:
+        write_png(rows, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

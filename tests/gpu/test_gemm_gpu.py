@@ -1,0 +1,199 @@
+"""numbatc.gemm on the GPU against a float64 reference: hundreds of shapes (random, primes, 1,
+tile edges, tall and skinny), both layouts of each operand, both dtypes, float32 output, each
+activation, beta * c and bias, each array library; outputs poisoned (NaN) before every call,
+fresh random data every run.
+
+Tolerance: |out - ref| <= r_out * |ref| + (K * 2**-22 + 2**-20) * scale, where ref is computed in
+float64 from the exactly representable inputs, scale = |alpha| (|A| @ |B|) + |beta c| + |bias|,
+and r_out is the output format's rounding (2**-8 bf16, 2**-11 f16, 0 for f32): the fp32
+accumulator loses at most a few ulps per add, the final rounding half an ulp of the output.
+"""
+
+import importlib
+import math
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import numbatc
+
+pytestmark = pytest.mark.gpu(cc=(8, 0))
+gemm_mod = importlib.import_module("numbatc.gemm")
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+ROUNDING = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 0.0}
+NP_DTYPE = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
+
+
+def rng():
+    return np.random.default_rng()
+
+
+def values(shape, dtype):
+    """Random values exactly representable in ``dtype``, in float64."""
+    x = rng().standard_normal(shape)
+    return x.astype(NP_DTYPE[dtype]).astype(np.float64)
+
+
+def to_device(x64, dtype, layout, lib="numba"):
+    """A device array of ``lib`` holding x64 in ``dtype``; layout 'col' is a transposed view."""
+    host = np.ascontiguousarray(x64 if layout == "row" else x64.T).astype(NP_DTYPE[dtype])
+    if lib == "torch":
+        import torch
+
+        tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+        t = torch.from_numpy(host.view(np.uint16) if dtype == "bfloat16" else host)
+        t = (t.view(torch.bfloat16) if dtype == "bfloat16" else t).to("cuda")
+        return t if layout == "row" else t.T
+    if lib == "cupy":
+        import cupy
+
+        if dtype == "bfloat16":
+            pytest.skip("CuPy holds no bf16")
+        d = cupy.asarray(host)
+        return d if layout == "row" else d.T
+    storage = host.view(np.uint16) if dtype == "bfloat16" else host
+    d = cuda.to_device(storage)
+    if layout == "col":
+        from numbatc._interop import transpose_view
+
+        d = transpose_view(d)
+    return numbatc.bfloat16(d) if dtype == "bfloat16" else d
+
+
+def to_host(x, dtype):
+    if hasattr(x, "cpu"):  # torch
+        import torch
+
+        x = x.float() if x.dtype == torch.bfloat16 else x
+        return x.cpu().numpy().astype(np.float64)
+    if hasattr(x, "get"):  # cupy
+        return x.get().astype(np.float64)
+    data = getattr(x, "data", x)  # numbatc.bfloat16 view
+    host = data.copy_to_host()
+    if dtype == "bfloat16":
+        host = host.view(ml_dtypes.bfloat16)
+    return host.astype(np.float64)
+
+
+def reference(a, b, alpha, beta, c, bias, activation):
+    ref = alpha * (a @ b)
+    scale = abs(alpha) * (np.abs(a) @ np.abs(b))
+    if c is not None:
+        ref = ref + beta * c
+        scale = scale + np.abs(beta * c)
+    if bias is not None:
+        ref = ref + bias[None, :]
+        scale = scale + np.abs(bias)[None, :]
+    if activation == "relu":
+        ref = np.maximum(ref, 0)
+    elif activation == "gelu":
+        ref = 0.5 * ref * (1 + np.tanh(math.sqrt(2 / math.pi) * (ref + 0.044715 * ref**3)))
+        scale = scale * 1.2
+    elif activation == "silu":
+        ref = ref / (1 + np.exp(-ref))
+        scale = scale * 1.2
+    return ref, scale
+
+
+def check(m, n, k, dtype="bfloat16", a_layout="row", b_layout="row", out_dtype=None,
+          alpha=1.0, beta=0.0, with_c=False, with_bias=False, activation=None, lib="numba",
+          poisoned_out=True):
+    odt = out_dtype or dtype
+    a = values((m, k), dtype)
+    b = values((k, n), dtype)
+    c = values((m, n), odt) if with_c else None
+    bias = values((n,), dtype) if with_bias else None
+    kw = dict(alpha=alpha, beta=beta, activation=activation, out_dtype=out_dtype)
+    if c is not None:
+        kw["c"] = to_device(c, odt, "row", lib)
+    if bias is not None:
+        kw["bias"] = to_device(bias[None, :], dtype, "row", lib)[0]
+    if poisoned_out:
+        kw["out"] = to_device(np.full((m, n), np.nan), odt, "row", lib)
+    got = numbatc.gemm(to_device(a, dtype, a_layout, lib), to_device(b, dtype, b_layout, lib), **kw)
+    cuda.synchronize()
+    got = to_host(got, odt)
+    ref, scale = reference(a, b, alpha, beta, c, bias, activation)
+    tol = ROUNDING[odt] * np.abs(ref) + (k * 2.0**-22 + 2.0**-20) * scale + 1e-30
+    bad = ~(np.abs(got - ref) <= tol)  # NaN (an unwritten element) counts as bad
+    if bad.any():
+        i, j = np.argwhere(bad)[0]
+        raise AssertionError(
+            f"gemm {m}x{n}x{k} {dtype}->{odt} a={a_layout} b={b_layout} c={with_c} "
+            f"bias={with_bias} act={activation} lib={lib}: {bad.sum()} bad elements, first at "
+            f"({i}, {j}): got {got[i, j]!r}, want {ref[i, j]!r} +- {tol[i, j]:.3g}"
+        )
+
+
+# Shapes: tile edges (64, 128, 256 and +-1), primes, 1, tall/skinny, random.
+EDGE = [1, 2, 7, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257]
+PRIMES = [3, 5, 11, 13, 37, 61, 97, 101, 131, 257, 509]
+
+
+def _shapes(count, seed_shapes):
+    gen = rng()
+    shapes = list(seed_shapes)
+    while len(shapes) < count:
+        pool = EDGE + PRIMES + list(gen.integers(1, 600, 8))
+        shapes.append(tuple(int(gen.choice(pool)) for _ in range(3)))
+    return shapes
+
+
+FIXED = [(1, 1, 1), (1, 4096, 64), (4096, 1, 64), (2048, 8, 8), (8, 2048, 1024), (129, 257, 511),
+         (256, 256, 256), (512, 768, 1024), (1000, 1000, 1000), (17, 5000, 33)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("layouts", [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")],
+                         ids=lambda l: "".join(x[0] for x in l))
+def test_many_shapes(dtype, layouts):
+    """40 shapes per (dtype, layout pair): 320 problems in all."""
+    for m, n, k in _shapes(40, FIXED):
+        check(m, n, k, dtype, *layouts)
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "silu"])
+def test_epilogue(activation):
+    for m, n, k in [(77, 129, 65), (256, 128, 96), (5, 300, 17)]:
+        check(m, n, k, "bfloat16", alpha=0.75, beta=-1.25, with_c=True, with_bias=True,
+              activation=activation)
+        check(m, n, k, "float16", "col", "col", out_dtype="float32", alpha=2.0, beta=0.5,
+              with_c=True, with_bias=True, activation=activation)
+
+
+def test_float32_output_and_allocated_result():
+    for m, n, k in [(100, 200, 300), (1, 33, 7), (300, 2, 129)]:
+        check(m, n, k, "bfloat16", out_dtype="float32", poisoned_out=False)
+        check(m, n, k, "float16", "col", "row", out_dtype="float32")
+
+
+@pytest.mark.parametrize("lib", ["torch", "cupy"])
+def test_other_libraries(lib):
+    pytest.importorskip(lib)
+    for dtype in ("bfloat16", "float16"):
+        for layouts in [("row", "row"), ("col", "row"), ("row", "col")]:
+            for m, n, k in [(129, 65, 97), (1, 512, 256), (256, 256, 64)]:
+                check(m, n, k, dtype, *layouts, lib=lib, with_bias=True, activation="relu")
+
+
+def test_torch_result_type_and_stream():
+    torch = pytest.importorskip("torch")
+    a = torch.randn(200, 300, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(300, 100, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        out = numbatc.gemm(a, b)
+        ref = (a.double() @ b.double())
+    s.synchronize()
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16 and out.shape == (200, 100)
+    err = ((out.double() - ref).abs() / (ref.abs() + 1)).max().item()
+    assert err < 2e-2, err
+
+
+def test_misaligned_leading_dimensions():
+    """Rows that are not 16-byte aligned (odd K, N) take the narrow copy paths."""
+    for m, n, k in [(33, 35, 37), (64, 130, 66), (5, 7, 9), (128, 129, 131)]:
+        for layouts in [("row", "row"), ("col", "col")]:
+            check(m, n, k, "bfloat16", *layouts)
