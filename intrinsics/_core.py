@@ -134,7 +134,18 @@ def check_array(name, ty, what="an array"):
         raise NumbaTypeError(f"{name} takes {what} and an element index, got {ty}")
 
 
+def check_global(name, ty, what="a global array or typed pointer"):
+    """A global-memory operand: an array, or a ``types.CPointer`` (a raw device pointer passed to
+    a kernel typed as such) indexed by one integer."""
+    if not isinstance(ty, (types.Array, types.CPointer)):
+        raise NumbaTypeError(f"{name} takes {what} and an element index, got {ty}")
+
+
 def check_index(name, arrty, idxty):
+    if isinstance(arrty, types.CPointer):
+        if not isinstance(idxty, types.Integer):
+            raise NumbaTypeError(f"{name}: a pointer takes one integer element index, got {idxty}")
+        return
     ok = isinstance(idxty, types.Integer) or (
         isinstance(idxty, types.UniTuple)
         and isinstance(idxty.dtype, types.Integer)
@@ -194,7 +205,11 @@ def asm(builder, template, constraints, out_types=(), operands=(), volatile=True
 
 
 def element_pointer(context, builder, arrty, arr, idxty, idx):
-    """Generic pointer to ``arr[idx]`` (no wraparound of negative indices)."""
+    """Generic pointer to ``arr[idx]`` (no wraparound of negative indices); ``arr`` may also be a
+    typed pointer (``types.CPointer``) with an integer element index."""
+    if isinstance(arrty, types.CPointer):
+        index = context.cast(builder, idx, idxty, types.intp)
+        return builder.gep(arr, [index])
     idxty, indices = normalize_indices(context, builder, idxty, idx, arrty, arrty.dtype)
     ary = context.make_array(arrty)(context, builder, value=arr)
     return cgutils.get_item_pointer(context, builder, arrty, ary, indices, wraparound=False)

@@ -23,6 +23,7 @@ from intrinsics._core import (
     asm,
     as_i32,
     check_array,
+    check_global,
     check_index,
     check_integer,
     global_address,
@@ -63,7 +64,7 @@ def _build(cache, size, zfill):
     def check(dst, dst_index, src, src_index):
         check_array(name, dst, "a shared-memory destination array")
         check_index(name, dst, dst_index)
-        check_array(name, src, "a global source array")
+        check_global(name, src, "a global source array (or typed pointer)")
         check_index(name, src, src_index)
 
     def codegen(context, builder, sig, args):

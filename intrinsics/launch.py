@@ -105,14 +105,23 @@ def _whole_program_kernel(compiled, device):
     raise LaunchError("the driver could not JIT the kernel's PTX: " + "; ".join(errors[-3:]))
 
 
-def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, whole_program=None):
+_PLANS = {}
+
+
+def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, whole_program=None,
+           signature=None):
     """Launch a ``cuda.jit`` kernel with optional >48 KB dynamic shared memory and clusters.
 
     ``grid`` and ``block`` are block counts and thread counts (1-3 dims), ``args`` the kernel's
     arguments, ``shared_bytes`` the dynamic shared memory per block, ``cluster`` the cluster shape
     in blocks (each dimension must divide the grid's), ``stream`` a numba stream or 0.
     ``whole_program``: load through the driver's whole-program JIT (default: when the kernel
-    uses setmaxnreg, which nvJitLink's separate compilation drops).
+    uses setmaxnreg, which nvJitLink's separate compilation drops).  ``signature``: the
+    argument types to compile for (default: numba's typing of ``args``); give it to pass raw
+    device pointers (ints) to ``types.CPointer`` parameters.
+
+    The compiled kernel, its loaded function and its attributes are cached per (kernel,
+    signature, shared memory, cluster), so a repeated launch only marshals the arguments.
     """
     grid = _dim3(grid, "grid")
     block = _dim3(block, "block")
@@ -137,10 +146,32 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, wh
     from cuda.core import LaunchConfig, launch as core_launch
     from numba.cuda.cudadrv.driver import _to_core_stream
 
-    args = tuple(_as_kernel_arg(a) for a in args)
+    if signature is None:
+        args = tuple(_as_kernel_arg(a) for a in args)
+        signature = tuple(kernel.typeof_pyval(a) for a in args)
+    key = (kernel, tuple(signature), shared_bytes, cluster, whole_program,
+           cuda.get_current_device().id)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _plan(kernel, signature, grid, shared_bytes, cluster, whole_program)
+    compiled, core_kernel = plan
 
-    signature = tuple(kernel.typeof_pyval(a) for a in args)
-    compiled = kernel.compile(signature)
+    core_grid = grid
+    if cluster is not None and _cuda_core_grid_counts_clusters():
+        core_grid = tuple(g // c for g, c in zip(grid, cluster))
+    kernelargs = []
+    retr = []
+    for ty, value in zip(compiled.argument_types, args):
+        compiled._prepare_args(ty, value, stream, retr, kernelargs)
+    launch_config = LaunchConfig(grid=core_grid, cluster=cluster, block=block, shmem_size=shared_bytes)
+    core_launch(_to_core_stream(stream), launch_config, core_kernel, *kernelargs)
+    for writeback in retr:
+        writeback()
+
+
+def _plan(kernel, signature, grid, shared_bytes, cluster, whole_program):
+    """Compile, load and configure a kernel once: (compiled kernel, cuda.core kernel)."""
+    compiled = kernel.compile(tuple(signature))
     cufunc = compiled._codelibrary.get_cufunc()
     if whole_program is None:
         whole_program = "setmaxnreg" in compiled._codelibrary.get_asm_str()
@@ -156,20 +187,8 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, wh
             )
         _set_kernel_attribute(core_kernel, cufunc.device, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", shared_bytes)
 
-    core_grid = grid
-    if cluster is not None:
-        if cluster[0] * cluster[1] * cluster[2] > 8:
-            _set_kernel_attribute(core_kernel, cufunc.device, "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1)
-        if _cuda_core_grid_counts_clusters():
-            core_grid = tuple(g // c for g, c in zip(grid, cluster))
-
-    kernelargs = []
-    retr = []
-    for ty, value in zip(compiled.argument_types, args):
-        compiled._prepare_args(ty, value, stream, retr, kernelargs)
-
-    launch_config = LaunchConfig(grid=core_grid, cluster=cluster, block=block, shmem_size=shared_bytes)
-    core_launch(_to_core_stream(stream), launch_config, core_kernel, *kernelargs)
-    for writeback in retr:
-        writeback()
+    if cluster is not None and cluster[0] * cluster[1] * cluster[2] > 8:
+        _set_kernel_attribute(core_kernel, cufunc.device,
+                              "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1)
+    return compiled, core_kernel
 

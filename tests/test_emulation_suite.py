@@ -24,7 +24,7 @@ def _emulated(args, timeout):
 
 def test_lane_tests_pass_in_the_emulation():
     result, seconds = _emulated(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "emulation",
-                                 "tests/gpu"], timeout=1800)
+                                 "tests/gpu", "tests/emulation"], timeout=1800)
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     print(f"emulated lane tests: {summary} ({seconds:.1f} s)")
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]

@@ -25,7 +25,8 @@ cluster barrier and distributed shared memory.
 
 import numpy as np
 
-from intrinsics.emulate import memory, runtime
+from intrinsics.emulate import memory
+from intrinsics.emulate.mbarrier import Live, quiet_wait
 from intrinsics.emulate.runtime import EmulationError, collective, current
 
 __all__ = ["CLUSTER_WINDOW_SHIFT", "peer_block", "resolve_cluster_address"]
@@ -114,7 +115,13 @@ def cluster_nclusterid():
 
 
 def _barrier_state(thread):
-    return thread.block.cluster.state.setdefault("barrier.cluster", {"arrived": {}, "waited": {}})
+    """Per cluster: each thread's arrivals and completed waits, how many threads have arrived at
+    least k times (``count[k]``), the threads waiters have seen exited, and per phase the
+    launch.progress of the last look for exited threads with its answer (``scans``: shared by
+    the waiters, one look per change instead of one per waiter)."""
+    return thread.block.cluster.state.setdefault(
+        "barrier.cluster",
+        {"arrived": {}, "waited": {}, "count": {}, "exited": set(), "scans": {}})
 
 
 def _arrive(op):
@@ -129,8 +136,11 @@ def _arrive(op):
                 "barrier.cluster.wait after the first (each thread alternates arrive and wait)"
             )
         state["arrived"][thread] = arrived + 1
+        count = state["count"][arrived + 1] = state["count"].get(arrived + 1, 0) + 1
         launch.progress += 1
-        launch.cond.notify_all()
+        # Waiters only care about the last arrival (exits wake them through the runtime).
+        if count + len(state["exited"]) >= len(thread.block.cluster_threads()):
+            launch.cond.notify_all()
 
 
 def _wait(op):
@@ -145,10 +155,20 @@ def _wait(op):
                 f"{thread.where()}: {op}: barrier.cluster.wait without a preceding "
                 "barrier.cluster.arrive (each thread alternates arrive and wait)"
             )
-    arrived = state["arrived"]
+    arrived, count, exited, scans = (state[k] for k in ("arrived", "count", "exited", "scans"))
 
     def missing():
+        exited.update(t for t in members if t.finished)
         return [t for t in members if not t.finished and arrived.get(t, 0) < target]
+
+    def ready():
+        if count.get(target, 0) == len(members):
+            return True
+        # Threads that exited count as arrived; look for them only when something changed.
+        seen = scans.get(target)
+        if seen is None or seen[0] != launch.progress:
+            seen = scans[target] = (launch.progress, not missing())
+        return seen[1]
 
     def what():
         late = missing()
@@ -156,17 +176,9 @@ def _wait(op):
         return (f"barrier.cluster.wait (phase {target - 1}): {len(late)} of {len(members)} "
                 f"threads of the cluster have not arrived{first}")
 
-    runtime.wait_until(lambda: not missing(), _Live(what))
+    quiet_wait(thread, ready, Live(what))
     with launch.cond:
         state["waited"][thread] = target
-
-
-class _Live:
-    def __init__(self, text):
-        self.text = text
-
-    def __str__(self):
-        return self.text()
 
 
 def cluster_arrive():

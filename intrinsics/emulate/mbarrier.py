@@ -28,6 +28,11 @@ Protocol mistakes raise EmulationError naming block, warp, lane and the barrier'
 ``try_wait.parity`` suspends the thread for up to 1 ms (or until another thread changes some
 state), as the hardware suspends it for a system-dependent time.  The parity operand's low bit
 is its parity.
+
+Blocked threads (``wait_parity`` here, the cluster barrier in cluster.py) wait in
+:func:`quiet_wait`; every report of a blocked thread shows the barrier's state at the time of the
+report (``Barrier.describe``).  The simulator's kernel API gets ``cuda.nanosleep`` (polling loops
+back off with it).
 """
 
 import threading
@@ -38,7 +43,7 @@ import numpy as np
 from intrinsics.emulate import memory, runtime
 from intrinsics.emulate.runtime import EmulationError, current
 
-__all__ = ["Barrier", "barrier_address", "barrier_at", "complete_tx", "describe_barrier"]
+__all__ = ["Barrier", "Live", "barrier_address", "barrier_at", "complete_tx", "quiet_wait"]
 
 COUNT_LIMIT = 2**20 - 1  # arrival counts and tx-counts are 20-bit (PTX ISA 9.7.13.15.1)
 STATE_TAG = 0xB0
@@ -81,7 +86,7 @@ class Barrier:
             self.pending = self.count
 
 
-class _Live:
+class Live:
     """A description evaluated when printed (deadlock reports show the state at that time)."""
 
     def __init__(self, text):
@@ -91,13 +96,12 @@ class _Live:
         return self.text()
 
 
-def _lock():
-    return current().launch.cond
-
-
-def _progress(launch):
+def _progress(launch, wake=True):
+    """Count a state change; wake the waiting threads when it may be what they wait for (a
+    completed phase), not at every arrival: every wake costs each waiter a check."""
     launch.progress += 1
-    launch.cond.notify_all()
+    if wake:
+        launch.cond.notify_all()
 
 
 def barrier_address(op, bars, index):
@@ -128,12 +132,6 @@ def barrier_at(thread, block, address, op):
             f"{tuple(block.index)}: the object {why}"
         )
     return barrier
-
-
-def describe_barrier(block, address):
-    """What the barrier at ``address`` of ``block`` looks like now (for messages)."""
-    barrier = block.state.get("mbarrier", {}).get(address)
-    return barrier.describe() if barrier is not None else f"no mbarrier at {address:#x}"
 
 
 def _check_count(thread, op, what, value, low):
@@ -178,9 +176,64 @@ def complete_tx(thread, block, address, nbytes, op):
     launch = thread.launch
     with launch.cond:
         barrier = barrier_at(thread, block, address, op)
+        phase = barrier.phase
         _add_tx(thread, barrier, -int(nbytes), op)
         barrier.complete_if_done(thread, op)
-        _progress(launch)
+        _progress(launch, wake=barrier.phase != phase)
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocking waits
+# ---------------------------------------------------------------------------------------------
+
+QUIET_POLL = 0.25  # seconds between a blocked thread's own checks for deadlocks and failures
+
+
+def quiet_wait(thread, ready, what):
+    """Block ``thread`` until ``ready()`` (evaluated under the launch lock), like
+    ``runtime.wait_until`` but woken only by notifications and every QUIET_POLL seconds.
+
+    NOTE: runtime.wait_until polls every 20 ms and scans the whole cluster at every wake; with a
+    few hundred threads blocked (a 4-CTA cluster barrier) that starves the threads still being
+    started, and a launch of 512 threads took 5 s instead of 0.1 s.  The deadlock rule is the
+    runtime's: every live thread of the cluster waits and nothing changed for DEADLOCK_SECONDS.
+    """
+    launch = thread.launch
+    with launch.cond:
+        thread.waiting = what
+        try:
+            mark = launch.progress
+            since = checked = time.monotonic()
+            while not ready():
+                if launch.failed is not None:
+                    raise EmulationError(f"{thread.where()}: stopped, another thread failed")
+                launch.cond.wait(QUIET_POLL)
+                now = time.monotonic()
+                if ready() or now - checked < QUIET_POLL:
+                    continue
+                checked = now
+                members = thread.block.cluster_threads()
+                if launch.progress != mark or any(t.waiting is None and not t.finished
+                                                  for t in members):
+                    mark, since = launch.progress, now
+                elif now - since > runtime.DEADLOCK_SECONDS:
+                    raise EmulationError(_deadlock_report(thread, members))
+        finally:
+            thread.waiting = None
+
+
+def _deadlock_report(thread, members, polling=None):
+    waiting = [t for t in members if not t.finished]
+    lines = []
+    for t in waiting[:32]:
+        if t is thread and polling is not None:
+            lines.append(f"  {t.where()}: polls {polling}")
+        elif t.waiting is not None:
+            lines.append(f"  {t.where()}: waits on {t.waiting}")
+        else:
+            lines.append(f"  {t.where()}: polls {t.state.get(_SPIN, {}).get('what')}")
+    more = f"\n  ... and {len(waiting) - 32} more" if len(waiting) > 32 else ""
+    return "deadlock: no thread can make progress\n" + "\n".join(lines) + more
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,6 +253,8 @@ def _poll_failed(thread, barrier, what):
     """A test/try wait found the phase incomplete: yield to the other threads, and report a
     deadlock when this thread has polled without any progress while all others wait."""
     launch = thread.launch
+    if launch.failed is not None:
+        raise EmulationError(f"{thread.where()}: stopped, another thread failed")
     now = time.monotonic()
     spin = thread.state.get(_SPIN)
     if (spin is None or spin["progress"] != launch.progress or spin["barrier"] is not barrier
@@ -208,15 +263,10 @@ def _poll_failed(thread, barrier, what):
                                       "barrier": barrier, "what": what}
     spin["last"] = now
     if now - spin["since"] > runtime.DEADLOCK_SECONDS:
-        others = [t for t in thread.block.cluster_threads() if t is not thread and not t.finished]
-        if all(t.waiting is not None or _spinning(t, now) for t in others):
-            lines = [f"  {thread.where()}: polls {what}"]
-            for t in others[:31]:
-                waits = t.waiting if t.waiting is not None else f"polls {t.state[_SPIN]['what']}"
-                lines.append(f"  {t.where()}: waits on {waits}")
-            more = f"\n  ... and {len(others) - 31} more" if len(others) > 31 else ""
-            raise EmulationError("deadlock: no thread can make progress\n" + "\n".join(lines)
-                                 + more)
+        members = thread.block.cluster_threads()
+        if all(t is thread or t.finished or t.waiting is not None or _spinning(t, now)
+               for t in members):
+            raise EmulationError(_deadlock_report(thread, members, polling=what))
     # Let the others run: wake on any progress, or after a short while.
     thread.waiting = what
     try:
@@ -230,7 +280,7 @@ def _parity_done(barrier, parity):
 
 
 def _waiting(barrier, text):
-    return _Live(lambda: f"{text} of {barrier.describe()}")
+    return Live(lambda: f"{text} of {barrier.describe()}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,7 +324,7 @@ def mbarrier_expect_tx(bars, index, nbytes):
     launch = thread.launch
     with launch.cond:
         _add_tx(thread, barrier_at(thread, thread.block, address, op), nbytes, op)
-        _progress(launch)
+        _progress(launch, wake=False)
 
 
 def mbarrier_complete_tx(bars, index, nbytes):
@@ -291,8 +341,9 @@ def _arrive_op(op, bars, index, count=1, expect=0, block=None):
     launch = thread.launch
     with launch.cond:
         barrier = barrier_at(thread, block or thread.block, address, op)
+        phase = barrier.phase
         state = _arrive(thread, barrier, count, op, expect)
-        _progress(launch)
+        _progress(launch, wake=barrier.phase != phase)
     return state
 
 
@@ -381,8 +432,8 @@ def mbarrier_wait_parity(bars, index, parity):
     address = barrier_address(op, bars, index)
     with thread.launch.cond:
         barrier = barrier_at(thread, thread.block, address, op)
-    runtime.wait_until(lambda: _parity_done(barrier, parity),
-                       _waiting(barrier, f"wait_parity {int(parity) & 1}"))
+    quiet_wait(thread, lambda: _parity_done(barrier, parity),
+               _waiting(barrier, f"wait_parity {int(parity) & 1}"))
     if not barrier.valid:
         raise EmulationError(f"{thread.where()}: {op}: {barrier.describe()} was invalidated "
                              "while the thread waited on it")

@@ -145,7 +145,8 @@ def _image(thread, address, nbytes, swizzle, op):
     """Shared offsets (from ``address``) of the box image's bytes 0..nbytes-1."""
     repeat = 8 * swizzle
     if address % TENSOR_ALIGN or (repeat and address % repeat):
-        need = f"{repeat} bytes (the {swizzle}B swizzle pattern's repeat)" if repeat else "128 bytes"
+        need = (f"{repeat} bytes (the {swizzle}B swizzle pattern's repeat)" if repeat
+                else "128 bytes")
         raise EmulationError(
             f"{thread.where()}: {op}: the shared-memory box at address {address:#x} is not "
             f"aligned to {need}"

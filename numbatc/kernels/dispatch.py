@@ -10,7 +10,11 @@ import sys
 import numpy as np
 from numba import cuda
 
+from numba import config
+
 from numbatc.kernels import sm80_gemm
+
+_EMULATED = bool(config.ENABLE_CUDASIM)
 
 __all__ = ["choose_sm80", "launch_gemm"]
 
@@ -37,6 +41,8 @@ def _variant(p):
         c_dtype=p.c.dtype if p.c is not None else None,
         bias_dtype=p.bias_dtype,
         activation=p.activation,
+        out_layout=p.out.layout,
+        c_layout=p.c.layout if p.c is not None else "row",
     )
 
 
@@ -48,22 +54,46 @@ def _pack(src, dst):
         dst[i, j] = src[i, j]
 
 
-def _aligned_view(operand, stream):
-    """The operand's kernel view if its start and leading dimension are 16-byte aligned, else an
-    aligned copy in the same layout (rows padded to a multiple of 8 elements).  The copy costs one
-    pass over the operand; the GEMM kernel then needs no slow path (see sm80_gemm)."""
+def _aligned(operand, stream):
+    """(view, ld) of the operand if its start and leading dimension are 16-byte aligned, else of
+    an aligned copy in the same layout (rows padded to a multiple of 8 elements).  The copy costs
+    one pass over the operand; the GEMM kernel then needs no slow path (see sm80_gemm)."""
     view = operand.view
     if operand.alignment == 16:
-        return view
+        return view, operand.ld
     from numbatc._interop import transpose_view
 
     rows, cols = view.shape
     if operand.layout == "col":  # work on the row-major transpose
         view, (rows, cols) = transpose_view(view), (cols, rows)
-    padded = cuda.device_array((rows, (cols + 7) // 8 * 8), dtype=view.dtype, stream=stream)
+    ld = (cols + 7) // 8 * 8
+    padded = cuda.device_array((rows, ld), dtype=view.dtype, stream=stream)
     packed = padded[:, :cols]
     _pack[((rows + 15) // 16, (cols + 15) // 16), (16, 16), stream](view, packed)
-    return transpose_view(packed) if operand.layout == "col" else packed
+    return (transpose_view(packed) if operand.layout == "col" else packed), ld
+
+
+def _flat(view, keep):
+    """The kernel's flat operand: a device pointer (int) on the GPU; in the emulation a 1-d array
+    over the same memory starting at element (0, 0).  ``keep`` holds temporaries alive until the
+    launch has been queued."""
+    keep.append(view)
+    if view.size == 0:
+        return 0
+    if _EMULATED:
+        import numpy as np
+
+        host = getattr(view, "_ary", view)
+        itemsize = host.dtype.itemsize
+        span = sum((d - 1) * st for d, st in zip(host.shape, host.strides)) // itemsize + 1
+        return np.lib.stride_tricks.as_strided(host, shape=(span,), strides=(itemsize,))
+    return view.device_ctypes_pointer.value
+
+
+def _bits(view):
+    """float16 data as uint16 bits: the kernel reads and writes raw 16-bit patterns (bf16
+    arrays already arrive as uint16)."""
+    return view.view(np.uint16) if view.dtype == np.float16 else view
 
 
 def launch_gemm(p):
@@ -77,11 +107,13 @@ def launch_gemm(p):
               f"{var.in_dtype}->{var.out_dtype}"
               f"{' +c' if var.c_dtype else ''}{' +bias' if var.bias_dtype else ''}"
               f"{' ' + var.activation if var.activation else ''}", file=sys.stderr)
-    out = p.out.view
-    c = p.c.view if p.c is not None else out
-    bias = p.bias.view if p.bias is not None else out
     stream = p.stream
-    a = _aligned_view(p.a, stream)
-    b = _aligned_view(p.b, stream)
-    sm80_gemm.launch(cfg, var, a, b, c, bias, out, p.m, p.n, p.k, np.float32(p.alpha),
-                     np.float32(p.beta), stream=stream)
+    keep = []
+    a_view, lda = _aligned(p.a, stream)
+    b_view, ldb = _aligned(p.b, stream)
+    out = _flat(_bits(p.out.view), keep)
+    c = _flat(_bits(p.c.view), keep) if p.c is not None else out
+    bias = _flat(_bits(p.bias.view), keep) if p.bias is not None else out
+    ldc = p.c.ld if p.c is not None else 0
+    sm80_gemm.launch(cfg, var, _flat(a_view, keep), _flat(b_view, keep), c, bias, out, p.m, p.n,
+                     p.k, lda, ldb, ldc, p.out.ld, p.alpha, p.beta, stream=stream)

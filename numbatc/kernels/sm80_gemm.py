@@ -64,6 +64,13 @@ class Sm80Config:
             problems.append(f"stages must be >= 2, got {self.stages}")
         if self.threads > 1024:
             problems.append(f"{self.threads} threads exceed 1024")
+        for rows, cols in ((self.bm, self.bk), (self.bk, self.bm), (self.bn, self.bk), (self.bk, self.bn)):
+            per_row = cols // 8
+            if self.threads % per_row or (rows * per_row) % self.threads:
+                problems.append(f"a {rows}x{cols} tile does not split into 16-byte copies evenly "
+                                f"over {self.threads} threads")
+        if self.shared_bytes > 227 * 1024:
+            problems.append(f"{self.shared_bytes} bytes of shared memory exceed 227 KB")
         if problems:
             raise ValueError(f"invalid sm80 GEMM config {self.name}: " + "; ".join(problems))
 
@@ -85,15 +92,15 @@ class Sm80Config:
 
     @property
     def shared_bytes(self):
-        return self.stages * self.stage_elems * 2 + 1024  # + alignment slack
+        return self.stages * self.stage_elems * 2
 
 
 CONFIGS = {
     c.name: c
     for c in (
-        Sm80Config("128x256x32_8w_3s", 128, 256, 32, 2, 4, 3),
-        Sm80Config("128x128x32_4w_4s", 128, 128, 32, 2, 2, 4),
-        Sm80Config("64x128x32_4w_4s", 64, 128, 32, 1, 4, 4),
+        Sm80Config("128x256x64_8w_3s", 128, 256, 64, 2, 4, 3),
+        Sm80Config("128x128x64_4w_4s", 128, 128, 64, 2, 2, 4),
+        Sm80Config("64x128x64_4w_4s", 64, 128, 64, 1, 4, 4),
         Sm80Config("64x64x64_4w_3s", 64, 64, 64, 2, 2, 3),
     )
 }
@@ -101,17 +108,18 @@ CONFIGS = {
 
 @dataclass(frozen=True)
 class Sm80Variant:
-    """What a kernel is specialised for besides its tile shape: operand layouts, the element
-    formats and the epilogue.  (Whether an operand's rows allow 16-byte copies is a run-time
-    argument, so misaligned shapes cost no extra compilation.)"""
+    """What a kernel is specialised for besides its tile shape: operand layouts ('row': the
+    last index is contiguous; 'col': the first), the element formats and the epilogue."""
 
-    a_layout: str  # 'row' | 'col'
+    a_layout: str
     b_layout: str
     in_dtype: str  # 'bfloat16' | 'float16'
     out_dtype: str  # 'bfloat16' | 'float16' | 'float32'
     c_dtype: str | None  # dtype of C when beta * C is added, else None
     bias_dtype: str | None
     activation: str | None  # None | 'relu' | 'gelu' | 'silu'
+    out_layout: str = "row"
+    c_layout: str = "row"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,6 +147,11 @@ def _load_from(dtype):
     if dtype == "float16":
         return "f16_to_f32(x)"
     return "x"
+
+
+def _flat(layout, row, col, ld):
+    """Flat element index of (row, col) in a matrix of the given layout and leading dimension."""
+    return f"({row}) * {ld} + ({col})" if layout == "row" else f"({row}) + ({col}) * {ld}"
 
 
 def _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems):
@@ -171,15 +184,49 @@ def _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems):
             w(f"    b_off_{ks}_{j} = np.int32({a_elems} + swz_b(o) // 2)")
 
 
+def _loader(w, cfg, op, layout, rowb, base_elems):
+    """Emit ``load_<op>``: the thread's 16-byte cp.async copies of one tile.
+
+    Tile rows run along the operand's non-contiguous dimension, 8 elements per copy.  Thread t
+    copies column chunk t % CPR of rows t // CPR + i * RSTEP: the global index of copy i is the
+    thread's start index plus i * RSTEP * ld plus the k tile's offset, one add each.  Copies
+    outside the matrix read 0 bytes (zero fill), the ragged edge reads only the bytes inside."""
+    k_major = (op == "a" and layout == "row") or (op == "b" and layout == "col")
+    mn = cfg.bm if op == "a" else cfg.bn
+    rows, cols = (mn, cfg.bk) if k_major else (cfg.bk, mn)
+    per_row = cols // 8
+    step = cfg.threads // per_row
+    count = rows * per_row // cfg.threads
+    # k_major: rows are m (or n), columns k; the k tile moves along the columns (offset k0).
+    # otherwise: rows are k, columns m (or n); the k tile moves along the rows (offset k0 * ld).
+    row_lim, col_lim = ("mn_lim", "k_lim") if k_major else ("k_lim", "mn_lim")
+    koff = "k0" if k_major else "k0 * ld"
+    w(f"""
+@cuda.jit(device=True, forceinline=True)
+def load_{op}(smem, stage, src, start, ld, r0, c0, mn_lim, k0, k_lim):
+    # {op.upper()}: {rows} x {cols} tile, {count} copies of 16 bytes per thread
+    base = stage * {cfg.stage_elems} + {base_elems}
+    g = start + {koff}
+    cc = {col_lim} - c0""")
+    for i in range(count):
+        w(f"""    r = r0 + {i * step}
+    o = r * {rowb} + c0 * 2
+    if r < {row_lim} and cc > 0:
+        CP(smem, base + swz_{op}(o) // 2, src, g + {i * step} * ld, min(cc, 8) * 2)
+    else:
+        CP(smem, base + swz_{op}(o) // 2, src, 0, 0)""")
+    return per_row
+
+
 def kernel_source(cfg: Sm80Config, var: Sm80Variant) -> str:
     """Python source of the kernel for one configuration and variant."""
     BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages
     WM, WN = cfg.warp_m, cfg.warp_n
     MI, NJ = WM // 16, WN // 8  # mma tiles per warp
-    T = cfg.threads
     ptx_in = _PTX_TYPE[var.in_dtype]
-    a_rowb = (BK if var.a_layout == "row" else BM) * 2
-    b_rowb = (BK if var.b_layout == "col" else BN) * 2
+    a_kmajor, b_kmajor = var.a_layout == "row", var.b_layout == "col"
+    a_rowb = (BK if a_kmajor else BM) * 2
+    b_rowb = (BK if b_kmajor else BN) * 2
     a_elems = BM * BK
     lines = []
     w = lines.append
@@ -213,42 +260,18 @@ def bf16_to_f32(x):
 def f16_to_f32(x):
     return nt.unpack_f16x2(np.uint32(x))[0]
 ''')
-
-    # --- operand tile loaders ----------------------------------------------------------------
-    for op, layout, rowb in (("a", var.a_layout, a_rowb), ("b", var.b_layout, b_rowb)):
-        # Tile rows are along the operand's non-contiguous dimension.
-        if op == "a":
-            rows, cols = (BM, BK) if layout == "row" else (BK, BM)
-            base = "0"
-            lim_r, lim_c = ("m_lim", "k_lim") if layout == "row" else ("k_lim", "m_lim")
-            index = "(mk0 + r, kk0 + c)" if layout == "row" else "(mk0 + c, kk0 + r)"
-        else:
-            rows, cols = (BN, BK) if layout == "col" else (BK, BN)
-            base = str(a_elems)
-            lim_r, lim_c = ("k_lim", "n_lim") if layout == "row" else ("n_lim", "k_lim")
-            index = "(kk0 + r, mk0 + c)" if layout == "row" else "(kk0 + c, mk0 + r)"
-        w(f'''
-@cuda.jit(device=True, forceinline=True)
-def load_{op}(smem, stage, src, mk0, kk0, m_lim, n_lim, k_lim, t):
-    # {op.upper()} tile: {rows} rows x {cols} elements by 16-byte cp.async copies with a source
-    # byte count: zero fill outside the matrix and past a ragged edge.
-    base = stage * {cfg.stage_elems} + {base}
-    for q in range(t, {rows * cols // 8}, {T}):
-        r = q // {cols // 8}
-        c = (q % {cols // 8}) * 8
-        rr = {lim_r} - r
-        cc = {lim_c} - c
-        o = r * {rowb} + c * 2
-        if rr > 0 and cc > 0:
-            CP(smem, base + swz_{op}(o) // 2, src, {index}, min(cc, 8) * 2)
-        else:
-            CP(smem, base + swz_{op}(o) // 2, src, (0, 0), 0)
-''')
+    a_per_row = _loader(w, cfg, "a", var.a_layout, a_rowb, 0)
+    b_per_row = _loader(w, cfg, "b", var.b_layout, b_rowb, a_elems)
 
     # --- the kernel ---------------------------------------------------------------------------
+    # Operands are flat: element (i, j) of a 'row' matrix is x[i * ld + j], of a 'col' one
+    # x[i + j * ld] (device pointers on the GPU, 1-d arrays in the emulation).
+    a_start = "m0 * lda + a_c0 + a_r0 * lda" if a_kmajor else "a_r0 * lda + m0 + a_c0"
+    b_start = "n0 * ldb + b_c0 + b_r0 * ldb" if b_kmajor else "b_r0 * ldb + n0 + b_c0"
     w(f'''
+
 @cuda.jit(cache=True)
-def gemm_kernel(a, b, c, bias, out, M, N, K, alpha, beta, group_m):
+def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m):
     smem = cuda.shared.array(0, np.uint16, alignment=1024)
     t = cuda.threadIdx.x
     lane = t % 32
@@ -268,45 +291,47 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, alpha, beta, group_m):
     m0 = tm * {BM}
     n0 = tn * {BN}
     k_tiles = (K + {BK - 1}) // {BK}
+    m_lim = M - m0
+    n_lim = N - n0
+
+    # This thread's copies: one column chunk, rows r0 + i * step (see _loader).
+    a_r0 = t // {a_per_row}
+    a_c0 = (t % {a_per_row}) * 8
+    b_r0 = t // {b_per_row}
+    b_c0 = (t % {b_per_row}) * 8
+    a_start = {a_start}
+    b_start = {b_start}
 ''')
     for i in range(MI):
         for j in range(NJ):
             w(f"    acc_{i}_{j} = (np.float32(0), np.float32(0), np.float32(0), np.float32(0))")
-    # Limits: how many rows/cols of the tile exist.  The loaders take (mk0, kk0) = the tile's
-    # origin in (m or n, k) and compare tile-relative indices with the limits.
     _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems)
     w(f'''
-    m_lim = M - m0
-    n_lim = N - n0
-
     # Prologue: the first STAGES-1 tiles in flight.
     for s in range({S - 1}):
         if s < k_tiles:
-            k_lim = K - s * {BK}
-            load_a(smem, s, a, m0, s * {BK}, m_lim, n_lim, k_lim, t)
-            load_b(smem, s, b, n0, s * {BK}, m_lim, n_lim, k_lim, t)
+            load_a(smem, s, a, a_start, lda, a_r0, a_c0, m_lim, s * {BK}, K - s * {BK})
+            load_b(smem, s, b, b_start, ldb, b_r0, b_c0, n_lim, s * {BK}, K - s * {BK})
         nt.cp_async_commit_group()
 
-    # Main loop.
+    # Main loop: wait for tile kt, refill the stage tile kt-1 used, compute on tile kt.
     for kt in range(k_tiles):
         nt.cp_async_wait_group({S - 2})
         cuda.syncthreads()
         nxt = kt + {S - 1}
         if nxt < k_tiles:
-            k_lim = K - nxt * {BK}
-            load_a(smem, nxt % {S}, a, m0, nxt * {BK}, m_lim, n_lim, k_lim, t)
-            load_b(smem, nxt % {S}, b, n0, nxt * {BK}, m_lim, n_lim, k_lim, t)
+            st_next = nxt % {S}
+            load_a(smem, st_next, a, a_start, lda, a_r0, a_c0, m_lim, nxt * {BK}, K - nxt * {BK})
+            load_b(smem, st_next, b, b_start, ldb, b_r0, b_c0, n_lim, nxt * {BK}, K - nxt * {BK})
         nt.cp_async_commit_group()
         st = np.int32((kt % {S}) * {cfg.stage_elems})''')
-    # Fragment addresses for each k step: the lane-dependent part (and its swizzle) is the same
-    # in every stage, so it is computed once, before the main loop (see _fragment_offsets).
     for ks in range(BK // 16):
         w(f"        # k step {ks}")
         for i in range(MI):
-            op = "ldmatrix_x4" if var.a_layout == "row" else "ldmatrix_x4_trans"
+            op = "ldmatrix_x4" if a_kmajor else "ldmatrix_x4_trans"
             w(f"        fa_{i} = nt.{op}(smem, st + a_off_{ks}_{i})")
         for j in range(0, NJ, 2):
-            op = "ldmatrix_x4" if var.b_layout == "col" else "ldmatrix_x4_trans"
+            op = "ldmatrix_x4" if b_kmajor else "ldmatrix_x4_trans"
             w(f"        fb = nt.{op}(smem, st + b_off_{ks}_{j})")
             w(f"        fb_{j} = (fb[0], fb[1])")
             w(f"        fb_{j + 1} = (fb[2], fb[3])")
@@ -323,7 +348,8 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, alpha, beta, group_m):
     col_base = n0 + wn * {WN} + tq''')
     for i in range(MI):
         for j in range(NJ):
-            w(f"    store_tile(out, c, bias, acc_{i}_{j}, row_base + {i * 16}, col_base + {j * 8}, M, N, alpha, beta)")
+            w(f"    store_tile(out, c, bias, acc_{i}_{j}, row_base + {i * 16}, col_base + {j * 8}, "
+              f"M, N, ldc, ldo, alpha, beta)")
 
     # --- epilogue helpers ---------------------------------------------------------------------
     act = {
@@ -332,27 +358,27 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, alpha, beta, group_m):
         "gelu": "    return np.float32(0.5) * v * (np.float32(1) + math.tanh(np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v)))",
         "silu": "    return v / (np.float32(1) + math.exp(-v))",
     }[var.activation]
-    if var.out_dtype == "bfloat16":
-        store2 = ("    p = nt.pack_bf16x2(v0, v1)\n"
-                  "    out[r, col] = np.uint16(p & 0xFFFF)\n"
+    o0 = _flat(var.out_layout, "r", "col", "ldo")
+    o1 = _flat(var.out_layout, "r", "col + 1", "ldo")
+    if var.out_dtype in ("bfloat16", "float16"):
+        pack = "nt.pack_bf16x2" if var.out_dtype == "bfloat16" else "nt.pack_f16x2"
+        store2 = (f"    p = {pack}(v0, v1)\n"
+                  f"    out[{o0}] = np.uint16(p & 0xFFFF)\n"
                   "    if both:\n"
-                  "        out[r, col + 1] = np.uint16(p >> 16)")
-    elif var.out_dtype == "float16":
-        store2 = ("    p = nt.pack_f16x2(v0, v1)\n"
-                  "    out[r, col] = np.uint16(p & 0xFFFF)\n"
-                  "    if both:\n"
-                  "        out[r, col + 1] = np.uint16(p >> 16)")
+                  f"        out[{o1}] = np.uint16(p >> 16)")
     else:
-        store2 = ("    out[r, col] = v0\n"
+        store2 = (f"    out[{o0}] = v0\n"
                   "    if both:\n"
-                  "        out[r, col + 1] = v1")
+                  f"        out[{o1}] = v1")
     c_term = ""
     if var.c_dtype is not None:
+        c0 = _flat(var.c_layout, "r", "col", "ldc")
+        c1 = _flat(var.c_layout, "r", "col + 1", "ldc")
         c_term = f"""
-    x = c[r, col]
+    x = c[{c0}]
     v0 += beta * {_load_from(var.c_dtype)}
     if both:
-        x = c[r, col + 1]
+        x = c[{c1}]
         v1 += beta * {_load_from(var.c_dtype)}"""
     bias_term = ""
     if var.bias_dtype is not None:
@@ -370,7 +396,7 @@ def activation(v):
 
 
 @cuda.jit(device=True, forceinline=True)
-def store_pair(out, c, bias, r, col, v0, v1, N, alpha, beta):
+def store_pair(out, c, bias, r, col, v0, v1, N, ldc, ldo, alpha, beta):
     both = col + 1 < N
     v0 = alpha * v0
     v1 = alpha * v1{c_term}{bias_term}
@@ -380,12 +406,12 @@ def store_pair(out, c, bias, r, col, v0, v1, N, alpha, beta):
 
 
 @cuda.jit(device=True, forceinline=True)
-def store_tile(out, c, bias, acc, r, col, M, N, alpha, beta):
+def store_tile(out, c, bias, acc, r, col, M, N, ldc, ldo, alpha, beta):
     if col < N:
         if r < M:
-            store_pair(out, c, bias, r, col, acc[0], acc[1], N, alpha, beta)
+            store_pair(out, c, bias, r, col, acc[0], acc[1], N, ldc, ldo, alpha, beta)
         if r + 8 < M:
-            store_pair(out, c, bias, r + 8, col, acc[2], acc[3], N, alpha, beta)
+            store_pair(out, c, bias, r + 8, col, acc[2], acc[3], N, ldc, ldo, alpha, beta)
 ''')
     return "\n".join(lines)
 
@@ -444,13 +470,35 @@ def grid_for(cfg: Sm80Config, m: int, n: int):
     return ((m + cfg.bm - 1) // cfg.bm) * ((n + cfg.bn - 1) // cfg.bn)
 
 
-def launch(cfg: Sm80Config, var: Sm80Variant, a, b, c, bias, out, m, n, k, alpha, beta,
-           stream=0, group_m=8):
-    """Launch the kernel on Numba arrays (bf16/f16 as uint16 views) whose start and leading
-    dimension are 16-byte aligned (see numbatc.kernels.dispatch, which packs others first)."""
+_STORAGE = {"bfloat16": "uint16", "float16": "uint16", "float32": "float32"}
+
+
+@functools.cache
+def signature(var: Sm80Variant):
+    """The kernel's argument types on the GPU: operands as typed device pointers (flat, with
+    their leading dimensions as separate arguments), so a launch builds no array objects."""
+    from numba import types
+
+    def ptr(dtype):
+        return types.CPointer(getattr(types, _STORAGE[dtype]))
+
+    i64, f32 = types.int64, types.float32
+    return (ptr(var.in_dtype), ptr(var.in_dtype), ptr(var.c_dtype or var.out_dtype),
+            ptr(var.bias_dtype or var.out_dtype), ptr(var.out_dtype),
+            i64, i64, i64, i64, i64, i64, i64, f32, f32, i64)
+
+
+def launch(cfg: Sm80Config, var: Sm80Variant, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
+           alpha, beta, stream=0, group_m=8):
+    """Launch the kernel.  Operands are flat: device pointers (ints) on the GPU, 1-d arrays in
+    the emulation; their start and leading dimension must be 16-byte aligned (the dispatcher
+    packs operands that are not)."""
+    from numba import config
+
     from intrinsics.launch import launch as launch_kernel
 
     kernel = kernel_for(cfg, var)
-    launch_kernel(kernel, grid_for(cfg, m, n), cfg.threads,
-                  (a, b, c, bias, out, m, n, k, np.float32(alpha), np.float32(beta), group_m),
-                  shared_bytes=cfg.shared_bytes, stream=stream)
+    args = (a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, np.float32(alpha), np.float32(beta),
+            group_m)
+    launch_kernel(kernel, grid_for(cfg, m, n), cfg.threads, args, shared_bytes=cfg.shared_bytes,
+                  stream=stream, signature=None if config.ENABLE_CUDASIM else signature(var))

@@ -44,6 +44,7 @@ from intrinsics.mbarrier import (
 )
 
 gpu90 = pytest.mark.gpu(cc=(9, 0))
+pytestmark = pytest.mark.emulation  # every test also runs in the CPU emulation
 POISON_U32 = np.uint32(0xFFFFFFFF)
 THREADS = 128
 

@@ -23,6 +23,10 @@ from numba import cuda, types
 from intrinsics.setmaxnreg import SETMAXNREG_ARCH, setmaxnreg_dec, setmaxnreg_inc
 from intrinsics.toolchain import arch_name, assemble, compile_ptx
 
+# The results run in the CPU emulation too (setmaxnreg there checks that every warp of a
+# warpgroup executes it with the same count); the register counts need the real driver.
+pytestmark = pytest.mark.emulation
+
 THREADS = 384
 TILE = 256
 CAPPED_REGISTERS = 65536 // THREADS // 8 * 8
@@ -125,6 +129,7 @@ def run_module(module, name, grid, block, arrays):
 
 
 @pytest.mark.gpu(cc=(9, 0))
+@pytest.mark.hardware_only
 @pytest.mark.parametrize("loader", ["driver-jit", "nvjitlink"])
 def test_warp_specialised_kernel(loader):
     cc = tuple(cuda.get_current_device().compute_capability)
@@ -172,22 +177,36 @@ def _expected(x, blocks):
     return (xt[:, i] * np.float32(2.0) + xt[:, TILE - 1 - i]).astype(np.float32).ravel()
 
 
-@pytest.mark.gpu(cc=(9, 0))
-def test_warp_specialised_kernel_through_launch():
-    """The library path: ``cuda.jit(launch_bounds=...)`` + ``intrinsics.launch.launch``, which sees
-    setmaxnreg in the PTX and loads the kernel through the driver's whole-program JIT, so the
-    kernel runs with the capped register allocation (setmaxnreg kept)."""
+def _run_through_launch(blocks):
     from intrinsics import launch as launching
 
     kernel = cuda.jit(launch_bounds=(THREADS, 1))(ws_kernel)
     rng = np.random.default_rng()
-    blocks = 4
     x = rng.standard_normal(blocks * TILE).astype(np.float32)
     d_x = cuda.to_device(x)
     d_y = cuda.to_device(np.full(blocks * TILE, np.nan, dtype=np.float32))
     launching.launch(kernel, blocks, THREADS, (d_x, d_y))
     cuda.synchronize()
     np.testing.assert_array_equal(d_y.copy_to_host(), _expected(x, blocks))
+    return kernel
+
+
+@pytest.mark.gpu(cc=(9, 0))
+def test_warp_specialised_kernel_through_launch():
+    """The library path: ``cuda.jit(launch_bounds=...)`` + ``intrinsics.launch.launch`` gives
+    exact results (on the GPU and in the emulation)."""
+    _run_through_launch(blocks=2)
+
+
+@pytest.mark.gpu(cc=(9, 0))
+@pytest.mark.hardware_only
+def test_launch_keeps_setmaxnreg():
+    """``intrinsics.launch.launch`` sees setmaxnreg in the PTX and loads the kernel through the
+    driver's whole-program JIT, so the kernel runs with the capped register allocation
+    (setmaxnreg kept)."""
+    from intrinsics import launch as launching
+
+    kernel = _run_through_launch(blocks=2)
     (compiled,) = kernel.overloads.values()
     loaded = launching._WHOLE_PROGRAM[(id(compiled), cuda.get_current_device().id)][1]
     assert loaded.attributes.num_regs == CAPPED_REGISTERS

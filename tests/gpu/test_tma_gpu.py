@@ -38,13 +38,20 @@ from intrinsics.tma import (
     tma_store,
 )
 
-pytestmark = pytest.mark.gpu(cc=(9, 0))
+# Every test also runs in the CPU emulation, except the ones that ask the real driver to encode
+# tensor maps (hardware_only).
+pytestmark = [pytest.mark.gpu(cc=(9, 0)), pytest.mark.emulation]
 
 
 @pytest.fixture
 def tensor_tma():
     """Skip a test that needs cp.async.bulk.tensor when an independent implementation
-    (Triton's TMA load) faults on this machine too -- see tests/gpu/tma_probe.py."""
+    (Triton's TMA load) faults on this machine too -- see tests/gpu/tma_probe.py.  Under the
+    simulator the emulation runs the copies: nothing to probe."""
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        return
     from tests.gpu.tma_probe import tensor_tma_status
 
     works, why = tensor_tma_status()
@@ -325,6 +332,7 @@ DRIVER_CASES = [
 ]
 
 
+@pytest.mark.hardware_only
 @pytest.mark.parametrize("dtype, shape, kwargs", DRIVER_CASES,
                          ids=[f"{np.dtype(d).name}-{s}" for d, s, _ in DRIVER_CASES])
 def test_driver_accepts_valid_tiled_maps(dtype, shape, kwargs):
@@ -334,6 +342,7 @@ def test_driver_accepts_valid_tiled_maps(dtype, shape, kwargs):
     assert tmap.device.shape == (16,)
 
 
+@pytest.mark.hardware_only
 def test_driver_accepts_a_valid_im2col_map():
     tensor = cuda.to_device(np.zeros((2, 16, 16, 64), dtype=np.float16))  # NHWC
     # a 3x3 convolution with padding 1: lower = -pad, upper = pad - (filter - 1)
