@@ -25,11 +25,11 @@ def choose_sm80(m, n, k):
     """Tile configuration for an (m, n, k) problem: small M gets short tiles, problems that fill
     the GPU with 128x256 tiles get those, the rest 128x128."""
     if m <= 64:
-        return sm80_gemm.CONFIGS["64x128x32_4w_4s"]
-    big = sm80_gemm.CONFIGS["128x256x32_8w_3s"]
+        return sm80_gemm.CONFIGS["64x128x64_4w_4s"]
+    big = sm80_gemm.CONFIGS["128x256x64_8w_3s"]
     if sm80_gemm.grid_for(big, m, n) >= _NUM_SMS_GUESS:
         return big
-    return sm80_gemm.CONFIGS["128x128x32_4w_4s"]
+    return sm80_gemm.CONFIGS["128x128x64_4w_4s"]
 
 
 def _variant(p):

@@ -1,0 +1,37 @@
+"""The GEMM kernels without a GPU: the heuristic picks an existing configuration for every kind
+of shape, every configuration and variant compiles and assembles for sm_80 and sm_90a without
+local memory, and configurations are validated."""
+
+import pytest
+
+from intrinsics.toolchain import assemble, compile_ptx
+from numbatc.kernels import dispatch, sm80_gemm
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (64, 4096, 4096), (65, 128, 64), (4096, 4096, 4096),
+                                   (300, 300, 300), (8192, 8192, 8192), (1, 28672, 8192)])
+def test_heuristic_names_a_real_config(shape):
+    cfg = dispatch.choose_sm80(*shape)
+    assert cfg in sm80_gemm.CONFIGS.values()
+
+
+@pytest.mark.parametrize("name", sorted(sm80_gemm.CONFIGS))
+def test_every_config_assembles_without_local_memory(name):
+    var = sm80_gemm.Sm80Variant("row", "col", "bfloat16", "float32", "float32", "bfloat16", "gelu")
+    ptx = compile_ptx(sm80_gemm.kernel_for(sm80_gemm.CONFIGS[name], var),
+                      sm80_gemm.signature(var), "sm_80")
+    assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") > 0
+    assemble(ptx, "sm_80")
+
+
+@pytest.mark.parametrize("layouts", [("row", "row"), ("col", "col")])
+def test_variant_layouts_and_f16_assemble(layouts):
+    var = sm80_gemm.Sm80Variant(*layouts, "float16", "float16", "float16", "float32", "silu",
+                                out_layout="col", c_layout="col")
+    cfg = sm80_gemm.CONFIGS["64x128x64_4w_4s"]
+    assemble(compile_ptx(sm80_gemm.kernel_for(cfg, var), sm80_gemm.signature(var), "sm_90a"), "sm_90a")
+
+
+def test_bad_config_is_named():
+    with pytest.raises(ValueError, match="bk must be 32 or 64"):
+        sm80_gemm.Sm80Config("bad", 128, 128, 48, 2, 2, 3)
