@@ -114,7 +114,8 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, wh
 
     ``grid`` and ``block`` are block counts and thread counts (1-3 dims), ``args`` the kernel's
     arguments, ``shared_bytes`` the dynamic shared memory per block, ``cluster`` the cluster shape
-    in blocks (each dimension must divide the grid's), ``stream`` a numba stream or 0.
+    in blocks (each dimension must divide the grid's), ``stream`` a numba stream, 0, or a raw
+    CUstream handle.
     ``whole_program``: load through the driver's whole-program JIT (default: when the kernel
     uses setmaxnreg, which nvJitLink's separate compilation drops).  ``signature``: the
     argument types to compile for (default: numba's typing of ``args``); give it to pass raw
@@ -144,7 +145,6 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, wh
         return emulated_launch(kernel, grid, block, args, shared_bytes, cluster)
 
     from cuda.core import LaunchConfig, launch as core_launch
-    from numba.cuda.cudadrv.driver import _to_core_stream
 
     if signature is None:
         args = tuple(_as_kernel_arg(a) for a in args)
@@ -164,9 +164,27 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, wh
     for ty, value in zip(compiled.argument_types, args):
         compiled._prepare_args(ty, value, stream, retr, kernelargs)
     launch_config = LaunchConfig(grid=core_grid, cluster=cluster, block=block, shmem_size=shared_bytes)
-    core_launch(_to_core_stream(stream), launch_config, core_kernel, *kernelargs)
+    core_launch(_core_stream(stream), launch_config, core_kernel, *kernelargs)
     for writeback in retr:
         writeback()
+
+
+_STREAMS = {}
+
+
+def _core_stream(stream):
+    """cuda.core's stream for a Numba stream, 0, or a raw CUstream handle (an int, as torch's
+    ``current_stream().cuda_stream`` gives); objects for handles are made once and reused."""
+    from numba.cuda.cudadrv.driver import _to_core_stream
+
+    if not isinstance(stream, int) or stream == 0:
+        return _to_core_stream(stream)
+    core = _STREAMS.get(stream)
+    if core is None:
+        from cuda.core import Stream
+
+        core = _STREAMS[stream] = Stream.from_handle(stream)
+    return core
 
 
 def _plan(kernel, signature, grid, shared_bytes, cluster, whole_program):

@@ -377,6 +377,8 @@ def as_cuda_array(t, name: str = "array") -> CudaArray:
             itemsize=inner.itemsize, device=inner.device, library=inner.library, obj=t,
             readonly=inner.readonly, marked=True, stream=inner.stream, keepalive=inner.keepalive,
         )
+    if type(t).__name__ == "FakeCUDAArray":
+        return _from_simulator(t, name)
     lib = _library_of(t)
     if lib == "torch":
         return _from_torch(t, name)
@@ -389,9 +391,6 @@ def as_cuda_array(t, name: str = "array") -> CudaArray:
         return _from_cai(t, cai, name)
     if not isinstance(t, np.ndarray) and hasattr(t, "__dlpack_device__") and hasattr(t, "__dlpack__"):
         return _from_dlpack(t, name)
-    if type(t).__name__ == "FakeCUDAArray":
-        raise TypeError(f"{name} is a Numba simulator array (NUMBA_ENABLE_CUDASIM); numbatc does not "
-                        "support the simulator yet")
     if isinstance(t, np.ndarray) or hasattr(t, "__array_interface__") or hasattr(t, "__array__"):
         raise TypeError(
             f"{name} is a host array ({_typename(t)}); numbatc needs CUDA device arrays: "
@@ -464,6 +463,15 @@ def _from_numba(t, name) -> CudaArray:
     elif ptr:
         device = _pointer_device(ptr, name)
     return _from_numpy_like(t, name, "numba", int(ptr), device)
+
+
+def _from_simulator(t, name) -> CudaArray:
+    """A Numba simulator array (NUMBA_ENABLE_CUDASIM): its NumPy memory stands in for device 0,
+    so that numbatc's kernels run in the CPU emulation."""
+    host = t._ary
+    ca = _from_numpy_like(host, name, "numba", int(host.__array_interface__["data"][0]), 0)
+    return CudaArray(ptr=ca.ptr, shape=ca.shape, strides=ca.strides, dtype=ca.dtype,
+                     itemsize=ca.itemsize, device=0, library="numba", obj=t, keepalive=host)
 
 
 def _from_cai(t, cai: dict, name) -> CudaArray:
@@ -655,6 +663,14 @@ def kernel_view(ca: CudaArray):
     if ca.library == "numba" and not ca.marked and ca.dtype not in EXOTIC_STORAGE:
         return ca.obj
     from numba import cuda
+
+    if type(ca.obj).__name__ == "FakeCUDAArray" or (
+            ca.marked and type(getattr(ca.obj, "data", None)).__name__ == "FakeCUDAArray"):
+        # the simulator: a view of the same NumPy memory in the storage dtype
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        host = ca.keepalive if ca.keepalive is not None else ca.obj.data._ary
+        return FakeCUDAArray(host.view(np.dtype(ca.storage_typestr)))
 
     desc = {
         "shape": ca.shape,

@@ -98,13 +98,13 @@ def bench_gemm(shapes, dtype="bfloat16", reps=20):
 
 def print_table(rows):
     head = (f"{'M':>6} {'N':>6} {'K':>6}  {'numbatc TF/s':>12} {'cuBLAS TF/s':>11} {'ratio':>6}"
-            f"  {'first call s':>12} {'host us':>8} {'max rel err':>11}")
+            f"  {'first call s':>12} {'host us':>8} {'max rel err':>11}  config")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['m']:>6} {r['n']:>6} {r['k']:>6}  {r['numbatc_tflops']:>12.1f} "
               f"{r['cublas_tflops']:>11.1f} {r['ratio']:>6.2f}  {r['first_call_s']:>12.2f} "
-              f"{r['host_overhead_us']:>8.1f} {r['max_rel_err']:>11.2e}")
+              f"{r['host_overhead_us']:>8.1f} {r['max_rel_err']:>11.2e}  {r.get('config', '')}")
 
 
 def write_csv(rows, path):
@@ -144,6 +144,9 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--csv", help="write the table as CSV here")
     parser.add_argument("--png", help="write a bar plot here (needs matplotlib)")
+    parser.add_argument("--configs", action="store_true",
+                        help="also time every sm80 tile configuration on the shapes (forced through "
+                             "NUMBATC_SM80_CONFIG), to tune the heuristic")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -153,6 +156,19 @@ def main(argv=None):
         parser.error("the benchmark needs a CUDA GPU")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     rows = bench_gemm(SHAPES[args.shapes], args.dtype, args.reps)
+    for row in rows:
+        row["config"] = "heuristic"
+    if args.configs:
+        import os
+
+        from numbatc.kernels.sm80_gemm import CONFIGS
+
+        for name in CONFIGS:
+            os.environ["NUMBATC_SM80_CONFIG"] = name
+            for row in bench_gemm(SHAPES[args.shapes], args.dtype, args.reps):
+                row["config"] = name
+                rows.append(row)
+        os.environ.pop("NUMBATC_SM80_CONFIG")
     print_table(rows)
     if args.csv:
         write_csv(rows, args.csv)

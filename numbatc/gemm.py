@@ -176,8 +176,10 @@ class GemmProblem:
 @functools.cache
 def _device_capability(device: int) -> tuple:
     """(major, minor) of CUDA device ``device`` (patched in CPU tests)."""
-    from numba import cuda
+    from numba import config, cuda
 
+    if config.ENABLE_CUDASIM:  # the CPU emulation stands in for an sm_90a device
+        return (9, 0)
     return tuple(cuda.gpus[device].compute_capability)
 
 

@@ -22,12 +22,13 @@ def cp_async_op(size, cache=None, zfill=False):
     def cp_async(dst, dst_index, src, src_index, src_bytes=None):
         thread = current()
         address = memory.shared_address(dst, dst_index)
-        source = memory.global_bytes(src, src_index, size) if (src_bytes is None or src_bytes > 0) else None
+        # The hardware reads only the first src_bytes (the rest of the copy is zero-filled).
+        count = size if src_bytes is None else int(src_bytes)
+        source = memory.global_bytes(src, src_index, count) if count > 0 else None
         if address % size:
             raise EmulationError(f"{thread.where()}: {name}: shared address {address} is not {size}-byte aligned")
         if source is not None and source.__array_interface__["data"][0] % size:
             raise EmulationError(f"{thread.where()}: {name}: the global address is not {size}-byte aligned")
-        count = size if src_bytes is None else int(src_bytes)
         if not 0 <= count <= size:
             raise EmulationError(f"{thread.where()}: {name}: src_bytes must be 0..{size}, got {count}")
         _queue()["pending"].append((thread.block, address, source, count, size))

@@ -23,7 +23,13 @@ _NUM_SMS_GUESS = 132  # H100/H200; only shapes the heuristic, never correctness
 
 def choose_sm80(m, n, k):
     """Tile configuration for an (m, n, k) problem: small M gets short tiles, problems that fill
-    the GPU with 128x256 tiles get those, the rest 128x128."""
+    the GPU with 128x256 tiles get those, the rest 128x128.  ``NUMBATC_SM80_CONFIG=<name>``
+    forces one of sm80_gemm.CONFIGS (for benchmarks and experiments)."""
+    forced = os.environ.get("NUMBATC_SM80_CONFIG")
+    if forced:
+        if forced not in sm80_gemm.CONFIGS:
+            raise ValueError(f"NUMBATC_SM80_CONFIG={forced!r} is not one of {sorted(sm80_gemm.CONFIGS)}")
+        return sm80_gemm.CONFIGS[forced]
     if m <= 64:
         return sm80_gemm.CONFIGS["64x128x64_4w_4s"]
     big = sm80_gemm.CONFIGS["128x256x64_8w_3s"]
@@ -54,35 +60,34 @@ def _pack(src, dst):
         dst[i, j] = src[i, j]
 
 
-def _aligned(operand, stream):
-    """(view, ld) of the operand if its start and leading dimension are 16-byte aligned, else of
-    an aligned copy in the same layout (rows padded to a multiple of 8 elements).  The copy costs
-    one pass over the operand; the GEMM kernel then needs no slow path (see sm80_gemm)."""
-    view = operand.view
-    if operand.alignment == 16:
-        return view, operand.ld
-    from numbatc._interop import transpose_view
+def _operand(operand, stream, keep):
+    """(flat operand, leading dimension) for the kernel: the operand's own pointer when its start
+    and leading dimension are 16-byte aligned, else an aligned copy in the same layout (rows
+    padded to a multiple of 8 elements).  The copy costs one pass over the operand; the GEMM
+    kernel then needs no slow path (see sm80_gemm)."""
+    if operand.alignment == 16 and not _EMULATED:
+        return operand.ptr, operand.ld
+    view, ld = operand.view, operand.ld
+    if operand.alignment != 16:
+        from numbatc._interop import transpose_view
 
-    rows, cols = view.shape
-    if operand.layout == "col":  # work on the row-major transpose
-        view, (rows, cols) = transpose_view(view), (cols, rows)
-    ld = (cols + 7) // 8 * 8
-    padded = cuda.device_array((rows, ld), dtype=view.dtype, stream=stream)
-    packed = padded[:, :cols]
-    _pack[((rows + 15) // 16, (cols + 15) // 16), (16, 16), stream](view, packed)
-    return (transpose_view(packed) if operand.layout == "col" else packed), ld
+        rows, cols = view.shape
+        if operand.layout == "col":  # work on the row-major transpose
+            view, (rows, cols) = transpose_view(view), (cols, rows)
+        ld = (cols + 7) // 8 * 8
+        padded = cuda.device_array((rows, ld), dtype=view.dtype, stream=stream)
+        packed = padded[:, :cols]
+        _pack[((rows + 15) // 16, (cols + 15) // 16), (16, 16), stream](view, packed)
+        view = transpose_view(packed) if operand.layout == "col" else packed
+    return _flat(view, keep), ld
 
 
 def _flat(view, keep):
-    """The kernel's flat operand: a device pointer (int) on the GPU; in the emulation a 1-d array
-    over the same memory starting at element (0, 0).  ``keep`` holds temporaries alive until the
-    launch has been queued."""
+    """The kernel's flat operand for a Numba array: its device pointer (int) on the GPU; in the
+    emulation a 1-d array over the same memory starting at element (0, 0).  ``keep`` holds
+    temporaries alive until the launch has been queued."""
     keep.append(view)
-    if view.size == 0:
-        return 0
     if _EMULATED:
-        import numpy as np
-
         host = getattr(view, "_ary", view)
         itemsize = host.dtype.itemsize
         span = sum((d - 1) * st for d, st in zip(host.shape, host.strides)) // itemsize + 1
@@ -90,10 +95,9 @@ def _flat(view, keep):
     return view.device_ctypes_pointer.value
 
 
-def _bits(view):
-    """float16 data as uint16 bits: the kernel reads and writes raw 16-bit patterns (bf16
-    arrays already arrive as uint16)."""
-    return view.view(np.uint16) if view.dtype == np.float16 else view
+def _pointer(operand, keep):
+    """Flat operand for c, bias and out (no alignment needed: the epilogue stores elements)."""
+    return _flat(operand.view, keep) if _EMULATED else operand.ptr
 
 
 def launch_gemm(p):
@@ -107,13 +111,14 @@ def launch_gemm(p):
               f"{var.in_dtype}->{var.out_dtype}"
               f"{' +c' if var.c_dtype else ''}{' +bias' if var.bias_dtype else ''}"
               f"{' ' + var.activation if var.activation else ''}", file=sys.stderr)
-    stream = p.stream
     keep = []
-    a_view, lda = _aligned(p.a, stream)
-    b_view, ldb = _aligned(p.b, stream)
-    out = _flat(_bits(p.out.view), keep)
-    c = _flat(_bits(p.c.view), keep) if p.c is not None else out
-    bias = _flat(_bits(p.bias.view), keep) if p.bias is not None else out
+    a, lda = _operand(p.a, p.stream if p.a.alignment != 16 else 0, keep)
+    b, ldb = _operand(p.b, p.stream if p.b.alignment != 16 else 0, keep)
+    out = _pointer(p.out, keep)
+    c = _pointer(p.c, keep) if p.c is not None else out
+    bias = _pointer(p.bias, keep) if p.bias is not None else out
     ldc = p.c.ld if p.c is not None else 0
-    sm80_gemm.launch(cfg, var, _flat(a_view, keep), _flat(b_view, keep), c, bias, out, p.m, p.n,
-                     p.k, lda, ldb, ldc, p.out.ld, p.alpha, p.beta, stream=stream)
+    # The raw stream handle: intrinsics.launch caches its stream object, so a warm call builds
+    # no Numba array or stream objects at all.
+    sm80_gemm.launch(cfg, var, a, b, c, bias, out, p.m, p.n, p.k, lda, ldb, ldc, p.out.ld,
+                     p.alpha, p.beta, stream=p.stream if _EMULATED else p.stream_handle)
