@@ -64,4 +64,6 @@ def run(verbose=True):
 KERNELS = [(single_mma, (types.float32[:, :],), "sm_80")]
 
 if __name__ == "__main__":
-    print("PASS" if run() else "FAIL: a lane holds a value that is not 16*row + col")
+    ok = run()
+    print("PASS" if ok else "FAIL: a lane holds a value that is not 16*row + col")
+    raise SystemExit(0 if ok else 1)

@@ -102,4 +102,6 @@ def run(verbose=True):
 KERNELS = [(swizzled_gemm_tile, (types.uint16[:], types.uint16[:], types.float32[:, :]), "sm_80")]
 
 if __name__ == "__main__":
-    print("PASS" if run() else "FAIL")
+    ok = run()
+    print("PASS" if ok else "FAIL")
+    raise SystemExit(0 if ok else 1)

@@ -89,6 +89,8 @@ def _flat(view, keep):
     keep.append(view)
     if _EMULATED:
         host = getattr(view, "_ary", view)
+        if host.dtype == np.float16:  # the kernel moves 16-bit patterns (uint16 on the GPU too)
+            host = host.view(np.uint16)
         itemsize = host.dtype.itemsize
         span = sum((d - 1) * st for d, st in zip(host.shape, host.strides)) // itemsize + 1
         return np.lib.stride_tricks.as_strided(host, shape=(span,), strides=(itemsize,))

@@ -1,0 +1,60 @@
+"""numbatc.gemm end to end in the CPU emulation (the same kernel source as on the GPU): layouts,
+packing of misaligned operands, the fused epilogue, f16/bf16 in, f16/bf16/f32 out.  Small
+shapes: every thread of every block is a Python thread here."""
+
+import math
+
+import numpy as np
+import pytest
+from numba import config, cuda
+
+import numbatc
+
+pytestmark = [pytest.mark.emulation,
+              pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="needs NUMBA_ENABLE_CUDASIM=1")]
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+
+def _values(gen, shape, dtype):
+    x = gen.standard_normal(shape)
+    return x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16)
+
+
+def _device(x, layout):
+    host = x if layout == "row" else np.ascontiguousarray(x.T)
+    d = cuda.to_device(host.view(np.uint16) if host.dtype == ml_dtypes.bfloat16 else host)
+    if layout == "col":
+        from numbatc._interop import transpose_view
+
+        d = transpose_view(d)
+    return numbatc.bfloat16(d) if x.dtype == ml_dtypes.bfloat16 else d
+
+
+@pytest.mark.parametrize("m, n, k, dtype, layouts, out_dtype, epilogue", [
+    (40, 24, 33, "float16", ("row", "row"), "float32", None),           # B packed (ld 24 ok, K odd)
+    (20, 70, 48, "bfloat16", ("col", "col"), "bfloat16", "gelu"),       # both transposed, +c +bias
+    (65, 16, 16, "float16", ("row", "col"), "float16", "silu"),         # two row tiles
+])
+def test_gemm_in_the_emulation(m, n, k, dtype, layouts, out_dtype, epilogue):
+    gen = np.random.default_rng()
+    a, b = _values(gen, (m, k), dtype), _values(gen, (k, n), dtype)
+    kw = dict(out_dtype=out_dtype)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    if epilogue:
+        c = _values(gen, (m, n), out_dtype)
+        bias = _values(gen, (n,), dtype)
+        kw.update(c=_device(c, "row"), bias=_device(bias[None, :], "row")[0], beta=0.5,
+                  activation=epilogue, alpha=1.5)
+        ref = 1.5 * ref + 0.5 * c.astype(np.float64) + bias.astype(np.float64)
+        if epilogue == "gelu":
+            ref = 0.5 * ref * (1 + np.tanh(math.sqrt(2 / math.pi) * (ref + 0.044715 * ref**3)))
+        else:
+            ref = ref / (1 + np.exp(-ref))
+    out = numbatc.gemm(_device(a, layouts[0]), _device(b, layouts[1]), **kw)
+    from numbatc._interop import DTypeView
+
+    host = (out.data if isinstance(out, DTypeView) else out).copy_to_host()
+    got = (host.view(ml_dtypes.bfloat16) if out_dtype == "bfloat16" else host).astype(np.float64)
+    rounding = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-20}[out_dtype]
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + 1
+    assert np.all(np.abs(got - ref) <= rounding * np.abs(ref) + 1e-5 * scale), np.max(np.abs(got - ref))
