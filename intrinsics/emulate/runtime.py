@@ -367,11 +367,15 @@ class Launch:
                 poll()
                 if ready():
                     break
-            busy = any(t.waiting is None and not t.finished for t in thread.block.cluster_threads())
-            if self.progress != mark[0] or busy:
+            if self.progress != mark[0]:
                 mark = (self.progress, time.monotonic())
             elif time.monotonic() - mark[1] > DEADLOCK_SECONDS:
-                self._deadlock(thread)
+                # Only now scan the cluster (a scan on every wake-up starves big blocks): a
+                # thread still running (not waiting) may yet make progress.
+                if any(t.waiting is None and not t.finished for t in thread.block.cluster_threads()):
+                    mark = (self.progress, time.monotonic())
+                else:
+                    self._deadlock(thread)
 
     def _deadlock(self, thread):
         waiting = [t for t in thread.block.cluster_threads() if not t.finished]
