@@ -349,9 +349,11 @@ class Launch:
         gone = [m for m in meeting.members if m not in meeting.values and m.finished]
         if gone:
             called = _ranges(sorted(m.lane for m in meeting.values))
+            missing = _ranges(sorted(m.lane for m in meeting.members if m not in meeting.values))
             raise EmulationError(
                 f"{thread.where()}: {op} is a {meeting.name}-collective, called by lanes "
-                f"{called} only: lanes {_ranges(sorted(m.lane for m in gone))} exited without it"
+                f"{called} only; lanes {missing} did not call it "
+                f"({_ranges(sorted(m.lane for m in gone))} exited without it)"
             )
 
     def _wait(self, thread, ready, poll=None):
@@ -418,8 +420,10 @@ class Launch:
             t.join()
         failures = [t for t in threads if t.exception is not None]
         if failures:
-            # The first failure is the cause; the others stopped because of it.
-            first = next((t for t in failures if not _is_echo(t.exception)), failures[0])
+            # The first exception raised is the cause; the others stopped because of it.
+            first = next((t for t in failures if t.exception is self.failed), None)
+            if first is None:
+                first = next((t for t in failures if not _is_echo(t.exception)), failures[0])
             exc = first.exception
             if isinstance(exc, EmulationError):
                 raise exc
