@@ -32,6 +32,8 @@ from intrinsics.cp_async import (
     cp_async_16_zfill,
     cp_async_ca_16,
     cp_async_commit_group,
+    cp_async_mbarrier_arrive,
+    cp_async_mbarrier_arrive_noinc,
     cp_async_wait_all,
     cp_async_wait_group,
 )

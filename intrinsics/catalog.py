@@ -151,6 +151,25 @@ def _cp_async_probes():
                         (f"cp.async.{cache}.shared.global", tail, "cp.async.commit_group;", wait))
 
 
+def _cp_async_mbarrier_probe(fn):
+    def kernel(out, src):
+        smem = cuda.shared.array(64, np.uint32, alignment=16)
+        bars = cuda.shared.array(1, np.uint64, alignment=8)
+        ca.cp_async_16(smem, 0, src, 0)
+        fn(bars, 0)
+        out[0] = smem[0]
+
+    return kernel
+
+
+def _cp_async_mbarrier_probes():
+    for noinc, fn in ((False, ca.cp_async_mbarrier_arrive), (True, ca.cp_async_mbarrier_arrive_noinc)):
+        kernel = _cp_async_mbarrier_probe(fn)
+        name = "mbarrier.arrive" + (".noinc" if noinc else "")
+        yield Probe("cp.async", name, kernel, (types.uint32[:], types.int32[:]), SM80,
+                    (f"cp.async.{name}.shared::cta.b64",))
+
+
 def _convert_probes():
     def pairs(out, f):
         out[0] = cv.pack_bf16x2(f[0], f[1])
@@ -171,7 +190,8 @@ def _convert_probes():
                 ("cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32"))
 
 
-_FAMILIES = [_mma_probes, _ldmatrix_probes, _cp_async_probes, _convert_probes]
+_FAMILIES = [_mma_probes, _ldmatrix_probes, _cp_async_probes, _cp_async_mbarrier_probes,
+             _convert_probes]
 
 
 def probes():

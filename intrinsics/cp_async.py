@@ -44,6 +44,8 @@ __all__ = [
     "cp_async_16_zfill",
     "cp_async_ca_16",
     "cp_async_commit_group",
+    "cp_async_mbarrier_arrive",
+    "cp_async_mbarrier_arrive_noinc",
     "cp_async_wait_all",
     "cp_async_wait_group",
 ]
@@ -174,3 +176,39 @@ def cp_async_wait_all(typingctx):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _mbarrier_arrive(noinc):
+    suffix = ".noinc" if noinc else ""
+    name = f"cp.async.mbarrier.arrive{suffix}.shared::cta.b64"
+
+    def typer(typingctx, bars, index):
+        check_array(name, bars, "a shared uint64 array of mbarriers")
+        check_index(name, bars, index)
+        sig = types.void(bars, index)
+
+        def codegen(context, builder, sig, args):
+            require_arch(name, SM80)
+            address = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            asm(builder, f"{name} [$0];", ["r"], [], [address], memory=True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    typer.__name__ = "cp_async_mbarrier_arrive" + ("_noinc" if noinc else "")
+    typer.__doc__ = (
+        f"Emits ``{name} [$0];`` (PTX ISA 9.7.9.25.3.4, cp.async.mbarrier.arrive): the mbarrier "
+        "``bars[index]`` receives an arrive-on operation once all of this thread's earlier "
+        "cp.async copies have completed -- how a cp.async producer feeds an mbarrier pipeline "
+        "without TMA. "
+        + ("With .noinc the arrival counts against the barrier's expected count (initialise it "
+           "for these arrivals)." if noinc else
+           "Without .noinc the pending count is raised by one first, so the phase does not wait "
+           "for it in the count.")
+        + " Needs sm_80 or newer."
+    )
+    return intrinsic(typer)
+
+
+cp_async_mbarrier_arrive = _mbarrier_arrive(False)
+cp_async_mbarrier_arrive_noinc = _mbarrier_arrive(True)

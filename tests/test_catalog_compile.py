@@ -24,4 +24,4 @@ def test_catalog_covers_every_form():
     families = [p.family for p in PROBES]
     assert families.count("mma.sync") == len(mma_specs())
     assert families.count("ldmatrix") + families.count("stmatrix") == len(LDMATRIX_FORMS)
-    assert families.count("cp.async") == 2 * len(CP_ASYNC_FORMS)
+    assert families.count("cp.async") == 2 * len(CP_ASYNC_FORMS) + 2  # + the mbarrier arrives

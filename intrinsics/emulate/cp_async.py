@@ -65,7 +65,33 @@ def cp_async_wait_all():
     notify_progress()
 
 
+def _mbarrier_arrive(noinc):
+    def arrive(bars, index):
+        """All of this thread's cp.async copies complete (they land now), then the arrive-on
+        fires: counted against the expected arrivals with .noinc, balanced by a pending
+        increment without it."""
+        from intrinsics.emulate import mbarrier as emu_mbarrier
+
+        queue = _queue()
+        for group in queue["groups"] + [queue["pending"]]:
+            _perform(group)
+        queue["groups"], queue["pending"] = [], []
+        op = "cp.async.mbarrier.arrive" + (".noinc" if noinc else "")
+        if noinc:
+            emu_mbarrier._arrive_op(op, bars, index)
+        else:  # pending + 1, then the arrival: the count is unchanged; the barrier must exist
+            thread = current()
+            address = emu_mbarrier.barrier_address(op, bars, index)
+            with thread.launch.cond:
+                emu_mbarrier.barrier_at(thread, thread.block, address, op)
+        notify_progress()
+
+    return arrive
+
+
 EMULATIONS = {
+    "cp_async_mbarrier_arrive": _mbarrier_arrive(False),
+    "cp_async_mbarrier_arrive_noinc": _mbarrier_arrive(True),
     "cp_async_commit_group": cp_async_commit_group,
     "cp_async_wait_group": cp_async_wait_group,
     "cp_async_wait_all": cp_async_wait_all,

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
+import intrinsics as nt
 import intrinsics.cp_async as ca
 from tests.gpu import lanes
 
@@ -79,3 +80,28 @@ def test_cp_async_bytes(form):
         if zfill:
             expected[lo + nbytes[t]: lo + size] = 0
     np.testing.assert_array_equal(out.copy_to_host().view(np.uint8), expected)
+
+
+@cuda.jit
+def _mbarrier_pipeline(src, out):
+    """Each thread's cp.async copies signal an mbarrier (noinc: 64 expected arrivals), everyone
+    waits on the phase, then reads a neighbour's chunk -- the handshake a cp.async producer uses
+    to feed a wgmma consumer without TMA."""
+    smem = cuda.shared.array(WORDS, np.uint32, alignment=16)
+    bars = cuda.shared.array(1, np.uint64, alignment=8)
+    t = cuda.threadIdx.x
+    if t == 0:
+        nt.mbarrier_init(bars, 0, THREADS)
+    cuda.syncthreads()
+    ca.cp_async_16(smem, t * 4, src, t * 4)
+    ca.cp_async_mbarrier_arrive_noinc(bars, 0)
+    nt.mbarrier_wait_parity(bars, 0, 0)
+    for i in range(4):
+        out[t * 4 + i] = smem[((t + 1) % THREADS) * 4 + i]
+
+
+def test_cp_async_mbarrier_arrive_noinc():
+    src = lanes.rng().integers(0, 2**32, WORDS, dtype=np.uint32)
+    out = cuda.to_device(np.zeros(WORDS, dtype=np.uint32))
+    _mbarrier_pipeline[1, THREADS](cuda.to_device(src), out)
+    np.testing.assert_array_equal(out.copy_to_host(), np.roll(src.reshape(THREADS, 4), -1, 0).ravel())
