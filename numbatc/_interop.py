@@ -429,11 +429,16 @@ def _from_torch(t, name) -> CudaArray:
     )
 
 
+_DTYPE_NAMES: dict = {}
+
+
 def _dtype_from_numpy(dt: np.dtype, name: str, library: str) -> str:
-    if dt.name in EXOTIC_STORAGE:  # ml_dtypes.bfloat16, float8_e4m3fn, float8_e5m2
-        return dt.name
-    if dt.kind not in "biufc" or dt.byteorder == ">":
+    known = _DTYPE_NAMES.get(dt)  # dtype.name is slow (NumPy builds it on every access)
+    if known is not None:
+        return known
+    if dt.name not in EXOTIC_STORAGE and (dt.kind not in "biufc" or dt.byteorder == ">"):
         raise TypeError(f"{name}: {library} array of dtype {dt} is not supported by numbatc")
+    _DTYPE_NAMES[dt] = dt.name  # ml_dtypes' bfloat16 / float8 names included
     return dt.name
 
 
