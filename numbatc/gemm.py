@@ -409,7 +409,9 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
 def _to_float32(host: np.ndarray, dtype: str) -> np.ndarray:
     """Host storage (bf16 as uint16 bits) -> float32."""
     if dtype == "bfloat16":
-        return (host.astype(np.uint32) << 16).view(np.float32)
+        from intrinsics.emulate.numerics import decode  # not at import: `import numbatc` stays light
+
+        return decode(host, "bf16").astype(np.float32)
     return host.astype(np.float32)
 
 
@@ -417,11 +419,9 @@ def _from_float32(x: np.ndarray, dtype: str) -> np.ndarray:
     """float32 -> host storage of ``dtype`` (bf16: round to nearest even, as uint16 bits)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if dtype == "bfloat16":
-        u = x.view(np.uint32).astype(np.uint64)
-        bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-        nan = np.isnan(x)
-        bits[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)  # quiet NaN, sign kept
-        return bits
+        from intrinsics.emulate.numerics import encode
+
+        return encode(x, "bf16").astype(np.uint16)
     return x.astype(np.dtype(dtype))
 
 

@@ -124,7 +124,9 @@ def _encode(x, fmt, rounding, saturate):
     if fmt == "f16":
         return x.astype(np.float16).view(np.uint16).astype(np.uint32)
     if fmt == "bf16":
-        return _round_float(x, 7, rounding) >> np.uint32(16)
+        bits = _round_float(x, 7, rounding) >> np.uint32(16)
+        # A NaN whose payload sits only in the dropped bits must stay a (quiet) NaN.
+        return np.where(np.isnan(x), bits | np.uint32(0x40), bits)
     if fmt == "tf32":
         return _round_float(x, 10, rounding)
     if fmt in ("e4m3", "e5m2"):
