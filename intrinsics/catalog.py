@@ -190,8 +190,165 @@ def _convert_probes():
                 ("cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32"))
 
 
+def _mbarrier_probes():
+    import intrinsics.mbarrier as mb
+    from intrinsics._core import SM90
+
+    def kernel(out, a):
+        bars = cuda.shared.array(2, np.uint64, alignment=8)
+        mb.mbarrier_init(bars, 0, a[0])
+        mb.fence_mbarrier_init()
+        state = mb.mbarrier_arrive(bars, 0)
+        state += mb.mbarrier_arrive_count(bars, 0, a[1])
+        state += mb.mbarrier_arrive_expect_tx(bars, 0, a[2])
+        mb.mbarrier_expect_tx(bars, 0, a[2])
+        mb.mbarrier_complete_tx(bars, 0, a[2])
+        mb.mbarrier_arrive_cluster(bars, 1, a[3])
+        ok = mb.mbarrier_test_wait(bars, 0, state) and mb.mbarrier_test_wait_parity(bars, 0, a[4])
+        ok = ok and mb.mbarrier_try_wait_parity(bars, 0, a[4])
+        mb.mbarrier_wait_parity(bars, 0, a[4])
+        mb.mbarrier_inval(bars, 0)
+        out[0] = ok
+
+    yield Probe("mbarrier", "all operations", kernel, (types.uint64[:], types.uint32[:]), SM90,
+                ("mbarrier.init.shared::cta.b64", "mbarrier.arrive.expect_tx", "mbarrier.try_wait.parity",
+                 "fence.mbarrier_init.release.cluster", "mbarrier.inval"))
+
+
+def _cluster_probes():
+    import intrinsics.cluster as cl
+    from intrinsics._core import SM90
+
+    def kernel(out, f):
+        smem = cuda.shared.array(32, np.uint32, alignment=16)
+        fsmem = cuda.shared.array(32, np.float32, alignment=16)
+        rank = cl.cluster_ctarank()
+        size = cl.cluster_nctarank()
+        cl.fence_proxy_async()
+        cl.fence_proxy_async_shared()
+        cl.fence_proxy_async_global()
+        cl.fence_acq_rel_cluster()
+        cl.cluster_arrive_relaxed()
+        cl.cluster_wait()
+        cl.cluster_sync()
+        cl.dsmem_store_u32(smem, 0, (rank + 1) % size, rank)
+        cl.dsmem_store_f32(fsmem, 1, (rank + 1) % size, f[0])
+        out[0] = cl.dsmem_load_u32(smem, 0, 0) + cl.map_shared_rank(smem, 2, 0)
+        f[1] = cl.dsmem_load_f32(fsmem, 1, 0)
+        out[1] = cl.elect_sync()
+
+    yield Probe("cluster", "fences, barrier, DSMEM, elect", kernel,
+                (types.uint32[:], types.float32[:]), SM90,
+                ("barrier.cluster.arrive", "barrier.cluster.wait", "mapa.shared::cluster",
+                 "elect.sync", "fence.proxy.async.shared::cta"))
+
+
+def _setmaxnreg_probes():
+    from intrinsics.setmaxnreg import SETMAXNREG_ARCH, setmaxnreg_dec, setmaxnreg_inc
+
+    def kernel(out):
+        if cuda.threadIdx.x < 128:
+            setmaxnreg_dec(40)
+        else:
+            setmaxnreg_inc(232)
+        out[cuda.threadIdx.x] = 1
+
+    yield Probe("setmaxnreg", "inc/dec", kernel, (types.uint32[:],), SETMAXNREG_ARCH,
+                ("setmaxnreg.dec.sync.aligned.u32 40", "setmaxnreg.inc.sync.aligned.u32 232"))
+
+
+def _tma_probe(rank):
+    import intrinsics.tma as tma
+
+    coords = {1: lambda c: (c[0],), 2: lambda c: (c[0], c[1]), 3: lambda c: (c[0], c[1], c[2]),
+              4: lambda c: (c[0], c[1], c[2], c[3]),
+              5: lambda c: (c[0], c[1], c[2], c[3], c[4])}[rank]
+    coords = cuda.jit(device=True, inline="always")(coords)
+
+    def kernel(tmap, c, out):
+        smem = cuda.shared.array(4096, np.uint8, alignment=1024)
+        bars = cuda.shared.array(1, np.uint64, alignment=8)
+        tma.tensormap_fence_acquire(tmap)
+        tma.tma_load(smem, 0, tmap, coords(c), bars, 0)
+        tma.tma_load_multicast(smem, 0, tmap, coords(c), bars, 0, c[5])
+        tma.tma_store(tmap, coords(c), smem, 0)
+        tma.bulk_commit_group()
+        tma.bulk_wait_group(0)
+        tma.bulk_wait_group_read(0)
+        out[0] = smem[0]
+
+    return kernel
+
+
+def _tma_probes():
+    import intrinsics.tma as tma
+    from intrinsics._core import SM90
+
+    sig = (types.uint64[:], types.int32[:], types.uint8[:])
+    for rank in range(1, 6):
+        yield Probe("tma", f"{rank}d load/multicast/store", _tma_probe(rank), sig, SM90,
+                    (f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes",
+                     ".multicast::cluster", f"cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group"))
+
+    def bulk(tmap, c, out):
+        smem = cuda.shared.array(4096, np.uint8, alignment=1024)
+        bars = cuda.shared.array(1, np.uint64, alignment=8)
+        tma.tma_prefetch_descriptor(tmap)
+        tma.bulk_copy_g2s(smem, 0, out, 0, 256, bars, 0)
+        tma.bulk_copy_s2g(out, 256, smem, 0, 256)
+        tma.bulk_commit_group()
+        tma.bulk_wait_group(0)
+        offsets = (np.uint16(c[3]), np.uint16(c[4]))
+        tma.tma_load_im2col(smem, 0, tmap, (c[0], c[1], c[2], c[3]), offsets, bars, 0)
+
+    yield Probe("tma", "bulk copies, prefetch, im2col", bulk, sig, SM90,
+                ("cp.async.bulk.shared::cluster.global", "cp.async.bulk.global.shared::cta",
+                 "prefetch.tensormap", ".im2col"))
+
+
+def _wgmma_kernel(mma, regs, registers_a):
+    from numba.cuda.np.unsafe.ndarray import to_fixed_tuple
+
+    from intrinsics.wgmma import (wgmma_commit_group, wgmma_fence, wgmma_fence_operand,
+                                  wgmma_wait_group)
+
+    if registers_a:
+        def kernel(c, out, d):
+            acc = wgmma_fence_operand(to_fixed_tuple(c, regs))
+            wgmma_fence()
+            frag = (np.uint32(d[2]), np.uint32(d[3]), np.uint32(d[4]), np.uint32(d[5]))
+            acc = mma(acc, frag, d[1], 1)
+            wgmma_commit_group()
+            wgmma_wait_group(0)
+            out[0] = wgmma_fence_operand(acc)[0]
+    else:
+        def kernel(c, out, d):
+            acc = wgmma_fence_operand(to_fixed_tuple(c, regs))
+            wgmma_fence()
+            acc = mma(acc, d[0], d[1], 1)
+            wgmma_commit_group()
+            wgmma_wait_group(0)
+            out[0] = wgmma_fence_operand(acc)[0]
+    return kernel
+
+
+def _wgmma_probes():
+    from intrinsics._core import SM90A
+    from intrinsics.wgmma import wgmma_mma_async
+
+    forms = [("bf16", "f32", 8, "smem"), ("bf16", "f32", 256, "smem"), ("f16", "f16", 128, "smem"),
+             ("e4m3", "f32", 64, "smem"), ("tf32", "f32", 32, "smem"), ("bf16", "f32", 64, "reg")]
+    for a, acc, n, a_from in forms:
+        mma = wgmma_mma_async(n, a, None, acc, a_from=a_from)
+        arr = numpy_support.from_dtype(np.dtype(np.float32 if acc == "f32" else np.uint32))[:]
+        kernel = _wgmma_kernel(mma, mma.spec.acc_regs, a_from == "reg")
+        yield Probe("wgmma", f"m64n{n} {a}->{acc} {a_from}", kernel, (arr, arr, types.uint64[:]),
+                    SM90A, (mma.spec.ptx,))
+
+
 _FAMILIES = [_mma_probes, _ldmatrix_probes, _cp_async_probes, _cp_async_mbarrier_probes,
-             _convert_probes]
+             _convert_probes, _mbarrier_probes, _cluster_probes, _setmaxnreg_probes, _tma_probes,
+             _wgmma_probes]
 
 
 def probes():
