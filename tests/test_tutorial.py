@@ -21,3 +21,21 @@ def test_tutorial_runs_in_the_emulation(tmp_path):
                             text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "step 2:" in result.stdout and "step 3:" in result.stdout
+
+
+def test_tutorial_kernels_assemble_for_the_gpu():
+    """The emulation accepts some things the GPU compiler does not (a shared-array size given as
+    an expression, for one); so compile the kernels for sm_80 and sm_90a too.  Each block's code
+    before its '# -- run --' line defines, the rest launches."""
+    from numba import types
+
+    from intrinsics.toolchain import assemble, compile_ptx
+
+    blocks = re.findall(r"```python\n(.*?)```", TUTORIAL.read_text(), re.S)
+    scope = {}
+    exec(compile("\n\n".join(b.split("# -- run --")[0] for b in blocks), "tutorial", "exec"), scope)
+    u32, u16, f32 = types.uint32[:, :], types.uint16[:, :], types.float32
+    for kernel, sig in [(scope["fused_tile"], (u32, u32, f32[:], f32[:, :])),
+                        (scope["fused_gemm"], (u16, u16, f32[:], f32[:, :], types.int64))]:
+        for arch in ("sm_80", "sm_90a"):
+            assemble(compile_ptx(kernel, sig, arch), arch)
