@@ -218,6 +218,93 @@ def load_{op}(smem, stage, src, start, ld, r0, c0, mn_lim, k0, k_lim):
     return per_row
 
 
+_CONVERSIONS = '''
+
+@cuda.jit(device=True, forceinline=True)
+def bf16_to_f32(x):
+    return nt.unpack_bf16x2(np.uint32(x))[0]
+
+
+@cuda.jit(device=True, forceinline=True)
+def f16_to_f32(x):
+    return nt.unpack_f16x2(np.uint32(x))[0]
+'''
+
+
+def _epilogue_source(var: Sm80Variant) -> str:
+    """The epilogue's device functions for ``var``: ``activation``, ``store_pair`` (alpha,
+    beta * C, bias, activation, conversion and bounds-checked stores of two adjacent columns)
+    and ``store_tile`` (one m16n8 accumulator fragment: rows r and r + 8, columns col and
+    col + 1)."""
+    act = {
+        None: "    return v",
+        "relu": "    return v if v > 0 else np.float32(0)",
+        "gelu": "    return np.float32(0.5) * v * (np.float32(1) + math.tanh(np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v)))",
+        "silu": "    return v / (np.float32(1) + math.exp(-v))",
+    }[var.activation]
+    o0 = _flat(var.out_layout, "r", "col", "ldo")
+    o1 = _flat(var.out_layout, "r", "col + 1", "ldo")
+    if var.out_dtype in ("bfloat16", "float16"):
+        pack = "nt.pack_bf16x2" if var.out_dtype == "bfloat16" else "nt.pack_f16x2"
+        store2 = (f"    p = {pack}(v0, v1)\n"
+                  f"    out[{o0}] = np.uint16(p & 0xFFFF)\n"
+                  "    if both:\n"
+                  f"        out[{o1}] = np.uint16(p >> 16)")
+    else:
+        store2 = (f"    out[{o0}] = v0\n"
+                  "    if both:\n"
+                  f"        out[{o1}] = v1")
+    c_term = ""
+    if var.c_dtype is not None:
+        c0 = _flat(var.c_layout, "r", "col", "ldc")
+        c1 = _flat(var.c_layout, "r", "col + 1", "ldc")
+        c_term = f"""
+    x = c[{c0}]
+    v0 += beta * {_load_from(var.c_dtype)}
+    if both:
+        x = c[{c1}]
+        v1 += beta * {_load_from(var.c_dtype)}"""
+    bias_term = ""
+    if var.bias_dtype is not None:
+        bias_term = f"""
+    x = bias[col]
+    v0 += {_load_from(var.bias_dtype)}
+    if both:
+        x = bias[col + 1]
+        v1 += {_load_from(var.bias_dtype)}"""
+    return f'''
+
+@cuda.jit(device=True, forceinline=True)
+def activation(v):
+{act}
+
+
+@cuda.jit(device=True, forceinline=True)
+def store_pair(out, c, bias, r, col, v0, v1, N, ldc, ldo, alpha, beta):
+    both = col + 1 < N
+    v0 = alpha * v0
+    v1 = alpha * v1{c_term}{bias_term}
+    v0 = activation(v0)
+    v1 = activation(v1)
+{store2}
+
+
+@cuda.jit(device=True, forceinline=True)
+def store_tile(out, c, bias, acc, r, col, M, N, ldc, ldo, alpha, beta):
+    if col < N:
+        if r < M:
+            store_pair(out, c, bias, r, col, acc[0], acc[1], N, ldc, ldo, alpha, beta)
+        if r + 8 < M:
+            store_pair(out, c, bias, r + 8, col, acc[2], acc[3], N, ldc, ldo, alpha, beta)
+'''
+
+
+def epilogue_source(var: Sm80Variant) -> str:
+    """Source of the epilogue helpers (with the bf16/f16 decoders they use), for kernels that
+    store m16n8-shaped fragments the way sm80_gemm does (sm90_gemm's wgmma accumulator too)."""
+    return _CONVERSIONS + _epilogue_source(var)
+
+
 def kernel_source(cfg: Sm80Config, var: Sm80Variant) -> str:
     """Python source of the kernel for one configuration and variant."""
     BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages
@@ -250,16 +337,8 @@ def swz_a(o):
 def swz_b(o):
     return {_swizzle_expr(b_rowb)}
 
-
-@cuda.jit(device=True, forceinline=True)
-def bf16_to_f32(x):
-    return nt.unpack_bf16x2(np.uint32(x))[0]
-
-
-@cuda.jit(device=True, forceinline=True)
-def f16_to_f32(x):
-    return nt.unpack_f16x2(np.uint32(x))[0]
 ''')
+    w(_CONVERSIONS)
     a_per_row = _loader(w, cfg, "a", var.a_layout, a_rowb, 0)
     b_per_row = _loader(w, cfg, "b", var.b_layout, b_rowb, a_elems)
 
@@ -351,68 +430,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
             w(f"    store_tile(out, c, bias, acc_{i}_{j}, row_base + {i * 16}, col_base + {j * 8}, "
               f"M, N, ldc, ldo, alpha, beta)")
 
-    # --- epilogue helpers ---------------------------------------------------------------------
-    act = {
-        None: "    return v",
-        "relu": "    return v if v > 0 else np.float32(0)",
-        "gelu": "    return np.float32(0.5) * v * (np.float32(1) + math.tanh(np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v)))",
-        "silu": "    return v / (np.float32(1) + math.exp(-v))",
-    }[var.activation]
-    o0 = _flat(var.out_layout, "r", "col", "ldo")
-    o1 = _flat(var.out_layout, "r", "col + 1", "ldo")
-    if var.out_dtype in ("bfloat16", "float16"):
-        pack = "nt.pack_bf16x2" if var.out_dtype == "bfloat16" else "nt.pack_f16x2"
-        store2 = (f"    p = {pack}(v0, v1)\n"
-                  f"    out[{o0}] = np.uint16(p & 0xFFFF)\n"
-                  "    if both:\n"
-                  f"        out[{o1}] = np.uint16(p >> 16)")
-    else:
-        store2 = (f"    out[{o0}] = v0\n"
-                  "    if both:\n"
-                  f"        out[{o1}] = v1")
-    c_term = ""
-    if var.c_dtype is not None:
-        c0 = _flat(var.c_layout, "r", "col", "ldc")
-        c1 = _flat(var.c_layout, "r", "col + 1", "ldc")
-        c_term = f"""
-    x = c[{c0}]
-    v0 += beta * {_load_from(var.c_dtype)}
-    if both:
-        x = c[{c1}]
-        v1 += beta * {_load_from(var.c_dtype)}"""
-    bias_term = ""
-    if var.bias_dtype is not None:
-        bias_term = f"""
-    x = bias[col]
-    v0 += {_load_from(var.bias_dtype)}
-    if both:
-        x = bias[col + 1]
-        v1 += {_load_from(var.bias_dtype)}"""
-    w(f'''
-
-@cuda.jit(device=True, forceinline=True)
-def activation(v):
-{act}
-
-
-@cuda.jit(device=True, forceinline=True)
-def store_pair(out, c, bias, r, col, v0, v1, N, ldc, ldo, alpha, beta):
-    both = col + 1 < N
-    v0 = alpha * v0
-    v1 = alpha * v1{c_term}{bias_term}
-    v0 = activation(v0)
-    v1 = activation(v1)
-{store2}
-
-
-@cuda.jit(device=True, forceinline=True)
-def store_tile(out, c, bias, acc, r, col, M, N, ldc, ldo, alpha, beta):
-    if col < N:
-        if r < M:
-            store_pair(out, c, bias, r, col, acc[0], acc[1], N, ldc, ldo, alpha, beta)
-        if r + 8 < M:
-            store_pair(out, c, bias, r + 8, col, acc[2], acc[3], N, ldc, ldo, alpha, beta)
-''')
+    w(_epilogue_source(var))
     return "\n".join(lines)
 
 

@@ -1,0 +1,439 @@
+"""The Hopper GEMM (sm_90a): warp-specialised, a cp.async producer warpgroup feeding two wgmma
+consumer warpgroups through an mbarrier pipeline, fp32 accumulation in registers, and the same
+fused epilogue as sm80_gemm (alpha, beta * C, bias, activation).
+
+Why cp.async and not TMA: on the H200 this project tests on, the tensor form of the bulk copy
+(``cp.async.bulk.tensor``, Triton's included) faults, so the kernel needs no tensor map: the
+producer warpgroup's 128 threads issue 16-byte ``cp.async`` copies straight into their
+128B-swizzled places and signal the stage's *full* mbarrier with ``cp.async.mbarrier.arrive.noinc``
+(the arrive-on fires once all of the thread's earlier copies have landed).
+
+    block = 384 threads = 3 warpgroups, launch_bounds (384, 1)
+      WG0  producer   setmaxnreg.dec 40    wait empty[s] -> cp.async A, B tiles -> arrive full[s]
+      WG1  consumer   setmaxnreg.inc 232   wait full[s] -> 4 x wgmma m64nBNk16 -> release empty[s]
+      WG2  consumer                        (WG1 rows 0..63 of the tile, WG2 rows 64..127)
+
+Shared memory, per stage (dynamic, 1024-byte aligned; every tile starts on a 1024-byte boundary,
+the 128B swizzle's repeat, so the descriptor base offset is 0):
+
+    A K-major  ('row' A):  (BM=128, BK=64) bf16/f16, 128-byte rows, 128B swizzle      16 KB
+    A MN-major ('col' A):  (BK=64, BM=128): 8-k atoms of 8 x 128 B along M, 128B swizzle
+    B K-major  ('col' B):  (BN, BK=64), 128-byte rows, 128B swizzle                    BN/8 KB
+    B MN-major ('row' B):  (BK=64, BN): 8-k atoms of 8 x 128 B along N, 128B swizzle (trans-b 1)
+
+The byte layouts are intrinsics.wgmma.SmemLayout's (the descriptors' LBO/SBO and the K step come
+from it); a chunk of 8 elements along the contiguous direction stays one 16-byte unit under the
+swizzle, which is what lets a 16-byte cp.async place it.
+
+Edges: as in sm80_gemm, every copy is a cp.async with a source byte count -- 0 outside the
+matrix, the remaining bytes at a ragged edge -- so any M, N, K >= 1 works; the operands' start and
+leading dimension must be 16-byte aligned (the dispatcher packs operands that are not).
+
+First version, correctness first; the structure is that of a fast kernel.  ``inflight=0``
+configurations wait for each tile's wgmma group before releasing its stage; ``inflight=1`` ones
+(the ``_w1`` names) keep one group in flight (``wgmma_wait_group(1)``) and release the previous
+tile's stage.  Next steps: a persistent tile scheduler, and an epilogue through shared memory
+with 16-byte stores.
+"""
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from numbatc.kernels import sm80_gemm
+from numbatc.kernels.sm80_gemm import _source_fingerprint, cache_dir
+
+__all__ = ["Sm90Config", "Sm90Variant", "CONFIGS", "kernel_for", "kernel_source", "launch",
+           "signature", "grid_for"]
+
+# The variant (layouts, dtypes, epilogue) is sm80's: the same problem description, and the same
+# kernel arguments (sm80_gemm.signature).
+Sm90Variant = sm80_gemm.Sm80Variant
+signature = sm80_gemm.signature
+
+_THREADS_PER_WG = 128
+_SWIZZLE = 128  # bytes: BK = 64 two-byte elements fill one 128-byte swizzle row
+# NOTE: ptxas puts the 1024-aligned dynamic window after the static mbarriers, at 1024 ("1024
+# bytes smem" in its report): that much static shared memory comes on top of the stages.
+_STATIC_SHARED = 1024
+
+
+@dataclass(frozen=True)
+class Sm90Config:
+    """Tile shape (BM x BN x BK), pipeline depth and the warp-specialised split: one producer
+    warpgroup and ``consumers`` math warpgroups, each owning BM / consumers rows (64: one wgmma
+    m64 row block), with the setmaxnreg register counts of each role."""
+
+    name: str
+    bn: int
+    stages: int
+    bm: int = 128
+    bk: int = 64
+    consumers: int = 2
+    producer_regs: int = 40
+    consumer_regs: int = 232
+    inflight: int = 0  # wgmma groups left in flight when a stage is released (0 or 1)
+
+    def __post_init__(self):
+        problems = []
+        if self.bk != 64:
+            problems.append(f"bk must be 64 (one 128-byte swizzle row of bf16/f16), got {self.bk}")
+        if self.bn not in (64, 128, 192, 256):
+            problems.append(f"bn must be 64, 128, 192 or 256 (wgmma N, whole 128-byte atoms), "
+                            f"got {self.bn}")
+        if self.consumers not in (1, 2) or self.bm != 64 * self.consumers:
+            problems.append(f"bm must be 64 x consumers (1 or 2 consumer warpgroups), got "
+                            f"bm={self.bm}, consumers={self.consumers}")
+        if self.inflight not in (0, 1):
+            problems.append(f"inflight must be 0 or 1, got {self.inflight}")
+        if self.stages < 2:
+            problems.append(f"stages must be >= 2, got {self.stages}")
+        regs = (self.producer_regs * _THREADS_PER_WG
+                + self.consumer_regs * _THREADS_PER_WG * self.consumers)
+        if regs > 65536:
+            problems.append(f"setmaxnreg {self.producer_regs}/{self.consumer_regs} needs {regs} "
+                            "registers, more than the SM's 65536")
+        if self.shared_bytes + _STATIC_SHARED > 227 * 1024:
+            problems.append(f"{self.shared_bytes} bytes of shared memory (+ {_STATIC_SHARED} "
+                            "static) exceed 227 KB")
+        if problems:
+            raise ValueError(f"invalid sm90 GEMM config {self.name}: " + "; ".join(problems))
+
+    @property
+    def threads(self):
+        return _THREADS_PER_WG * (1 + self.consumers)
+
+    @property
+    def a_bytes(self):
+        return self.bm * self.bk * 2
+
+    @property
+    def stage_bytes(self):
+        return (self.bm + self.bn) * self.bk * 2
+
+    @property
+    def shared_bytes(self):
+        """Dynamic shared memory: the stages (the mbarriers are a small static array)."""
+        return self.stages * self.stage_bytes
+
+
+CONFIGS = {
+    c.name: c
+    for c in (
+        Sm90Config("128x256x64_3s", 256, 3),
+        Sm90Config("128x256x64_4s", 256, 4),
+        Sm90Config("128x128x64_4s", 128, 4),
+        # one wgmma group kept in flight across the next stage's wait
+        Sm90Config("128x256x64_4s_w1", 256, 4, inflight=1),
+        Sm90Config("128x128x64_4s_w1", 128, 4, inflight=1),
+    )
+}
+
+
+def check_variant(var: Sm90Variant):
+    """ValueError naming the valid values for a variant this kernel does not implement."""
+    if var.in_dtype not in ("bfloat16", "float16"):
+        raise ValueError(f"sm90_gemm takes bfloat16 or float16 inputs, got {var.in_dtype!r}")
+    for name, layout in (("a_layout", var.a_layout), ("b_layout", var.b_layout)):
+        if layout not in ("row", "col"):
+            raise ValueError(f"sm90_gemm {name} must be 'row' or 'col', got {layout!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Source generation
+# ---------------------------------------------------------------------------------------------
+
+_PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
+
+
+def _layout(cfg, op, k_major):
+    """The wgmma SmemLayout of operand ``op``'s whole tile (A: BM x BK, B: BN x BK)."""
+    from intrinsics.wgmma import SmemLayout
+
+    mn = cfg.bn if op == "b" else cfg.bm
+    return SmemLayout("K" if k_major else "MN", _SWIZZLE, mn, cfg.bk, 2)
+
+
+def _loader(w, cfg, op, k_major):
+    """Emit ``load_<op>``: one producer thread's 16-byte cp.async copies of one tile.
+
+    Tile rows run along the operand's non-contiguous dimension (K-major: mn rows of 128 bytes;
+    MN-major: BK k rows of mn * 2 bytes, stored as 8-k atoms of 8 x 128 B), 8 elements per copy.
+    Thread p copies column chunk p % CPR of rows r0 + i * RSTEP (r0 = p // CPR < RSTEP).
+
+    NOTE: the producer runs with 40 registers (setmaxnreg); LLVM's LICM hoists every
+    loop-invariant value out of the k loop, and per-copy invariants (24 shared offsets, 24
+    64-bit global offsets, 24 row predicates) spilled hundreds of bytes there.  So: the shared
+    offset of copy i is one of at most two per-thread swizzled bases plus a constant (the
+    swizzle depends only on the row mod 8, which RSTEP steps by 0 or 4), and the global index
+    advances by a chain of adds of RSTEP * ld from the k tile's start.  A chain alone is not
+    enough (LLVM reassociates it into hoisted invariants again), so RSTEP * ld and the rows left
+    pass through ``wgmma_fence_operand`` -- an empty volatile asm, opaque to LLVM, used here as
+    an optimisation barrier -- inside the loop: everything derived from them is computed per
+    k tile, in a few short-lived registers."""
+    mn = cfg.bn if op == "b" else cfg.bm
+    rows, cols = (mn, cfg.bk) if k_major else (cfg.bk, mn)
+    per_row = cols // 8
+    step = _THREADS_PER_WG // per_row
+    count = rows * per_row // _THREADS_PER_WG
+    assert step % 8 == 0 or 8 % step == 0, step
+    row_lim, col_lim = ("mn_lim", "k_lim") if k_major else ("k_lim", "mn_lim")
+    koff = "k0" if k_major else "k0 * ld"
+
+    def offset(r):
+        """Source text: the unswizzled byte offset of (row r0 + r, column c0) in the tile."""
+        if k_major:
+            return f"(r0 + {r}) * 128 + c0 * 2"
+        return f"((r0 + {r}) // 8) * {mn * 16} + (c0 // 64) * 1024 + ((r0 + {r}) % 8) * 128 + (c0 % 64) * 2"
+
+    def delta(i, q):
+        """offset(i * step) - offset(q): a constant, since r0 + q < 8 (or q = 0, step % 8 = 0)."""
+        d = i * step - q
+        return d * 128 if k_major else (d // 8) * mn * 16
+
+    w(f"""
+@cuda.jit(device=True, forceinline=True)
+def load_{op}(smem, base, src, start, ld, r0, c0, mn_lim, k0, k_lim):
+    # {op.upper()}: {rows} x {cols} tile ({'K' if k_major else 'MN'}-major), {count} copies of 16 bytes
+    g = start + {koff}
+    cc = {col_lim} - c0
+    nbytes = min(cc, 8) * 2
+    row_ld = np.int64(nt.wgmma_fence_operand(np.int32({step} * ld)))
+    rows_left = np.int64(nt.wgmma_fence_operand(np.int32({row_lim} - r0)))""")
+    bases = []
+    for i in range(count):
+        q = (i * step) % 8
+        if q not in bases:
+            bases.append(q)
+            w(f"    d{q} = base + swz({offset(q)})")
+        if i:
+            w("    g += row_ld")
+        w(f"""    if {i * step} < rows_left and cc > 0:
+        CP(smem, d{q} + {delta(i, q)}, src, g, nbytes)
+    else:
+        CP(smem, d{q} + {delta(i, q)}, src, 0, 0)""")
+    return per_row
+
+
+def _epilogue_helpers(var):
+    """sm80_gemm's epilogue device functions (bf16/f16 decoding, activation, store_pair,
+    store_tile), so that both kernels store identically.  store_tile(acc4, r, col) stores
+    (acc[0], acc[1]) at (r, col..col+1) and (acc[2], acc[3]) at (r + 8, col..col+1): exactly one
+    8-column group of a wgmma accumulator (registers 4j..4j+3)."""
+    return sm80_gemm.epilogue_source(var)
+
+
+def kernel_source(cfg: Sm90Config, var: Sm90Variant) -> str:
+    """Python source of the kernel for one configuration and variant."""
+    check_variant(var)
+    BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages
+    a_kmajor, b_kmajor = var.a_layout == "row", var.b_layout == "col"
+    a_lay, b_lay = _layout(cfg, "a", a_kmajor), _layout(cfg, "b", b_kmajor)
+    # Each consumer's A part: rows 64 * cw .. of the tile.  K-major: 64 rows of 128 B further;
+    # MN-major: one 128-byte atom (64 m values) further along M.
+    a_part = int(a_lay.offset(64, 0))
+    lines = []
+    w = lines.append
+    w(f'''"""Generated by numbatc.kernels.sm90_gemm for {cfg.name}, {var}. Do not edit."""
+import math
+import numpy as np
+from numba import cuda
+import intrinsics as nt
+
+MMA = nt.wgmma_mma_async({BN}, "{_PTX_TYPE[var.in_dtype]}", acc="f32", trans_a={0 if a_kmajor else 1}, trans_b={0 if b_kmajor else 1})
+CP = nt.cp_async_op(16, zfill=True)
+
+
+@cuda.jit(device=True, forceinline=True)
+def swz(o):
+    # 128B swizzle of a byte offset from a 1024-aligned base: 16-byte chunk ^= row % 8
+    return o ^ ((o >> 3) & 0x70)
+''')
+    w(_epilogue_helpers(var))
+    a_per_row = _loader(w, cfg, "a", a_kmajor)
+    b_per_row = _loader(w, cfg, "b", b_kmajor)
+
+    a_start = "(m0 + p_ar0) * lda + p_ac0" if a_kmajor else "p_ar0 * lda + m0 + p_ac0"
+    b_start = "(n0 + p_br0) * ldb + p_bc0" if b_kmajor else "p_br0 * ldb + n0 + p_bc0"
+    # NOTE: a literal tuple of more than 30 values compiles (CPython 3.11) to BUILD_LIST +
+    # LIST_TO_TUPLE, which numba's IR peephole rejects; a sum of 16-value tuples types as one
+    # UniTuple and folds away.
+    zeros = " + ".join(["(" + "z, " * 16 + ")"] * (BN // 32))
+    w(f'''
+
+@cuda.jit(cache=True, launch_bounds=({cfg.threads}, 1))
+def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m):
+    # {S} stages of [A (BM={BM}, BK={BK}) | B (BN={BN}, BK={BK})], {cfg.stage_bytes} bytes each
+    smem = cuda.shared.array(0, np.uint8, alignment=1024)
+    # full[s] = bars[s]: the producer's 128 cp.async arrivals (.noinc) complete its phase.
+    # empty[s] = bars[{S} + s]: one arrival per consumer warp ({4 * cfg.consumers}), made by
+    # lane 0 after that warp's wgmma.wait_group retired the stage's reads.  (Per warp rather than
+    # per warpgroup: each warp's own wait is what the arrival then vouches for.)
+    bars = cuda.shared.array({2 * S}, np.uint64, alignment=8)
+    t = cuda.threadIdx.x
+    wg = t // 128
+
+    # Rasterisation: blocks walk GROUP_M tile-rows at a time so that neighbours share B in L2.
+    # NOTE: in 32-bit unsigned arithmetic, every step truncated: a 64-bit division by a run-time
+    # value is a subroutine call in SASS, and a call anywhere in the kernel makes ptxas serialize
+    # every wgmma (C7509, "wgmma.mma_async instructions are serialized due to the presence of
+    # Extern calls").  numba widens uint32 arithmetic to 64 bits; the truncations let LLVM narrow
+    # the divisions back to div.u32.
+    pid = np.uint32(cuda.blockIdx.x)
+    gm = np.uint32(group_m)
+    tiles_m = np.uint32((M + {BM - 1}) // {BM})
+    tiles_n = np.uint32((N + {BN - 1}) // {BN})
+    in_group = np.uint32(gm * tiles_n)
+    first_m = np.uint32(np.uint32(pid // in_group) * gm)
+    size_m = min(np.uint32(tiles_m - first_m), gm)
+    in_pos = np.uint32(pid % in_group)
+    tm = np.uint32(first_m + np.uint32(in_pos % size_m))
+    tn = np.uint32(in_pos // size_m)
+    m0 = np.int64(tm) * {BM}
+    n0 = np.int64(tn) * {BN}
+    k_tiles = (K + {BK - 1}) // {BK}
+
+    if t == 0:
+        for s in range({S}):
+            nt.mbarrier_init(bars, s, 128)
+            nt.mbarrier_init(bars, {S} + s, {4 * cfg.consumers})
+        nt.fence_mbarrier_init()
+    cuda.syncthreads()
+
+    # Phase bookkeeping: k tile kt uses stage s = kt % {S} in round r = kt // {S}.  full[s]
+    # completes phase r when fill r has landed: consumers wait with parity r & 1.  The producer
+    # may refill stage s for round r once empty[s] completed phase r - 1: it waits with parity
+    # (r + 1) & 1 -- for r = 0 that is parity 1 on a fresh barrier (phase 0), which reads as
+    # complete at once, so the first round needs no special case.  Neither side can run two
+    # phases ahead of the other, so a parity names one phase unambiguously.
+    if wg == 0:
+        # ---- producer warpgroup ----------------------------------------------------------
+        nt.setmaxnreg_dec({cfg.producer_regs})
+        p = t
+        p_ar0 = p // {a_per_row}
+        p_ac0 = (p % {a_per_row}) * 8
+        p_br0 = p // {b_per_row}
+        p_bc0 = (p % {b_per_row}) * 8
+        a_start = {a_start}
+        b_start = {b_start}
+        m_lim = M - m0
+        n_lim = N - n0
+        for kt in range(k_tiles):
+            s = kt % {S}
+            nt.mbarrier_wait_parity(bars, {S} + s, ((kt // {S}) + 1) & 1)
+            base = s * {cfg.stage_bytes}
+            k0 = kt * {BK}
+            load_a(smem, base, a, a_start, lda, p_ar0, p_ac0, m_lim, k0, K - k0)
+            load_b(smem, base + {cfg.a_bytes}, b, b_start, ldb, p_br0, p_bc0, n_lim, k0, K - k0)
+            # fires once this thread's copies (all of them so far) have landed
+            nt.cp_async_mbarrier_arrive_noinc(bars, s)
+        nt.cp_async_wait_all()
+    else:
+        # ---- consumer warpgroups -----------------------------------------------------------
+        nt.setmaxnreg_inc({cfg.consumer_regs})
+        cw = wg - 1
+        # (64, BK) part of A for this warpgroup, (BN, BK) of B; stage s and K slice ks move the
+        # descriptors' start address (bits 0-13 hold address >> 4; no carry leaves the field).
+        da0 = nt.smem_desc(smem, cw * {a_part}, {a_lay.lbo}, {a_lay.sbo}, {_SWIZZLE})
+        db0 = nt.smem_desc(smem, {cfg.a_bytes}, {b_lay.lbo}, {b_lay.sbo}, {_SWIZZLE})
+        z = np.float32(0)
+        acc = nt.wgmma_fence_operand({zeros})  # written by ordinary code: pin before wgmma
+        for kt in range(k_tiles):
+            s = kt % {S}
+            nt.mbarrier_wait_parity(bars, s, (kt // {S}) & 1)
+            # NOTE: the PTX ISA's async-proxy operations are the bulk copies, wgmma and the
+            # like; plain cp.async is not one of them, so its writes are generic-proxy writes,
+            # and wgmma.mma_async reads shared memory through the async proxy: the two need a
+            # fence.proxy.async between them ("accessing the same memory location across
+            # multiple proxies needs a cross-proxy fence").  The writer cannot fence after its
+            # copies land (only the mbarrier sees that), so the reader fences, after the
+            # full-barrier wait (an acquire) made the copies visible to it.  Not yet confirmed
+            # on hardware; the CPU emulation tracks ordinary stores only, not cp.async landings.
+            nt.fence_proxy_async_shared()
+            st = np.uint64(s * {cfg.stage_bytes // 16})
+            nt.wgmma_fence()''')
+    for ks in range(BK // 16):
+        a_k = a_lay.k_offset(ks * 16) // 16
+        b_k = b_lay.k_offset(ks * 16) // 16
+        w(f"            acc = MMA(acc, da0 + st + np.uint64({a_k}), db0 + st + np.uint64({b_k}), 1)")
+    if cfg.inflight == 0:
+        w(f'''            nt.wgmma_commit_group()
+            # Wait for this tile's wgmma group, then release its stage.
+            nt.wgmma_wait_group(0)
+            acc = nt.wgmma_fence_operand(acc)
+            if t % 32 == 0:
+                nt.mbarrier_arrive(bars, {S} + s)
+''')
+    else:
+        w(f'''            nt.wgmma_commit_group()
+            # Keep this tile's group in flight (it overlaps the next full-barrier wait); the
+            # previous tile's group has retired, so its stage goes back to the producer.  The
+            # last tile's stage is never released: nobody waits for it.
+            nt.wgmma_wait_group(1)
+            acc = nt.wgmma_fence_operand(acc)
+            if kt > 0 and t % 32 == 0:
+                nt.mbarrier_arrive(bars, {S} + (kt - 1) % {S})
+        nt.wgmma_wait_group(0)
+        acc = nt.wgmma_fence_operand(acc)
+''')
+    w(f'''        # ---- epilogue: thread (warp w, lane l) of the warpgroup holds rows 16w + l/4 (+8) and
+        # columns 8j + 2(l%4) (+1) in registers 4j..4j+3 (intrinsics.wgmma.accumulator_coords)
+        lane = t % 32
+        row_base = m0 + cw * 64 + ((t % 128) // 32) * 16 + lane // 4
+        col_base = n0 + (lane % 4) * 2''')
+    for j in range(BN // 8):
+        w(f"        store_tile(out, c, bias, (acc[{4 * j}], acc[{4 * j + 1}], acc[{4 * j + 2}], "
+          f"acc[{4 * j + 3}]), row_base, col_base + {8 * j}, M, N, ldc, ldo, alpha, beta)")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation and caching (the generated module lives in sm80_gemm's cache directory)
+# ---------------------------------------------------------------------------------------------
+
+_KERNELS = {}
+
+
+def kernel_for(cfg: Sm90Config, var: Sm90Variant):
+    """The compiled-on-demand kernel for (cfg, var): generated source written to the cache
+    directory, imported as a module (numba caches its compilation next to it)."""
+    key = (cfg, var)
+    if key in _KERNELS:
+        return _KERNELS[key]
+    source = kernel_source(cfg, var)
+    digest = hashlib.sha256((_source_fingerprint() + source).encode()).hexdigest()[:20]
+    path = cache_dir() / f"sm90_gemm_{digest}.py"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(f"numbatc_generated.sm90_gemm_{digest}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _KERNELS[key] = module.gemm_kernel
+    return module.gemm_kernel
+
+
+def grid_for(cfg: Sm90Config, m: int, n: int):
+    return ((m + cfg.bm - 1) // cfg.bm) * ((n + cfg.bn - 1) // cfg.bn)
+
+
+def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
+           alpha, beta, stream=0, group_m=8):
+    """Launch the kernel (arguments as sm80_gemm.launch).  Operands are flat: device pointers
+    (ints) on the GPU, 1-d arrays in the emulation; A's and B's start and leading dimension must
+    be 16-byte aligned.  The kernel uses setmaxnreg, so intrinsics.launch loads it through the
+    driver's whole-program JIT (nvJitLink's relocatable compilation would drop the
+    instruction)."""
+    from numba import config
+
+    from intrinsics.launch import launch as launch_kernel
+
+    kernel = kernel_for(cfg, var)
+    args = (a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, np.float32(alpha), np.float32(beta),
+            group_m)
+    launch_kernel(kernel, grid_for(cfg, m, n), cfg.threads, args, shared_bytes=cfg.shared_bytes,
+                  stream=stream, signature=None if config.ENABLE_CUDASIM else signature(var))

@@ -1,0 +1,113 @@
+"""numbatc.kernels.sm90_gemm in the CPU emulation (the same kernel source as on the GPU): the
+warp-specialised cp.async -> mbarrier -> wgmma pipeline, ragged edges in M, N and K, both B
+layouts, bf16 and f16, the fused epilogue, and a pipeline that wraps around its stages.
+
+The kernel is called directly with flat operands, as numbatc.kernels.dispatch does under the
+simulator.  Padding past each row's end holds NaN bit patterns: a copy that read it, or a store
+past N, would show.  384 threads per block are 384 Python threads here, so the grids are tiny.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from numba import config, cuda
+
+from numbatc.kernels import sm90_gemm
+
+pytestmark = [pytest.mark.emulation,
+              pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="needs NUMBA_ENABLE_CUDASIM=1")]
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+NAN16 = {"bfloat16": 0x7FC0, "float16": 0x7E00}
+# Two stages, so that K = 200 (4 k tiles) wraps the pipeline: the producer waits on an empty
+# barrier's completed phase and the consumers on the second phase of the full barriers.
+WRAP = sm90_gemm.Sm90Config("128x128x64_2s", 128, 2)
+# The same with one wgmma group left in flight: a stage released before its group retired, or
+# refilled while the tensor core may still read it, is an EmulationError.
+WRAP_W1 = sm90_gemm.Sm90Config("128x128x64_2s_w1", 128, 2, inflight=1)
+
+
+def _np_dtype(name):
+    return ml_dtypes.bfloat16 if name == "bfloat16" else np.float16
+
+
+def _flat(x, layout, nan):
+    """(flat uint16 device array, ld) of matrix x stored 'row' or 'col' with each stored row
+    padded to a multiple of 8 elements with NaN patterns."""
+    host = x if layout == "row" else x.T
+    rows, cols = host.shape
+    ld = (cols + 7) // 8 * 8
+    store = np.full((rows, ld), nan, dtype=np.uint16)
+    store[:, :cols] = np.ascontiguousarray(host).view(np.uint16)
+    return cuda.to_device(store.ravel()), ld
+
+
+def _host(d):
+    return getattr(d, "_ary", d)
+
+
+CASES = [
+    # m,   n,   k,  config name / config, A, B, dtype, epilogue
+    (130, 136, 72, "128x256x64_3s", "row", "row", "bfloat16", None),      # ragged M, N, K
+    (64, 128, 64, "128x128x64_4s", "row", "col", "float16", None),        # exact tile, K-major B
+    (1, 8, 8, "128x256x64_3s", "row", "col", "bfloat16", "gelu"),         # 1 row, +c +bias
+    (72, 40, 200, WRAP, "row", "row", "float16", "silu"),                 # wraps 2 stages
+    (40, 24, 33, "128x128x64_4s", "col", "row", "bfloat16", None),        # MN-major A
+    (65, 136, 200, WRAP_W1, "row", "col", "bfloat16", "gelu"),            # in flight, wraps
+    (130, 72, 136, "128x256x64_4s_w1", "col", "col", "float16", None),    # in flight, 3 tiles
+]
+
+
+@pytest.mark.parametrize("m, n, k, cfg, a_layout, b_layout, dtype, epilogue", CASES)
+def test_sm90_gemm_in_the_emulation(m, n, k, cfg, a_layout, b_layout, dtype, epilogue):
+    cfg = sm90_gemm.CONFIGS[cfg] if isinstance(cfg, str) else cfg
+    gen = np.random.default_rng()
+    a = gen.standard_normal((m, k)).astype(_np_dtype(dtype))
+    b = gen.standard_normal((k, n)).astype(_np_dtype(dtype))
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    out_dtype = "bfloat16" if epilogue else "float32"
+    var = sm90_gemm.Sm90Variant(a_layout, b_layout, dtype, out_dtype,
+                                out_dtype if epilogue else None, dtype if epilogue else None,
+                                epilogue)
+    da, lda = _flat(a, a_layout, NAN16[dtype])
+    db, ldb = _flat(b, b_layout, NAN16[dtype])
+    ldo = (n + 7) // 8 * 8
+    if out_dtype == "float32":
+        dout = cuda.to_device(np.full(m * ldo, np.nan, dtype=np.float32))
+    else:
+        dout = cuda.to_device(np.full(m * ldo, NAN16["bfloat16"], dtype=np.uint16))
+    alpha, beta = 1.0, 0.0
+    dc, ldc, dbias = dout, 0, dout
+    if epilogue:
+        alpha, beta = 1.5, 0.5
+        cmat = gen.standard_normal((m, n)).astype(ml_dtypes.bfloat16)
+        bias = gen.standard_normal(n).astype(_np_dtype(dtype))
+        dc, ldc = _flat(cmat, "row", NAN16["bfloat16"])
+        dbias = cuda.to_device(bias.view(np.uint16))
+        ref = alpha * ref + beta * cmat.astype(np.float64) + bias.astype(np.float64)
+        if epilogue == "gelu":
+            ref = 0.5 * ref * (1 + np.tanh(math.sqrt(2 / math.pi) * (ref + 0.044715 * ref**3)))
+        else:
+            ref = ref / (1 + np.exp(-ref))
+
+    sm90_gemm.launch(cfg, var, _host(da), _host(db), _host(dc), _host(dbias), _host(dout),
+                     m, n, k, lda, ldb, ldc, ldo, alpha, beta)
+
+    stored = dout.copy_to_host().reshape(m, ldo)
+    if out_dtype == "bfloat16":
+        stored = stored.view(ml_dtypes.bfloat16)
+    stored = stored.astype(np.float64)
+    assert np.all(np.isnan(stored[:, n:])), "the kernel stored past N"
+    got = stored[:, :n]
+    rounding = {"bfloat16": 2.0**-8, "float32": 2.0**-20}[out_dtype]
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + 1
+    err = np.abs(got - ref)
+    assert np.all(err <= rounding * np.abs(ref) + 1e-5 * scale), np.nanmax(err)
+
+
+def test_bad_config_is_named():
+    with pytest.raises(ValueError, match="bn must be"):
+        sm90_gemm.Sm90Config("bad", 100, 3)
+    with pytest.raises(ValueError, match="exceed 227 KB"):
+        sm90_gemm.Sm90Config("big", 256, 5)

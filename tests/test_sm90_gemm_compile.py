@@ -1,0 +1,91 @@
+"""The Hopper GEMM without a GPU: every configuration and the operand layouts compile for sm_90a
+with the pipeline's instructions in the PTX, assemble without local memory, spills or serialised
+wgmma (nvJitLink, as numba links; and whole-program ptxas, as the driver JITs a setmaxnreg
+kernel, where the producer runs in 40 registers); sm_80 refuses the kernel; unsupported variants
+and configurations are named."""
+
+import functools
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from intrinsics._core import ArchitectureError
+from intrinsics.toolchain import assemble, compile_ptx
+from numbatc.kernels import sm90_gemm
+from tests.test_setmaxnreg_compile import nvjitlink_info_log, whole_program_ptxas
+
+PLAIN = sm90_gemm.Sm90Variant("row", "row", "bfloat16", "float32", None, None, None)
+FUSED = sm90_gemm.Sm90Variant("row", "col", "float16", "bfloat16", "bfloat16", "float16", "gelu",
+                              out_layout="col")
+A_COL = sm90_gemm.Sm90Variant("col", "row", "bfloat16", "float16", "float32", None, "relu")
+
+
+@functools.cache
+def _ptx(name, var, arch="sm_90a"):
+    cfg = sm90_gemm.CONFIGS[name]
+    return compile_ptx(sm90_gemm.kernel_for(cfg, var), sm90_gemm.signature(var), arch,
+                       launch_bounds=(cfg.threads, 1))
+
+
+CASES = [(name, PLAIN) for name in sorted(sm90_gemm.CONFIGS)] + [
+    ("128x128x64_4s", FUSED), ("128x256x64_3s", A_COL)]
+
+
+@pytest.mark.parametrize("name, var", CASES, ids=[f"{n}-{v.a_layout}{v.b_layout}" for n, v in CASES])
+def test_assembles_for_sm90a_without_local_memory(name, var):
+    cfg = sm90_gemm.CONFIGS[name]
+    ptx = _ptx(name, var)
+    trans = f"1, 1, {0 if var.a_layout == 'row' else 1}, {0 if var.b_layout == 'col' else 1};"
+    mma = [line for line in ptx.splitlines() if "wgmma.mma_async" in line]
+    assert len(mma) == cfg.bk // 16
+    assert all(f".m64n{cfg.bn}k16.f32." in line and trans in line for line in mma), mma[0]
+    for text in ("setmaxnreg.dec.sync.aligned.u32 40;", "setmaxnreg.inc.sync.aligned.u32 232;",
+                 "cp.async.mbarrier.arrive.noinc.shared::cta.b64", "fence.proxy.async.shared::cta",
+                 f"wgmma.wait_group.sync.aligned {cfg.inflight};", ".maxntid 384, 1, 1",
+                 ".extern .shared .align 1024"):
+        assert text in ptx, text
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    log = nvjitlink_info_log(ptx, options=("-O3", "-Xptxas=-v"))
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+    assert "C7509" not in log, log  # "wgmma.mma_async instructions are serialized"
+    assert len(assemble(ptx, "sm_90a")) > 0
+
+
+@pytest.mark.parametrize("name", ["128x256x64_3s", "128x128x64_4s", "128x256x64_4s_w1"])
+def test_whole_program_keeps_setmaxnreg_without_spills(name, tmp_path):
+    """As the driver compiles it (intrinsics.launch loads setmaxnreg kernels whole-program): the
+    register split is honoured and the 40-register producer does not spill."""
+    log = whole_program_ptxas(_ptx(name, PLAIN), tmp_path)
+    assert "C7504" not in log and "C7508" not in log and "C7509" not in log, log
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+    disasm = shutil.which("nvdisasm")
+    if disasm is None:
+        return
+    sass = subprocess.run([disasm, str(tmp_path / "kernel.cubin")], capture_output=True,
+                          text=True, check=True).stdout
+    bn = sm90_gemm.CONFIGS[name].bn
+    assert len(re.findall(rf"HGMMA\.64x{bn}x16\.F32\.BF16", sass)) == 4
+    assert "USETMAXREG" in sass
+    # the in-flight group survives ptxas: no wait was injected before the barrier wait
+    inflight = sm90_gemm.CONFIGS[name].inflight
+    assert f"WARPGROUP.DEPBAR.LE gsb0, 0x{inflight}" in sass
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
+def test_refused_on_sm80():
+    with pytest.raises(Exception) as info:
+        _ptx("128x128x64_4s", PLAIN, "sm_80")
+    assert isinstance(info.value, ArchitectureError) or "needs" in str(info.value)
+    assert "sm_80" in str(info.value)
+
+
+def test_unsupported_variants_and_configs_are_named():
+    bad = sm90_gemm.Sm90Variant("row", "row", "float32", "float32", None, None, None)
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        sm90_gemm.kernel_source(sm90_gemm.CONFIGS["128x128x64_4s"], bad)
+    with pytest.raises(ValueError, match="bk must be 64"):
+        sm90_gemm.Sm90Config("bad", 128, 3, bk=32)
+    with pytest.raises(ValueError, match="65536"):
+        sm90_gemm.Sm90Config("regs", 128, 3, producer_regs=80, consumer_regs=232)
