@@ -102,12 +102,29 @@ def _pointer(operand, keep):
     return _flat(operand.view, keep) if _EMULATED else operand.ptr
 
 
+def _kernel_family(p):
+    """(module, config) for the problem.  The Hopper kernel (sm90_gemm) is opt-in through
+    ``NUMBATC_GEMM_KERNEL=sm90`` (optionally ``=sm90:<config name>``) until it has run on a GPU;
+    it needs compute capability 9.0."""
+    choice = os.environ.get("NUMBATC_GEMM_KERNEL", "")
+    if choice.startswith("sm90") and p.cc is not None and tuple(p.cc) >= (9, 0):
+        from numbatc.kernels import sm90_gemm
+
+        name = choice.partition(":")[2] or ("128x256x64_4s" if p.n > 128 else "128x128x64_4s")
+        if name not in sm90_gemm.CONFIGS:
+            raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: no sm90 config {name!r}; choose "
+                             f"from {sorted(sm90_gemm.CONFIGS)}")
+        return sm90_gemm, sm90_gemm.CONFIGS[name]
+    return sm80_gemm, choose_sm80(p.m, p.n, p.k)
+
+
 def launch_gemm(p):
     """Launch the GEMM for problem ``p`` (m, n, k >= 1) on its stream."""
-    cfg = choose_sm80(p.m, p.n, p.k)
+    family, cfg = _kernel_family(p)
     var = _variant(p)
     if os.environ.get("NUMBATC_PRINT_CONFIG"):
-        print(f"numbatc.gemm M={p.m} N={p.n} K={p.k}: sm80_gemm {cfg.name} a={var.a_layout}"
+        print(f"numbatc.gemm M={p.m} N={p.n} K={p.k}: {family.__name__.rsplit('.', 1)[1]} "
+              f"{cfg.name} a={var.a_layout}"
               f"{'' if p.a.alignment == 16 else ' (packed: not 16-byte aligned)'} b={var.b_layout}"
               f"{'' if p.b.alignment == 16 else ' (packed: not 16-byte aligned)'} "
               f"{var.in_dtype}->{var.out_dtype}"
@@ -122,5 +139,5 @@ def launch_gemm(p):
     ldc = p.c.ld if p.c is not None else 0
     # The raw stream handle: intrinsics.launch caches its stream object, so a warm call builds
     # no Numba array or stream objects at all.
-    sm80_gemm.launch(cfg, var, a, b, c, bias, out, p.m, p.n, p.k, lda, ldb, ldc, p.out.ld,
-                     p.alpha, p.beta, stream=p.stream if _EMULATED else p.stream_handle)
+    family.launch(cfg, var, a, b, c, bias, out, p.m, p.n, p.k, lda, ldb, ldc, p.out.ld,
+                  p.alpha, p.beta, stream=p.stream if _EMULATED else p.stream_handle)

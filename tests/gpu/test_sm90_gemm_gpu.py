@@ -1,0 +1,29 @@
+"""The Hopper GEMM (numbatc/kernels/sm90_gemm.py, opt-in through NUMBATC_GEMM_KERNEL=sm90) on the
+GPU, through numbatc.gemm, with the same float64 checks as tests/gpu/test_gemm_gpu.py.  Not yet
+run on hardware when written (the lent H200's time was spent)."""
+
+import pytest
+
+from tests.gpu.test_gemm_gpu import check
+
+pytestmark = [pytest.mark.gpu(cc=(9, 0)), pytest.mark.hardware_only]
+
+
+@pytest.fixture(params=["sm90:128x256x64_4s", "sm90:128x128x64_4s", "sm90:128x256x64_4s_w1"])
+def sm90(request, monkeypatch):
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("layouts", [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")],
+                         ids=lambda l: "".join(x[0] for x in l))
+def test_sm90_shapes(sm90, layouts):
+    for m, n, k in [(128, 256, 64), (130, 136, 72), (1, 8, 8), (1000, 1000, 1000), (257, 511, 129)]:
+        check(m, n, k, "bfloat16", *layouts)
+        check(m, n, k, "float16", *layouts, out_dtype="float32")
+
+
+def test_sm90_epilogue(sm90):
+    for activation in (None, "relu", "gelu", "silu"):
+        check(77, 300, 200, "bfloat16", alpha=0.5, beta=1.5, with_c=True, with_bias=True,
+              activation=activation)
