@@ -95,6 +95,32 @@ from intrinsics.mbarrier import (
 from intrinsics.mma import MmaSpec, mma_specs, mma_sync
 from intrinsics.setmaxnreg import setmaxnreg_dec, setmaxnreg_inc
 from intrinsics.smem import shared_address, swizzle, swizzle_offset
+from intrinsics.tcgen05 import (
+    make_instr_desc,
+    make_instr_desc_block_scaled,
+    make_umma_smem_desc,
+    tcgen05_alloc,
+    tcgen05_alloc_cg2,
+    tcgen05_commit,
+    tcgen05_commit_cg2,
+    tcgen05_commit_multicast,
+    tcgen05_commit_multicast_cg2,
+    tcgen05_cp,
+    tcgen05_dealloc,
+    tcgen05_dealloc_cg2,
+    tcgen05_fence_after_thread_sync,
+    tcgen05_fence_before_thread_sync,
+    tcgen05_ld,
+    tcgen05_mma,
+    tcgen05_relinquish_alloc_permit,
+    tcgen05_relinquish_alloc_permit_cg2,
+    tcgen05_st,
+    tcgen05_wait_ld,
+    tcgen05_wait_ld_regs,
+    tcgen05_wait_st,
+    tmem_address,
+    umma_smem_desc,
+)
 from intrinsics.tensormap import TensorMap, TensorMapError
 from intrinsics.tma import (
     bulk_commit_group,

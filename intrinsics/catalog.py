@@ -15,6 +15,7 @@ from numba.np import numpy_support
 import intrinsics.convert as cv
 import intrinsics.cp_async as ca
 import intrinsics.ldmatrix as lm
+import intrinsics.tcgen05 as tc
 from intrinsics._core import SM75, SM80, SM89
 from intrinsics.mma import mma_specs, mma_sync
 
@@ -346,9 +347,58 @@ def _wgmma_probes():
                     SM90A, (mma.spec.ptx,))
 
 
+def tcgen05_kernel(out, descs, ncols):
+    """Every cta_group::1 tcgen05 intrinsic in one kernel (used by the catalog and by
+    tests/test_tcgen05_compile.py)."""
+    slot = cuda.shared.array(2, np.uint32)
+    bars = cuda.shared.array(2, np.uint64)
+    sf = cuda.shared.array(512, np.uint8)
+    warp = cuda.threadIdx.x // 32
+    if warp == 0:
+        tc.tcgen05_alloc(slot, 0, 128)
+        tc.tcgen05_alloc(slot, 1, ncols)
+    tc.tcgen05_fence_before_thread_sync()
+    cuda.syncthreads()
+    tc.tcgen05_fence_after_thread_sync()
+    d = slot[0]
+    if cuda.threadIdx.x == 0:
+        _TC_CP(d + 64, tc.umma_smem_desc(sf, 0, 16, 128, 0))
+        _TC_MMA(d, descs[0], descs[1], np.uint32(descs[2]), 0)
+        tc.tcgen05_commit(bars, 0)
+        tc.tcgen05_commit_multicast(bars, 1, 3)
+    regs = tc.tcgen05_wait_ld_regs(_TC_LD(d + ((32 * (warp % 4)) << 16)))
+    _TC_ST(d, (regs[0], regs[1], regs[2], regs[3], regs[4], regs[5], regs[6], regs[7]))
+    tc.tcgen05_wait_st()
+    tc.tcgen05_wait_ld()
+    out[cuda.threadIdx.x] = regs[7]
+    tc.tcgen05_fence_before_thread_sync()
+    cuda.syncthreads()
+    if warp == 0:
+        tc.tcgen05_dealloc(d, 128)
+        tc.tcgen05_dealloc(slot[1], ncols)
+        tc.tcgen05_relinquish_alloc_permit()
+
+
+TCGEN05_SIGNATURE = (types.uint32[::1], types.uint64[::1], types.int32)
+
+
+def _tcgen05_probes():
+    global _TC_MMA, _TC_LD, _TC_ST, _TC_CP
+    _TC_MMA = tc.tcgen05_mma("f16")
+    _TC_LD = tc.tcgen05_ld("32x32b", 8)
+    _TC_ST = tc.tcgen05_st("16x256b", 2)
+    _TC_CP = tc.tcgen05_cp("32x128b.warpx4")
+    yield Probe("tcgen05", "alloc/mma/commit/ld/st/cp/fences", tcgen05_kernel, TCGEN05_SIGNATURE,
+                tc.TCGEN05, ("tcgen05.alloc.cta_group::1", "tcgen05.mma.cta_group::1.kind::f16",
+                             "tcgen05.commit.cta_group::1", "tcgen05.ld.sync.aligned.32x32b.x8.b32",
+                             "tcgen05.st.sync.aligned.16x256b.x2.b32", "tcgen05.dealloc"))
+
+
+_TC_MMA = _TC_LD = _TC_ST = _TC_CP = None
+
 _FAMILIES = [_mma_probes, _ldmatrix_probes, _cp_async_probes, _cp_async_mbarrier_probes,
              _convert_probes, _mbarrier_probes, _cluster_probes, _setmaxnreg_probes, _tma_probes,
-             _wgmma_probes]
+             _wgmma_probes, _tcgen05_probes]
 
 
 def probes():

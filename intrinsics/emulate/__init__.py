@@ -31,6 +31,7 @@ FAMILIES = {
     "intrinsics.setmaxnreg": "intrinsics.emulate.setmaxnreg",
     "intrinsics.tma": "intrinsics.emulate.tma",
     "intrinsics.wgmma": "intrinsics.emulate.wgmma",
+    "intrinsics.tcgen05": "intrinsics.emulate.tcgen05",
 }
 
 

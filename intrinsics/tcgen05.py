@@ -1,0 +1,1303 @@
+"""Blackwell's fifth-generation tensor-core family: ``tcgen05`` with tensor memory (PTX ISA 9.7.16,
+"TensorCore 5th Generation Family Instructions").
+
+NOTE: no Blackwell GPU was available while this module was written.  Every instruction form here
+is proven by nvJitLink 13.5 to assemble for sm_100a, sm_103a and sm_110a (the ``f`` family targets
+too, except the ``.scale_vec::NX`` spellings) and to be refused for sm_90a and sm_120a; the
+*behaviour* -- bit fields, data layouts, the tensor-memory rules -- is modelled from the PTX ISA
+(and, where the ISA's figures were not at hand, from how CUTLASS and DeepGEMM use the
+instruction: each such place says so).  The CPU emulation (``intrinsics/emulate/tcgen05.py``)
+implements exactly these models; a Blackwell run must confirm them.
+
+The pieces, and who executes them::
+
+    tensor memory (TMEM)   128 lanes x 512 columns of 32-bit cells per SM, shared by the CTAs
+                           resident there; an address is (lane << 16) | column
+                           (:func:`tmem_address`)
+    tcgen05.alloc          one whole warp; writes the address of the columns it got into a
+                           shared uint32 (array, index); power-of-two columns, 32..512
+    tcgen05.dealloc        one whole warp; every allocation must be freed before the kernel exits
+    tcgen05.relinquish_alloc_permit   one whole warp; the CTA will not allocate again
+    tcgen05.mma            ONE thread (elect one); D (TMEM) = A (smem descriptor or TMEM) x
+                           B (smem descriptor) [+ D]; asynchronous
+    tcgen05.cp             ONE thread; shared memory -> TMEM (scale factors); asynchronous
+    tcgen05.commit         ONE thread; an mbarrier arrive once every earlier asynchronous tcgen05
+                           operation of that thread has completed (optionally multicast)
+    tcgen05.ld / .st       one whole warp; TMEM <-> registers; warp w may touch only lanes
+                           32*(w%4) .. 32*(w%4)+31; asynchronous until tcgen05.wait::ld / ::st
+    tcgen05.fence::before_thread_sync / after_thread_sync
+                           order tcgen05 operations around thread synchronisation (bar.sync,
+                           mbarrier waits)
+
+A single-CTA GEMM step reads (kernel-side sketch; ``idesc``, ``da``, ``db`` from the builders)::
+
+    if warp == 0:
+        tcgen05_alloc(tmem_slot, 0, 128)                 # 128 columns; address -> tmem_slot[0]
+    tcgen05_fence_before_thread_sync()
+    cuda.syncthreads()
+    tcgen05_fence_after_thread_sync()
+    d_tmem = tmem_slot[0]
+    if threadIdx.x == 0:                                 # one thread issues
+        for ks in range(K // 16):
+            mma(d_tmem, da + ks * 2, db + ks * 2, idesc, ks)   # +32 B of K: start address >> 4
+        tcgen05_commit(bars, 0)                          # arrive when the MMAs are done
+    mbarrier_wait_parity(bars, 0, 0)
+    tcgen05_fence_after_thread_sync()
+    regs = ld32(d_tmem + ((32 * (warp % 4)) << 16))      # this warp's 32 lanes
+    regs = tcgen05_wait_ld_regs(regs)                    # REQUIRED before using regs
+    ...
+    tcgen05_fence_before_thread_sync()
+    cuda.syncthreads()
+    if warp == 0:
+        tcgen05_dealloc(d_tmem, 128)
+
+NOTE: like wgmma's accumulator, the registers ``tcgen05.ld`` returns are written asynchronously
+but reach LLVM as ordinary SSA results: nothing stops LLVM from moving a use above a plain
+``tcgen05.wait::ld`` asm.  :func:`tcgen05_wait_ld_regs` emits the wait with every register tied
+through it (in and out), so every later use depends on the wait.  Use it; :func:`tcgen05_wait_ld`
+(no operands) is for loads whose registers are consumed only after other ordering.
+
+Architectures (:data:`TCGEN05`): nvJitLink 13.5 assembles every form for sm_100a, sm_103a and
+sm_110a (CUDA 13 renamed sm_101a to sm_110a; nvJitLink 13.5 answers ERROR_UNSUPPORTED_ARCH for
+sm_101a and numba-cuda cannot target it) and their ``f`` targets, and refuses sm_90a and
+sm_120a/sm_121a.  The
+``.block_scale.scale_vec::1X/2X/4X`` spellings assemble for the ``a`` targets only
+(:data:`TCGEN05_A_ONLY`); ``.block32`` / ``.block16`` mean the same and are portable to the ``f``
+targets.  ``.kind::i8`` (sm_100a/sm_110a only), sparse ``tcgen05.mma.sp``, ``.ws``, the
+``disable-output-lane`` / ``scale-input-d`` operands, ``.pack::16b``, the ``.16x32bx2`` shape,
+``tcgen05.shift`` and ``tcgen05.cp`` decompression are not wrapped here.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda, types
+from numba.cuda.core.errors import NumbaTypeError
+from numba.cuda.extending import _intrinsic
+
+from intrinsics._core import (
+    I32,
+    Arch,
+    asm,
+    check_array,
+    check_index,
+    check_type,
+    intrinsic,
+    pack,
+    register_list,
+    require_arch,
+    shared_address,
+    unpack,
+)
+from intrinsics.smem import shared_address as smem_shared_address
+
+__all__ = [
+    "IDESC_AB_FORMATS",
+    "IDESC_D_FORMATS",
+    "IDESC_SCALE_FORMATS",
+    "TCGEN05",
+    "TCGEN05_A_ONLY",
+    "TCGEN05_CP_SHAPES",
+    "TCGEN05_LDST_SHAPES",
+    "TCGEN05_MMA_KINDS",
+    "TMEM_COLUMNS",
+    "TMEM_LANES",
+    "Tcgen05MmaSpec",
+    "Tcgen05ValueError",
+    "UMMA_LAYOUT_TYPES",
+    "check_mma_shape",
+    "cp_lane_map",
+    "decode_instr_desc",
+    "decode_tmem_address",
+    "decode_umma_smem_desc",
+    "ldst_coords",
+    "make_instr_desc",
+    "make_instr_desc_block_scaled",
+    "make_instr_desc_block_scaled_host",
+    "make_instr_desc_host",
+    "make_umma_smem_desc",
+    "make_umma_smem_desc_host",
+    "scale_factor_coords",
+    "tcgen05_alloc",
+    "tcgen05_alloc_cg2",
+    "tcgen05_alloc_op",
+    "tcgen05_commit",
+    "tcgen05_commit_cg2",
+    "tcgen05_commit_multicast",
+    "tcgen05_commit_multicast_cg2",
+    "tcgen05_commit_op",
+    "tcgen05_cp",
+    "tcgen05_dealloc",
+    "tcgen05_dealloc_cg2",
+    "tcgen05_dealloc_op",
+    "tcgen05_fence_after_thread_sync",
+    "tcgen05_fence_before_thread_sync",
+    "tcgen05_ld",
+    "tcgen05_mma",
+    "tcgen05_mma_specs",
+    "tcgen05_relinquish_alloc_permit",
+    "tcgen05_relinquish_alloc_permit_cg2",
+    "tcgen05_relinquish_alloc_permit_op",
+    "tcgen05_st",
+    "tcgen05_wait_ld",
+    "tcgen05_wait_ld_regs",
+    "tcgen05_wait_st",
+    "tmem_address",
+    "tmem_address_host",
+    "tmem_d_coords",
+    "umma_smem_desc",
+    "umma_smem_desc_address_host",
+]
+
+# ---------------------------------------------------------------------------------------------
+# Architectures
+# ---------------------------------------------------------------------------------------------
+
+# Proven with nvJitLink 13.5 (tests/test_tcgen05_compile.py assembles every form for each).
+TCGEN05 = Arch(
+    "sm_100a/sm_103a/sm_110a (Blackwell datacenter targets with tcgen05; also their 'f' targets)",
+    specific=[(10, 0), (10, 3), (11, 0)],
+)
+
+
+class _ArchSuffixA(Arch):
+    """An Arch that only the architecture-specific ``a`` targets satisfy (not ``f``)."""
+
+    def accepts(self, cc):
+        return len(cc) > 2 and cc[2] == "a" and tuple(cc[:2]) in self.specific
+
+
+TCGEN05_A_ONLY = _ArchSuffixA(
+    "sm_100a/sm_103a/sm_110a (the .scale_vec::NX spellings; the 'f' targets refuse them)",
+    specific=[(10, 0), (10, 3), (11, 0)],
+)
+
+
+class Tcgen05ValueError(ValueError):
+    """A literal argument outside its valid values, found at typing time.
+
+    A plain ValueError on purpose: numba retries a typer that raises one of its own errors with
+    non-literal argument types, which would accept the bad constant silently."""
+
+
+# A typer that sees constants as literals first (and plain integers for run-time values).
+_literal_intrinsic = _intrinsic(target="cuda", prefer_literal=True)
+
+
+def _with_forms(fn, forms, arch):
+    """Attach the asm forms an intrinsic can emit (template, constraints) and its Arch: the
+    compile tests assemble each form on every architecture."""
+    fn.forms = tuple((template, tuple(constraints)) for template, constraints in forms)
+    fn.arch = arch
+    return fn
+
+# ---------------------------------------------------------------------------------------------
+# Tensor memory addresses
+# ---------------------------------------------------------------------------------------------
+
+TMEM_LANES = 128
+TMEM_COLUMNS = 512
+_NCOLS = (32, 64, 128, 256, 512)
+CTA_GROUPS = (1, 2)
+
+
+def _tmem_address(lane, column):
+    return np.uint32(((np.int64(lane) & 0xFFFF) << 16) | (np.int64(column) & 0xFFFF))
+
+
+tmem_address = cuda.jit(device=True, inline="always")(_tmem_address)
+tmem_address.__doc__ = """Device function: the 32-bit TMEM address of (lane, column) --
+``(lane << 16) | column``: PTX ISA 9.7.16, "Tensor Memory" addresses a cell with the lane in bits
+31-16 and the column in bits 15-0.  Add a lane offset to an allocation's address with
+``d_tmem + (lane << 16)``."""
+
+
+def tmem_address_host(lane, column):
+    """Host twin of :func:`tmem_address` (checks the ranges)."""
+    if not 0 <= lane < TMEM_LANES or not 0 <= column < TMEM_COLUMNS:
+        raise ValueError(f"TMEM has lanes 0..127 and columns 0..511, got lane {lane}, "
+                         f"column {column}")
+    return int(_tmem_address(lane, column))
+
+
+def decode_tmem_address(address):
+    """(lane, column) of a TMEM address.  Bits 30-31 are dropped from the lane: CUTLASS keeps the
+    byte of a scale-factor cell there (``make_runtime_instr_desc_block_scaled``)."""
+    address = int(address)
+    return (address >> 16) & 0x3FFF, address & 0xFFFF
+
+
+# ---------------------------------------------------------------------------------------------
+# tcgen05.alloc / dealloc / relinquish_alloc_permit
+# ---------------------------------------------------------------------------------------------
+
+_ALLOC = ("9.7.16 \"Tensor Memory Allocation and Management Instructions\" (tcgen05.alloc, "
+          "tcgen05.dealloc, tcgen05.relinquish_alloc_permit)")
+
+
+def _ncols_literal(name, ty):
+    """The literal column count (checked), None for a run-time integer."""
+    if isinstance(ty, types.IntegerLiteral):
+        value = ty.literal_value
+        if value not in _NCOLS:
+            raise Tcgen05ValueError(
+                f"{name}: the column count must be a power of two in 32..512 "
+                f"(one of {list(_NCOLS)}), got {value}"
+            )
+        return value
+    if isinstance(ty, types.Integer):
+        return None
+    raise NumbaTypeError(f"{name}: the column count must be an integer (32..512), got {ty}")
+
+
+def _check_cta_group(what, cta_group):
+    if cta_group not in CTA_GROUPS:
+        raise ValueError(f"{what}: cta_group must be 1 or 2, got {cta_group!r}")
+
+
+_PAIR = (" (the CTA pair: per the PTX ISA a warp in each of the two peer CTAs executes it and "
+         "both get the same columns)")
+
+
+def _build_alloc(cta_group):
+    name = f"tcgen05.alloc.cta_group::{cta_group}.sync.aligned.shared::cta.b32"
+
+    def typer(typingctx, array, index, ncols):
+        check_array(name, array, "a shared uint32 array")
+        if array.dtype != types.uint32:
+            raise NumbaTypeError(f"{name}: the destination array must hold uint32, got {array}")
+        check_index(name, array, index)
+        literal = _ncols_literal(name, ncols)
+        sig = types.void(array, types.unliteral(index), ncols)
+
+        def codegen(context, builder, sig, args):
+            require_arch(name, TCGEN05)
+            addr = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            if literal is not None:
+                asm(builder, f"{name} [$0], {literal};", ["r"], [], [addr], memory=True)
+            else:
+                n = context.cast(builder, args[2], sig.args[2], types.uint32)
+                asm(builder, f"{name} [$0], $1;", ["r", "r"], [], [addr, n], memory=True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    typer.__name__ = "tcgen05_alloc" + ("_cg2" if cta_group == 2 else "")
+    forms = [(f"{name} [$0], {n};", ["r"]) for n in _NCOLS] + [(f"{name} [$0], $1;", ["r", "r"])]
+    typer.__doc__ = f"""Emits ``{name} [$0], NCOLS;`` (PTX ISA {_ALLOC}).
+
+    ``tcgen05_alloc(array, index, ncols)``, executed by every thread of ONE warp: allocates
+    ``ncols`` columns (all 128 lanes) of tensor memory and writes their TMEM address (lane 0,
+    first column) to ``array[index]`` (a shared uint32).  ``ncols`` is a power of two in 32..512;
+    a literal outside that raises Tcgen05ValueError at typing time (a run-time value goes into a
+    register).  Blocks until enough columns are free.  Read the address after
+    ``tcgen05_fence_before_thread_sync(); syncthreads(); tcgen05_fence_after_thread_sync()``.
+    cta_group::{cta_group}{_PAIR if cta_group == 2 else ''}.  Needs {TCGEN05.text}."""
+    return _with_forms(_literal_intrinsic(typer), forms, TCGEN05)
+
+
+def _build_dealloc(cta_group):
+    name = f"tcgen05.dealloc.cta_group::{cta_group}.sync.aligned.b32"
+
+    def typer(typingctx, taddr, ncols):
+        if not isinstance(taddr, types.Integer):
+            raise NumbaTypeError(f"{name}: the TMEM address must be a 32-bit integer, got {taddr}")
+        literal = _ncols_literal(name, ncols)
+        sig = types.void(types.unliteral(taddr), ncols)
+
+        def codegen(context, builder, sig, args):
+            require_arch(name, TCGEN05)
+            t = context.cast(builder, args[0], sig.args[0], types.uint32)
+            if literal is not None:
+                asm(builder, f"{name} $0, {literal};", ["r"], [], [t], memory=True)
+            else:
+                n = context.cast(builder, args[1], sig.args[1], types.uint32)
+                asm(builder, f"{name} $0, $1;", ["r", "r"], [], [t, n], memory=True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    typer.__name__ = "tcgen05_dealloc" + ("_cg2" if cta_group == 2 else "")
+    forms = [(f"{name} $0, {n};", ["r"]) for n in _NCOLS] + [(f"{name} $0, $1;", ["r", "r"])]
+    typer.__doc__ = f"""Emits ``{name} $0, NCOLS;`` (PTX ISA {_ALLOC}).
+
+    ``tcgen05_dealloc(taddr, ncols)``, executed by every thread of one warp: frees ``ncols``
+    columns allocated at ``taddr``.  Every allocation must be freed before the kernel exits (after
+    the last tcgen05.ld/st/mma using it: fence::before_thread_sync + barrier first).  Needs
+    {TCGEN05.text}."""
+    return _with_forms(_literal_intrinsic(typer), forms, TCGEN05)
+
+
+def _build_relinquish(cta_group):
+    name = f"tcgen05.relinquish_alloc_permit.cta_group::{cta_group}.sync.aligned"
+
+    def typer(typingctx):
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            require_arch(name, TCGEN05)
+            asm(builder, f"{name};", [], memory=True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    typer.__name__ = "tcgen05_relinquish_alloc_permit" + ("_cg2" if cta_group == 2 else "")
+    typer.__doc__ = f"""Emits ``{name};`` (PTX ISA {_ALLOC}).
+
+    Executed by every thread of one warp: the CTA gives up its right to allocate tensor memory
+    (a later tcgen05.alloc by the CTA is undefined behaviour), which lets other CTAs on the SM
+    allocate without waiting.  Needs {TCGEN05.text}."""
+    return _with_forms(intrinsic(typer), [(f"{name};", [])], TCGEN05)
+
+
+_ALLOC_OPS = {g: (_build_alloc(g), _build_dealloc(g), _build_relinquish(g)) for g in CTA_GROUPS}
+
+
+def tcgen05_alloc_op(cta_group=1):
+    """The tcgen05.alloc intrinsic for ``cta_group`` 1 or 2."""
+    _check_cta_group("tcgen05_alloc_op", cta_group)
+    return _ALLOC_OPS[cta_group][0]
+
+
+def tcgen05_dealloc_op(cta_group=1):
+    """The tcgen05.dealloc intrinsic for ``cta_group`` 1 or 2."""
+    _check_cta_group("tcgen05_dealloc_op", cta_group)
+    return _ALLOC_OPS[cta_group][1]
+
+
+def tcgen05_relinquish_alloc_permit_op(cta_group=1):
+    """The tcgen05.relinquish_alloc_permit intrinsic for ``cta_group`` 1 or 2."""
+    _check_cta_group("tcgen05_relinquish_alloc_permit_op", cta_group)
+    return _ALLOC_OPS[cta_group][2]
+
+
+tcgen05_alloc = tcgen05_alloc_op(1)
+tcgen05_alloc_cg2 = tcgen05_alloc_op(2)
+tcgen05_dealloc = tcgen05_dealloc_op(1)
+tcgen05_dealloc_cg2 = tcgen05_dealloc_op(2)
+tcgen05_relinquish_alloc_permit = tcgen05_relinquish_alloc_permit_op(1)
+tcgen05_relinquish_alloc_permit_cg2 = tcgen05_relinquish_alloc_permit_op(2)
+
+# ---------------------------------------------------------------------------------------------
+# tcgen05.mma: the table
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """One ``.kind`` of tcgen05.mma (PTX ISA 9.7.16, tcgen05.mma, "Kinds and types" table)."""
+
+    k: int  # K of one instruction (dense); every kind reads 32 bytes of K per row
+    ab_types: tuple  # the A/B element types of the instruction descriptor
+    d_types: tuple  # accumulator (D) types
+    elem_bits: int  # bits one element occupies in shared memory / TMEM
+    block_scaled: bool
+    scale_vecs: dict  # scale-vector qualifier -> scale factors per row per instruction
+    scale_types: dict  # scale-vector qualifier -> scale formats the descriptor may name
+
+
+TCGEN05_MMA_KINDS = {
+    # kind: K, A/B types, D types, bits per element, block-scaled, scale vectors, scale types
+    "f16": _Kind(16, ("f16", "bf16"), ("f32", "f16"), 16, False, {}, {}),
+    "tf32": _Kind(8, ("tf32",), ("f32",), 32, False, {}, {}),
+    # fp6/fp4 elements sit in 8-bit containers in shared memory and TMEM for this kind
+    "f8f6f4": _Kind(32, ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1"), ("f32", "f16"), 8, False, {},
+                    {}),
+    "mxf8f6f4": _Kind(32, ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1"), ("f32",), 8, True,
+                      {None: 1, "1X": 1, "block32": 1},
+                      {None: ("ue8m0",), "1X": ("ue8m0",), "block32": ("ue8m0",)}),
+    # packed fp4: two e2m1 per byte, the element with the lower K in the low nibble
+    "mxf4": _Kind(64, ("e2m1",), ("f32",), 4, True,
+                  {None: 2, "2X": 2, "block32": 2},
+                  {None: ("ue8m0",), "2X": ("ue8m0",), "block32": ("ue8m0",)}),
+    "mxf4nvf4": _Kind(64, ("e2m1",), ("f32",), 4, True,
+                      {"2X": 2, "4X": 4, "block32": 2, "block16": 4},
+                      {"2X": ("ue8m0",), "block32": ("ue8m0",), "4X": ("ue4m3", "ue8m0"),
+                       "block16": ("ue4m3", "ue8m0")}),
+}
+
+# Instruction-descriptor codes (PTX ISA 9.7.16, "Instruction descriptor" tables; the same codes as
+# CUTLASS cute/arch/mma_sm100_desc.hpp UMMA::F16F32Format / MXF8F6F4Format / MXF4Format /
+# CFormat / ScaleFormat).
+IDESC_D_FORMATS = {"f16": 0, "f32": 1}
+IDESC_AB_FORMATS = {
+    "f16": {"f16": 0, "bf16": 1},
+    "tf32": {"tf32": 2},
+    "f8f6f4": {"e4m3": 0, "e5m2": 1, "e2m3": 3, "e3m2": 4, "e2m1": 5},
+    "mxf8f6f4": {"e4m3": 0, "e5m2": 1, "e2m3": 3, "e3m2": 4, "e2m1": 5},
+    "mxf4": {"e2m1": 1},
+    "mxf4nvf4": {"e2m1": 1},
+}
+IDESC_SCALE_FORMATS = {"ue4m3": 0, "ue8m0": 1}
+# MN-major (transposed) operands exist only for these element types (CUTLASS InstrDescriptor:
+# "Major value of 1 is only valid for E4M3, E5M2, INT8, F16, BF16 and TF32 source formats").
+_TRANSPOSABLE = ("f16", "bf16", "tf32", "e4m3", "e5m2")
+
+
+def check_mma_shape(kind, m, n, cta_group=1, a_from="smem"):
+    """ValueError naming the valid shapes unless (M, N) is one for ``kind`` and ``cta_group``.
+
+    The rules, from the PTX ISA tcgen05.mma "valid shapes" table as CUTLASS encodes it
+    (cute/arch/mma_sm100_umma.hpp static_asserts): cta_group::1 dense kinds M 64 or 128, N a
+    multiple of 8 in 8..256 (A from TMEM with M=128: a multiple of 16); block-scaled kinds M=128,
+    N a multiple of 8 in 8..256; cta_group::2 M 128 or 256, N a multiple of 16 in 16..256.
+    """
+    row = TCGEN05_MMA_KINDS[kind]
+    if cta_group == 1:
+        ms = (128,) if row.block_scaled else (64, 128)
+        step = 16 if (a_from == "tmem" and m == 128 and not row.block_scaled) else 8
+    else:
+        ms, step = (128, 256), 16
+    if m not in ms:
+        raise ValueError(f"tcgen05.mma kind::{kind} cta_group::{cta_group}: M must be one of "
+                         f"{list(ms)}, got {m!r}")
+    if not isinstance(n, (int, np.integer)) or n % step or not step <= n <= 256:
+        raise ValueError(f"tcgen05.mma kind::{kind} cta_group::{cta_group} M={m}: N must be a "
+                         f"multiple of {step} in {step}..256, got {n!r}")
+
+
+@dataclass(frozen=True)
+class Tcgen05MmaSpec:
+    """One tcgen05.mma variant: kind, CTA group, where A lives and the scale-vector qualifier."""
+
+    kind: str
+    cta_group: int = 1
+    a_from: str = "smem"
+    scale_vec: object = None
+
+    @property
+    def row(self):
+        return TCGEN05_MMA_KINDS[self.kind]
+
+    @property
+    def block_scaled(self):
+        return self.row.block_scaled
+
+    @property
+    def arch(self):
+        return TCGEN05_A_ONLY if self.scale_vec in ("1X", "2X", "4X") else TCGEN05
+
+    @property
+    def scale_count(self):
+        """Scale factors per row of A (and of B) per instruction (1, 2 or 4)."""
+        return self.row.scale_vecs[self.scale_vec] if self.block_scaled else 0
+
+    @property
+    def ptx(self):
+        text = f"tcgen05.mma.cta_group::{self.cta_group}.kind::{self.kind}"
+        if self.block_scaled:
+            text += ".block_scale"
+            if self.scale_vec in ("1X", "2X", "4X"):
+                text += f".scale_vec::{self.scale_vec}"
+            elif self.scale_vec is not None:
+                text += f".{self.scale_vec}"
+        return text
+
+    @property
+    def template(self):
+        """``[d], a, b, idesc[, [sfa], [sfb]], p`` with p = (enable_input_d != 0)."""
+        a = "[$1]" if self.a_from == "tmem" else "$1"
+        if self.block_scaled:
+            return ("{ .reg .pred p; setp.ne.b32 p, $6, 0; "
+                    f"{self.ptx} [$0], {a}, $2, $3, [$4], [$5], p; }}")
+        return "{ .reg .pred p; setp.ne.b32 p, $4, 0; " f"{self.ptx} [$0], {a}, $2, $3, p; }}"
+
+    @property
+    def constraints(self):
+        a = "r" if self.a_from == "tmem" else "l"
+        return ["r", a, "l", "r"] + (["r", "r"] if self.block_scaled else []) + ["r"]
+
+
+def tcgen05_mma_specs():
+    """Every variant of the table: each kind x cta_group x A source x scale-vector spelling."""
+    specs = []
+    for kind, row in TCGEN05_MMA_KINDS.items():
+        for cta_group in CTA_GROUPS:
+            for a_from in ("smem", "tmem"):
+                for vec in (row.scale_vecs if row.block_scaled else (None,)):
+                    specs.append(Tcgen05MmaSpec(kind, cta_group, a_from, vec))
+    return specs
+
+
+def _resolve_mma(kind, cta_group, a_from, scale_vec):
+    if kind not in TCGEN05_MMA_KINDS:
+        raise ValueError(f"tcgen05.mma has no kind {kind!r}; valid kinds: "
+                         f"{', '.join(TCGEN05_MMA_KINDS)}")
+    _check_cta_group("tcgen05_mma", cta_group)
+    if a_from not in ("smem", "tmem"):
+        raise ValueError(f"tcgen05_mma a_from must be 'smem' (A descriptor) or 'tmem' (A in "
+                         f"tensor memory), got {a_from!r}")
+    row = TCGEN05_MMA_KINDS[kind]
+    if not row.block_scaled:
+        if scale_vec is not None:
+            raise ValueError(f"tcgen05.mma kind::{kind} is not block-scaled; scale_vec must be "
+                             f"None, got {scale_vec!r}")
+    elif scale_vec not in row.scale_vecs:
+        valid = ", ".join(repr(v) for v in row.scale_vecs)
+        raise ValueError(f"tcgen05.mma kind::{kind} takes scale_vec {valid}, got {scale_vec!r}")
+    return Tcgen05MmaSpec(kind, cta_group, a_from, scale_vec)
+
+
+_MMA_CACHE = {}
+
+
+def tcgen05_mma(kind, cta_group=1, a_from="smem", scale_vec=None):
+    """Build the ``tcgen05.mma`` intrinsic for one variant (PTX ISA 9.7.16, tcgen05.mma).
+
+    ``kind``: "f16" (f16/bf16 in, f32 or f16 accumulator), "tf32", "f8f6f4" (e4m3/e5m2/e2m3/
+    e3m2/e2m1), or the block-scaled "mxf8f6f4", "mxf4", "mxf4nvf4".  ``cta_group``: 1 or 2.
+    ``a_from``: "smem" (A by a 64-bit shared-memory descriptor) or "tmem" (A in tensor memory,
+    a 32-bit TMEM address).  ``scale_vec`` (block-scaled kinds only): mxf8f6f4 None/"1X"/
+    "block32" (1 scale per 32 K); mxf4 None/"2X"/"block32" (2 per 64 K); mxf4nvf4 "2X"/"block32"
+    (2 per 64 K, ue8m0) or "4X"/"block16" (4 per 64 K, ue4m3 or ue8m0).  None emits the ISA's
+    default (no qualifier).  The NX spellings assemble for the ``a`` targets only.
+
+    Called by ONE thread::
+
+        mma(d_tmem, a, b_desc, idesc, enable_input_d)                      # dense kinds
+        mma(d_tmem, a, b_desc, idesc, sfa_tmem, sfb_tmem, enable_input_d)  # block-scaled
+
+    ``idesc`` is the 32-bit instruction descriptor (:func:`make_instr_desc_host` ...) that holds
+    M, N, the types, transposes and negations; ``enable_input_d`` 0 makes D = A*B (the old D is
+    ignored), anything else D = A*B + D.  The intrinsic's docstring quotes the PTX it emits.
+    """
+    spec = _resolve_mma(kind, cta_group, a_from, scale_vec)
+    if spec not in _MMA_CACHE:
+        _MMA_CACHE[spec] = _build_mma(spec)
+    return _MMA_CACHE[spec]
+
+
+def _check_int(name, ty, what):
+    if not isinstance(ty, (types.Integer, types.Boolean)):
+        raise NumbaTypeError(f"{name}: {what} must be an integer, got {ty}")
+
+
+def _build_mma(spec):
+    name, template, constraints = spec.ptx, spec.template, spec.constraints
+    a_what = "the A TMEM address (uint32)" if spec.a_from == "tmem" else "the A descriptor (uint64)"
+
+    def check(d, a, b, idesc, rest):
+        _check_int(name, d, "the D TMEM address")
+        _check_int(name, a, a_what)
+        _check_int(name, b, "the B descriptor (uint64)")
+        _check_int(name, idesc, "the instruction descriptor (uint32)")
+        for ty, what in rest:
+            _check_int(name, ty, what)
+
+    def operands(context, builder, sig, args):
+        casts = [types.uint32, types.uint32 if spec.a_from == "tmem" else types.uint64,
+                 types.uint64] + [types.uint32] * (len(args) - 3)
+        return [context.cast(builder, v, t, c) for v, t, c in zip(args, sig.args, casts)]
+
+    def codegen(context, builder, sig, args):
+        require_arch(name, spec.arch)
+        asm(builder, template, constraints, [], operands(context, builder, sig, args),
+            memory=True)
+        return context.get_dummy_value()
+
+    if spec.block_scaled:
+        def typer(typingctx, d_tmem, a, b_desc, idesc, sfa_tmem, sfb_tmem, enable_input_d):
+            check(d_tmem, a, b_desc, idesc,
+                  [(sfa_tmem, "the A scale-factor TMEM address"),
+                   (sfb_tmem, "the B scale-factor TMEM address"),
+                   (enable_input_d, "enable_input_d")])
+            return types.void(d_tmem, a, b_desc, idesc, sfa_tmem, sfb_tmem, enable_input_d), codegen
+        call = "mma(d_tmem, a, b_desc, idesc, sfa_tmem, sfb_tmem, enable_input_d)"
+    else:
+        def typer(typingctx, d_tmem, a, b_desc, idesc, enable_input_d):
+            check(d_tmem, a, b_desc, idesc, [(enable_input_d, "enable_input_d")])
+            return types.void(d_tmem, a, b_desc, idesc, enable_input_d), codegen
+        call = "mma(d_tmem, a, b_desc, idesc, enable_input_d)"
+
+    typer.__name__ = (f"tcgen05_mma_cg{spec.cta_group}_{spec.kind}_{spec.a_from}"
+                      f"{'_' + spec.scale_vec if spec.scale_vec else ''}")
+    typer.__doc__ = (
+        f"Emits ``{template}`` (PTX ISA 9.7.16, tcgen05.mma).\n\n"
+        f"Called as ``{call}`` by ONE thread (A: {a_what}).  Asynchronous: completion is "
+        f"observed through tcgen05_commit on an mbarrier.  Needs {spec.arch.text}."
+    )
+    fn = _with_forms(intrinsic(typer), [(template, constraints)], spec.arch)
+    fn.spec = spec
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# tcgen05.commit
+# ---------------------------------------------------------------------------------------------
+
+_COMMIT = "9.7.16 \"tcgen05.commit\""
+
+
+def _build_commit(cta_group, multicast):
+    base = (f"tcgen05.commit.cta_group::{cta_group}.mbarrier::arrive::one.shared::cluster"
+            f"{'.multicast::cluster' if multicast else ''}.b64")
+    text = f"{base} [$0], $1;" if multicast else f"{base} [$0];"
+
+    def check(bars, index):
+        check_array(base, bars, "a shared uint64 mbarrier array")
+        if bars.dtype != types.uint64:
+            raise NumbaTypeError(f"{base}: the mbarrier array must hold uint64, got {bars}")
+        check_index(base, bars, index)
+
+    def codegen(context, builder, sig, args):
+        require_arch(base, TCGEN05)
+        addr = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        ops = [addr]
+        if multicast:
+            ops.append(context.cast(builder, args[2], sig.args[2], types.uint16))
+        asm(builder, text, ["r", "h"] if multicast else ["r"], [], ops, memory=True)
+        return context.get_dummy_value()
+
+    if multicast:
+        def typer(typingctx, bars, index, cta_mask):
+            check(bars, index)
+            _check_int(base, cta_mask, "the CTA mask (16 bits, bit r = CTA rank r)")
+            return types.void(bars, index, cta_mask), codegen
+        call = "commit(bars, index, cta_mask)"
+        what = ("an arrive-one on the mbarrier at the same shared offset in every CTA of the "
+                "cluster whose rank's bit is set in the 16-bit ``cta_mask``")
+    else:
+        def typer(typingctx, bars, index):
+            check(bars, index)
+            return types.void(bars, index), codegen
+        call = "commit(bars, index)"
+        what = "an arrive-one on the mbarrier ``bars[index]`` of this CTA"
+    typer.__name__ = (f"tcgen05_commit{'_multicast' if multicast else ''}"
+                      f"{'_cg2' if cta_group == 2 else ''}")
+    typer.__doc__ = f"""Emits ``{text}`` (PTX ISA {_COMMIT}).
+
+    ``{call}``, by ONE thread: once every asynchronous tcgen05 operation this thread issued
+    before (mma, cp) has completed, performs {what}.  The mbarrier is a shared uint64 (array,
+    index), initialised with mbarrier_init.  Needs {TCGEN05.text}."""
+    return _with_forms(intrinsic(typer), [(text, ["r", "h"] if multicast else ["r"])], TCGEN05)
+
+
+_COMMITS = {(g, m): _build_commit(g, m) for g in CTA_GROUPS for m in (False, True)}
+
+
+def tcgen05_commit_op(cta_group=1, multicast=False):
+    """The tcgen05.commit intrinsic for ``cta_group`` 1 or 2, optionally ``.multicast::cluster``."""
+    _check_cta_group("tcgen05_commit_op", cta_group)
+    return _COMMITS[(cta_group, bool(multicast))]
+
+
+tcgen05_commit = tcgen05_commit_op(1)
+tcgen05_commit_cg2 = tcgen05_commit_op(2)
+tcgen05_commit_multicast = tcgen05_commit_op(1, True)
+tcgen05_commit_multicast_cg2 = tcgen05_commit_op(2, True)
+
+# ---------------------------------------------------------------------------------------------
+# tcgen05.ld / tcgen05.st / tcgen05.wait
+# ---------------------------------------------------------------------------------------------
+
+# shape -> (registers per repetition, largest .num).  PTX ISA 9.7.16, tcgen05.ld/st, ".num"
+# table: every shape repeats .x1, .x2, .x4 ... while a thread holds at most 128 registers
+# (nvJitLink refuses 16x128b.x128 and 16x256b.x64: "Illegal vector size: 256").
+TCGEN05_LDST_SHAPES = {"32x32b": (1, 128), "16x64b": (1, 128), "16x128b": (2, 64),
+                       "16x256b": (4, 32)}
+_LDST = "9.7.16 \"tcgen05.ld\" / \"tcgen05.st\" (and \"Matrix fragments for tcgen05.ld/st\")"
+
+
+def _ldst_regs(op, shape, num):
+    if shape not in TCGEN05_LDST_SHAPES:
+        raise ValueError(f"tcgen05.{op} shape must be one of {list(TCGEN05_LDST_SHAPES)}, "
+                         f"got {shape!r}")
+    per, top = TCGEN05_LDST_SHAPES[shape]
+    nums = [1 << i for i in range(8) if 1 << i <= top]
+    if num not in nums:
+        raise ValueError(f"tcgen05.{op}.{shape} takes .num {nums} (at most 128 registers), "
+                         f"got {num!r}")
+    return per * num
+
+
+def ldst_coords(shape, num):
+    """(lane offsets, column offsets), each an int array (32, registers): register ``r`` of warp
+    lane ``l`` holds TMEM cell (lane + dl, column + dc) of the instruction's address.
+
+    The "Matrix fragments for tcgen05.ld/st" figures of PTX ISA 9.7.16, as encoded by CUTLASS
+    (cute/atom/copy_traits_sm100.hpp, Copy_Traits<SM100_TMEM_LOAD_16dp{64,128,256}b1x /
+    32dp32b1x>) and the Apache TVM tcgen05 docs, repeated along the columns for ``.num``::
+
+        32x32b   dl = l                         dc = r
+        16x64b   dl = l/4 + 8*(l%2)             dc = (l/2)%2 + 2*r
+        16x128b  dl = l/4 + 8*(r%2)             dc = l%4 + 4*(r/2)
+        16x256b  dl = l/4 + 8*((r/2)%2)         dc = 2*(l%4) + r%2 + 8*(r/4)
+
+    (16x256b is the mma.sync m16n8 accumulator layout, repeated every 8 columns.)"""
+    regs = _ldst_regs("ld", shape, num)
+    lane = np.arange(32)[:, None]
+    r = np.arange(regs)[None, :]
+    if shape == "32x32b":
+        dl, dc = lane + 0 * r, r + 0 * lane
+    elif shape == "16x64b":
+        dl, dc = lane // 4 + 8 * (lane % 2) + 0 * r, (lane // 2) % 2 + 2 * r
+    elif shape == "16x128b":
+        dl, dc = lane // 4 + 8 * (r % 2), lane % 4 + 4 * (r // 2)
+    else:
+        dl, dc = lane // 4 + 8 * ((r // 2) % 2), 2 * (lane % 4) + r % 2 + 8 * (r // 4)
+    return dl, dc
+
+
+_LDST_CACHE = {}
+
+
+def tcgen05_ld(shape, num):
+    """The ``tcgen05.ld.sync.aligned.<shape>.x<num>.b32`` intrinsic: ``regs = ld(taddr)``,
+    a UniTuple of uint32 (:func:`ldst_coords` gives each register's cell).  Shapes and .num:
+    32x32b and 16x64b x1..x128, 16x128b x1..x64, 16x256b x1..x32."""
+    regs = _ldst_regs("ld", shape, num)
+    key = ("ld", shape, num)
+    if key not in _LDST_CACHE:
+        _LDST_CACHE[key] = _build_ld(shape, num, regs)
+    return _LDST_CACHE[key]
+
+
+def tcgen05_st(shape, num):
+    """The ``tcgen05.st.sync.aligned.<shape>.x<num>.b32`` intrinsic: ``st(taddr, regs)`` with
+    regs a UniTuple of uint32 (same shapes, .num and cells as :func:`tcgen05_ld`)."""
+    regs = _ldst_regs("st", shape, num)
+    key = ("st", shape, num)
+    if key not in _LDST_CACHE:
+        _LDST_CACHE[key] = _build_st(shape, num, regs)
+    return _LDST_CACHE[key]
+
+
+_WARP_RULE = ("warp w of the CTA may access TMEM lanes 32*(w%4) .. 32*(w%4)+31 only; the 16-lane "
+              "shapes start at that base or 16 above it")
+
+
+def _build_ld(shape, num, regs):
+    name = f"tcgen05.ld.sync.aligned.{shape}.x{num}.b32"
+    template = f"{name} {register_list(0, regs)}, [${regs}];"
+    ret = types.UniTuple(types.uint32, regs)
+
+    def typer(typingctx, taddr):
+        _check_int(name, taddr, "the TMEM address")
+        sig = ret(taddr)
+
+        def codegen(context, builder, sig, args):
+            require_arch(name, TCGEN05)
+            t = context.cast(builder, args[0], sig.args[0], types.uint32)
+            outs = asm(builder, template, ["=r"] * regs + ["r"], [I32] * regs, [t], memory=True)
+            return pack(context, builder, sig.return_type, outs)
+
+        return sig, codegen
+
+    typer.__name__ = f"tcgen05_ld_{shape}_x{num}"
+    typer.__doc__ = (
+        f"Emits ``{template}`` (PTX ISA {_LDST}).\n\n``regs = ld(taddr)`` by a whole warp; "
+        f"returns {ret}.  {_WARP_RULE}.  Asynchronous: ``regs = tcgen05_wait_ld_regs(regs)`` "
+        f"before using them.  Needs {TCGEN05.text}."
+    )
+    return _with_forms(intrinsic(typer), [(template, ["=r"] * regs + ["r"])], TCGEN05)
+
+
+def _build_st(shape, num, regs):
+    name = f"tcgen05.st.sync.aligned.{shape}.x{num}.b32"
+    template = f"{name} [$0], {register_list(1, regs)};"
+    frag = types.UniTuple(types.uint32, regs)
+
+    def typer(typingctx, taddr, values):
+        _check_int(name, taddr, "the TMEM address")
+        check_type(name, values, frag, "the registers")
+        sig = types.void(taddr, values)
+
+        def codegen(context, builder, sig, args):
+            require_arch(name, TCGEN05)
+            t = context.cast(builder, args[0], sig.args[0], types.uint32)
+            vals = unpack(builder, sig.args[1], args[1])
+            asm(builder, template, ["r"] * (regs + 1), [], [t] + vals, memory=True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    typer.__name__ = f"tcgen05_st_{shape}_x{num}"
+    typer.__doc__ = (
+        f"Emits ``{template}`` (PTX ISA {_LDST}).\n\n``st(taddr, regs)`` by a whole warp, regs "
+        f"{frag}.  {_WARP_RULE}.  Asynchronous: tcgen05_wait_st before the cells are read by "
+        f"another tcgen05 operation.  Needs {TCGEN05.text}."
+    )
+    return _with_forms(intrinsic(typer), [(template, ["r"] * (regs + 1))], TCGEN05)
+
+
+def _no_operand(pyname, text, doc):
+    def typer(typingctx):
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            require_arch(pyname, TCGEN05)
+            asm(builder, text, [], memory=True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    typer.__name__ = pyname
+    typer.__doc__ = doc
+    return _with_forms(intrinsic(typer), [(text, [])], TCGEN05)
+
+
+tcgen05_wait_ld = _no_operand(
+    "tcgen05_wait_ld", "tcgen05.wait::ld.sync.aligned;",
+    f"""Emits ``tcgen05.wait::ld.sync.aligned;`` (PTX ISA 9.7.16, "tcgen05.wait").
+
+    By a whole warp: waits until every tcgen05.ld of this thread has completed.  Prefer
+    :func:`tcgen05_wait_ld_regs`, which also pins the uses of the loaded registers below the wait.
+    Needs {TCGEN05.text}.""")
+
+tcgen05_wait_st = _no_operand(
+    "tcgen05_wait_st", "tcgen05.wait::st.sync.aligned;",
+    f"""Emits ``tcgen05.wait::st.sync.aligned;`` (PTX ISA 9.7.16, "tcgen05.wait").
+
+    By a whole warp: waits until every tcgen05.st of this thread has completed (before another
+    tcgen05 operation or thread reads the cells).  Needs {TCGEN05.text}.""")
+
+
+@intrinsic
+def tcgen05_wait_ld_regs(typingctx, frag):
+    """Emits ``tcgen05.wait::ld.sync.aligned;`` with every register of ``frag`` tied through it
+    (constraints ``=r,...,0,1,...``): ``regs = tcgen05_wait_ld_regs(regs)``.
+
+    The same wait as :func:`tcgen05_wait_ld`, by a whole warp; because its outputs are the
+    registers, every later use depends on the (volatile) wait and LLVM cannot move it above.
+    ``frag``: a uint32 or a UniTuple of uint32 (what tcgen05_ld returns).  Needs sm_100a/sm_103a/
+    sm_110a."""
+    dtype = frag.dtype if isinstance(frag, types.UniTuple) else frag
+    if dtype != types.uint32:
+        raise NumbaTypeError(
+            f"tcgen05_wait_ld_regs takes a uint32 or a UniTuple of uint32 (tcgen05_ld's result), "
+            f"got {frag}")
+    count = frag.count if isinstance(frag, types.UniTuple) else 1
+    constraints = ["=r"] * count + [str(i) for i in range(count)]
+    sig = frag(frag)
+
+    def codegen(context, builder, sig, args):
+        require_arch("tcgen05_wait_ld_regs", TCGEN05)
+        values = unpack(builder, sig.args[0], args[0])
+        outs = asm(builder, "tcgen05.wait::ld.sync.aligned;", constraints, [I32] * count, values,
+                   memory=True)
+        return pack(context, builder, sig.return_type, outs)
+
+    return sig, codegen
+
+
+tcgen05_wait_ld_regs = _with_forms(tcgen05_wait_ld_regs, [("tcgen05.wait::ld.sync.aligned;", [])],
+                                   TCGEN05)
+
+tcgen05_fence_before_thread_sync = _no_operand(
+    "tcgen05_fence_before_thread_sync", "tcgen05.fence::before_thread_sync;",
+    f"""Emits ``tcgen05.fence::before_thread_sync;`` (PTX ISA 9.7.16, "tcgen05.fence").
+
+    Orders this thread's earlier asynchronous tcgen05 operations before a following thread
+    synchronisation (bar.sync, mbarrier arrive): e.g. before the barrier that ends the epilogue's
+    tcgen05.ld and precedes tcgen05.dealloc, or that publishes tcgen05.alloc's address.  Needs
+    {TCGEN05.text}.""")
+
+tcgen05_fence_after_thread_sync = _no_operand(
+    "tcgen05_fence_after_thread_sync", "tcgen05.fence::after_thread_sync;",
+    f"""Emits ``tcgen05.fence::after_thread_sync;`` (PTX ISA 9.7.16, "tcgen05.fence").
+
+    Orders this thread's later tcgen05 operations after a preceding thread synchronisation
+    (bar.sync, an mbarrier wait): e.g. after waiting on tcgen05.commit's mbarrier and before
+    tcgen05.ld of the accumulator.  Needs {TCGEN05.text}.""")
+
+# ---------------------------------------------------------------------------------------------
+# tcgen05.cp (shared memory -> tensor memory)
+# ---------------------------------------------------------------------------------------------
+
+# shape -> (rows, bytes per row).  PTX ISA 9.7.16, tcgen05.cp, ".shape" table.
+TCGEN05_CP_SHAPES = {
+    "128x256b": (128, 32),
+    "4x256b": (4, 32),
+    "128x128b": (128, 16),
+    "64x128b.warpx2::02_13": (64, 16),
+    "64x128b.warpx2::01_23": (64, 16),
+    "32x128b.warpx4": (32, 16),
+}
+
+
+def cp_lane_map(shape):
+    """TMEM lanes (relative to the address's lane) that row ``r`` of the source goes to: a list
+    of lists.  PTX ISA 9.7.16, tcgen05.cp, "multicast" shapes: warpx2::02_13 copies each of the
+    64 rows to lanes r and r+64 (warps 0 and 2, 1 and 3); warpx2::01_23 row r to 64*(r/32)+r%32
+    and 32 above it (warps 0 and 1, 2 and 3); warpx4 each of 32 rows to the four warps' lanes
+    r, r+32, r+64, r+96; 4x256b its 4 rows to lanes 0, 32, 64, 96."""
+    rows = TCGEN05_CP_SHAPES[shape][0]
+    if shape == "4x256b":
+        return [[32 * r] for r in range(rows)]
+    if shape == "64x128b.warpx2::02_13":
+        return [[r, r + 64] for r in range(rows)]
+    if shape == "64x128b.warpx2::01_23":
+        return [[64 * (r // 32) + r % 32, 64 * (r // 32) + r % 32 + 32] for r in range(rows)]
+    if shape == "32x128b.warpx4":
+        return [[r + 32 * w for w in range(4)] for r in range(rows)]
+    return [[r] for r in range(rows)]
+
+
+_CP_CACHE = {}
+
+
+def tcgen05_cp(shape, cta_group=1):
+    """The ``tcgen05.cp.cta_group::N.<shape>`` intrinsic: ``cp(taddr, s_desc)`` by ONE thread.
+
+    Copies a ``rows x bits`` matrix from shared memory, described by the sm100 shared-memory
+    descriptor ``s_desc`` (:func:`make_umma_smem_desc`; rows are the descriptor's MN dimension,
+    the row's bytes its K), to TMEM at ``taddr``: row r to the lanes of :func:`cp_lane_map`, its
+    32-bit words to consecutive columns.  Asynchronous; complete it with tcgen05_commit.  Shapes:
+    128x256b, 4x256b, 128x128b, 64x128b.warpx2::02_13, 64x128b.warpx2::01_23, 32x128b.warpx4."""
+    if shape not in TCGEN05_CP_SHAPES:
+        raise ValueError(f"tcgen05.cp shape must be one of {list(TCGEN05_CP_SHAPES)}, "
+                         f"got {shape!r}")
+    _check_cta_group("tcgen05_cp", cta_group)
+    key = (shape, cta_group)
+    if key not in _CP_CACHE:
+        _CP_CACHE[key] = _build_cp(shape, cta_group)
+    return _CP_CACHE[key]
+
+
+def _build_cp(shape, cta_group):
+    name = f"tcgen05.cp.cta_group::{cta_group}.{shape}"
+    template = f"{name} [$0], $1;"
+
+    def typer(typingctx, taddr, s_desc):
+        _check_int(name, taddr, "the TMEM address")
+        _check_int(name, s_desc, "the shared-memory descriptor (uint64)")
+        sig = types.void(taddr, s_desc)
+
+        def codegen(context, builder, sig, args):
+            require_arch(name, TCGEN05)
+            t = context.cast(builder, args[0], sig.args[0], types.uint32)
+            d = context.cast(builder, args[1], sig.args[1], types.uint64)
+            asm(builder, template, ["r", "l"], [], [t, d], memory=True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    typer.__name__ = "tcgen05_cp_" + shape.replace(".", "_").replace("::", "_")
+    typer.__doc__ = (f"Emits ``{template}`` (PTX ISA 9.7.16, tcgen05.cp).\n\n``cp(taddr, "
+                     f"s_desc)`` by ONE thread.  Needs {TCGEN05.text}.")
+    return _with_forms(intrinsic(typer), [(template, ["r", "l"])], TCGEN05)
+
+
+# ---------------------------------------------------------------------------------------------
+# Builders: the instruction descriptor
+# ---------------------------------------------------------------------------------------------
+
+
+def _make_instr_desc(d_format, a_format, b_format, m, n, a_major, b_major, negate_a, negate_b):
+    # Every field through int64 first (numba types uint32/int64 mixtures as float64).
+    desc = (((np.int64(d_format) & 3) << 4) | ((np.int64(a_format) & 7) << 7)
+            | ((np.int64(b_format) & 7) << 10) | ((np.int64(negate_a) & 1) << 13)
+            | ((np.int64(negate_b) & 1) << 14) | ((np.int64(a_major) & 1) << 15)
+            | ((np.int64(b_major) & 1) << 16) | (((np.int64(n) >> 3) & 0x3F) << 17)
+            | (((np.int64(m) >> 4) & 0x1F) << 24))
+    return np.uint32(desc)
+
+
+def _make_instr_desc_block_scaled(a_format, b_format, scale_format, m, n, a_major, b_major,
+                                  negate_a, negate_b, sfa_id, sfb_id):
+    desc = (((np.int64(sfb_id) & 3) << 4) | ((np.int64(a_format) & 7) << 7)
+            | ((np.int64(b_format) & 7) << 10) | ((np.int64(negate_a) & 1) << 13)
+            | ((np.int64(negate_b) & 1) << 14) | ((np.int64(a_major) & 1) << 15)
+            | ((np.int64(b_major) & 1) << 16) | (((np.int64(n) >> 3) & 0x3F) << 17)
+            | ((np.int64(scale_format) & 1) << 23) | (((np.int64(m) >> 4) & 0x1F) << 24)
+            | ((np.int64(sfa_id) & 3) << 29))
+    return np.uint32(desc)
+
+
+_IDESC_TABLE = """PTX ISA 9.7.16, "Instruction descriptor" (tcgen05-instruction-desc), table
+    "Instruction descriptor format for .kind::f16, .kind::tf32, .kind::f8f6f4 and .kind::i8"::
+
+        bits  0-1   sparsity selector (0)          bit  2   sparsity (0: dense)
+        bit   3     saturate (integer kinds; 0)    bits 4-5 D type: 0 F16, 1 F32 (2 S32)
+        bits  7-9   A type, bits 10-12 B type:     kind::f16 F16 0, BF16 1; kind::tf32 TF32 2;
+                    kind::f8f6f4 E4M3 0, E5M2 1, E2M3 3, E3M2 4, E2M1 5
+        bit  13     negate A        bit 14  negate B
+        bit  15     transpose A (0: K-major, 1: MN-major)   bit 16  transpose B
+        bits 17-22  N >> 3          bits 24-28  M >> 4      bits 30-31  max shift (.ws; 0)"""
+
+_IDESC_BS_TABLE = """PTX ISA 9.7.16, "Instruction descriptor" table "Instruction descriptor format
+    for .kind::mxf8f6f4, .kind::mxf4 and .kind::mxf4nvf4"::
+
+        bits  0-1   sparsity selector (0)          bit  2   sparsity (0: dense)
+        bits  4-5   B scale-factor data ID (the byte of the SFB cell to start at)
+        bits  7-9   A type, bits 10-12 B type:     kind::mxf8f6f4 E4M3 0, E5M2 1, E2M3 3,
+                    E3M2 4, E2M1 5; kind::mxf4 / mxf4nvf4 E2M1 1
+        bit  13     negate A        bit 14  negate B
+        bit  15     transpose A     bit 16  transpose B (fp4/fp6: 0 only)
+        bits 17-22  N >> 3          bit 23  scale type: 0 UE4M3, 1 UE8M0
+        bits 24-28  M >> 4          bits 29-30  A scale-factor data ID
+        bit  31     K: 0 = K of the table (the only value here)"""
+
+make_instr_desc = cuda.jit(device=True, inline="always")(_make_instr_desc)
+make_instr_desc.__doc__ = f"""Device function: the 32-bit tcgen05.mma instruction descriptor of a
+dense kind from numeric codes: ``make_instr_desc(d_format, a_format, b_format, m, n, a_major,
+b_major, negate_a, negate_b)`` (codes of :data:`IDESC_D_FORMATS` / :data:`IDESC_AB_FORMATS`;
+majors 0 K-major, 1 MN-major).  Returns uint32.  Layout: {_IDESC_TABLE}"""
+
+make_instr_desc_block_scaled = cuda.jit(device=True, inline="always")(
+    _make_instr_desc_block_scaled)
+make_instr_desc_block_scaled.__doc__ = f"""Device function: the 32-bit instruction descriptor of a
+block-scaled kind: ``make_instr_desc_block_scaled(a_format, b_format, scale_format, m, n,
+a_major, b_major, negate_a, negate_b, sfa_id, sfb_id)``.  Returns uint32.  Layout:
+{_IDESC_BS_TABLE}"""
+
+
+def _major_bit(name, major):
+    if major not in ("K", "MN"):
+        raise ValueError(f"{name} must be 'K' or 'MN', got {major!r}")
+    return int(major == "MN")
+
+
+def _check_types(kind, a, b):
+    row = TCGEN05_MMA_KINDS[kind]
+    for what, t in (("A", a), ("B", b)):
+        if t not in row.ab_types:
+            raise ValueError(f"tcgen05.mma kind::{kind} takes {what} types "
+                             f"{'/'.join(row.ab_types)}, got {t!r}")
+    if kind == "f16" and a != b:
+        raise ValueError(f"tcgen05.mma kind::f16 needs A and B of one type (f16 or bf16), got "
+                         f"A={a}, B={b}")
+
+
+def make_instr_desc_host(kind, a, b=None, d="f32", *, m=128, n, a_major="K", b_major="K",
+                         negate_a=False, negate_b=False, cta_group=1, a_from="smem"):
+    """Host builder of a dense kind's instruction descriptor (returns an int); checks every
+    field against the ISA: ``kind`` "f16"/"tf32"/"f8f6f4", ``a``/``b`` element types, ``d``
+    "f32" or "f16" (f16 and f8f6f4 only), (M, N) per :func:`check_mma_shape`, majors "K"/"MN"
+    (MN only for f16/bf16/tf32/e4m3/e5m2).  Layout: """ + _IDESC_TABLE
+    b = a if b is None else b
+    if kind not in ("f16", "tf32", "f8f6f4"):
+        raise ValueError(f"make_instr_desc_host builds the dense kinds f16/tf32/f8f6f4, got "
+                         f"{kind!r} (block-scaled: make_instr_desc_block_scaled_host)")
+    _check_types(kind, a, b)
+    row = TCGEN05_MMA_KINDS[kind]
+    if d not in row.d_types:
+        raise ValueError(f"tcgen05.mma kind::{kind} accumulates in {'/'.join(row.d_types)}, "
+                         f"got {d!r}")
+    if a == "bf16" and d != "f32":
+        raise ValueError(f"tcgen05.mma kind::f16 with bf16 inputs accumulates in f32 only, got "
+                         f"{d!r}")
+    check_mma_shape(kind, m, n, cta_group, a_from)
+    am, bm = _major_bit("a_major", a_major), _major_bit("b_major", b_major)
+    for t, mj, what in ((a, am, "A"), (b, bm, "B")):
+        if mj and t not in _TRANSPOSABLE:
+            raise ValueError(f"{what} of type {t} must be K-major; MN-major exists only for "
+                             f"{'/'.join(_TRANSPOSABLE)}")
+    if a_from == "tmem" and am:
+        raise ValueError("A in tensor memory is K-major (a_major='K')")
+    codes = IDESC_AB_FORMATS[kind]
+    return int(_make_instr_desc(IDESC_D_FORMATS[d], codes[a], codes[b], m, n, am, bm,
+                                int(bool(negate_a)), int(bool(negate_b))))
+
+
+def make_instr_desc_block_scaled_host(kind, a, b=None, scale="ue8m0", *, m=128, n,
+                                      scale_vec=None, a_major="K", b_major="K", negate_a=False,
+                                      negate_b=False, sfa_id=0, sfb_id=0, cta_group=1,
+                                      a_from="smem"):
+    """Host builder of a block-scaled kind's instruction descriptor (returns an int).
+
+    ``kind`` "mxf8f6f4"/"mxf4"/"mxf4nvf4"; ``scale`` "ue8m0" or "ue4m3" (mxf4nvf4 with scale_vec
+    "4X"/"block16" only); ``sfa_id``/``sfb_id``: the byte of the scale-factor cell the first
+    scale factor sits in -- 0..3 with 1 scale per row (1X), 0 or 2 with 2 (2X), 0 with 4 (4X).
+    fp4/fp6 operands must be K-major.  Layout: """ + _IDESC_BS_TABLE
+    b = a if b is None else b
+    if kind not in ("mxf8f6f4", "mxf4", "mxf4nvf4"):
+        raise ValueError(f"make_instr_desc_block_scaled_host builds the block-scaled kinds "
+                         f"mxf8f6f4/mxf4/mxf4nvf4, got {kind!r}")
+    _check_types(kind, a, b)
+    row = TCGEN05_MMA_KINDS[kind]
+    if scale_vec not in row.scale_vecs:
+        raise ValueError(f"tcgen05.mma kind::{kind} takes scale_vec "
+                         f"{', '.join(repr(v) for v in row.scale_vecs)}, got {scale_vec!r}")
+    if scale not in row.scale_types[scale_vec]:
+        raise ValueError(f"tcgen05.mma kind::{kind} with scale_vec {scale_vec!r} takes scale "
+                         f"type {'/'.join(row.scale_types[scale_vec])}, got {scale!r}")
+    check_mma_shape(kind, m, n, cta_group, a_from)
+    count = row.scale_vecs[scale_vec]
+    ids = [i for i in range(4) if i % count == 0]
+    for what, sf in (("sfa_id", sfa_id), ("sfb_id", sfb_id)):
+        if sf not in ids:
+            raise ValueError(f"{what} with {count} scale factor(s) per row must be one of {ids} "
+                             f"(the starting byte of the 32-bit cell), got {sf!r}")
+    am, bm = _major_bit("a_major", a_major), _major_bit("b_major", b_major)
+    for t, mj, what in ((a, am, "A"), (b, bm, "B")):
+        if mj and t not in _TRANSPOSABLE:
+            raise ValueError(f"{what} of type {t} must be K-major; MN-major exists only for "
+                             f"{'/'.join(_TRANSPOSABLE)}")
+    codes = IDESC_AB_FORMATS[kind]
+    return int(_make_instr_desc_block_scaled(codes[a], codes[b], IDESC_SCALE_FORMATS[scale], m,
+                                             n, am, bm, int(bool(negate_a)),
+                                             int(bool(negate_b)), sfa_id, sfb_id))
+
+
+def decode_instr_desc(idesc, block_scaled=False):
+    """The fields of an instruction descriptor (numbers, as the tables give them): dict with
+    sparse_id, sparse, a_format, b_format, negate_a, negate_b, a_major, b_major, n, m, and
+    saturate, d_format, max_shift (dense) or sfa_id, sfb_id, scale_format, k_flag
+    (block-scaled)."""
+    x = int(idesc) & 0xFFFFFFFF
+    f = {
+        "sparse_id": x & 3, "sparse": (x >> 2) & 1, "a_format": (x >> 7) & 7,
+        "b_format": (x >> 10) & 7, "negate_a": (x >> 13) & 1, "negate_b": (x >> 14) & 1,
+        "a_major": (x >> 15) & 1, "b_major": (x >> 16) & 1, "n": ((x >> 17) & 0x3F) << 3,
+        "m": ((x >> 24) & 0x1F) << 4,
+    }
+    if block_scaled:
+        f.update(sfb_id=(x >> 4) & 3, scale_format=(x >> 23) & 1, sfa_id=(x >> 29) & 3,
+                 k_flag=(x >> 31) & 1, reserved=((x >> 3) & 1) | ((x >> 6) & 1) << 1)
+    else:
+        f.update(saturate=(x >> 3) & 1, d_format=(x >> 4) & 3, max_shift=(x >> 30) & 3,
+                 reserved=((x >> 6) & 1) | ((x >> 23) & 1) << 1 | ((x >> 29) & 1) << 2)
+    return f
+
+
+# ---------------------------------------------------------------------------------------------
+# Builders: the sm100 shared-memory descriptor
+# ---------------------------------------------------------------------------------------------
+
+# layout (swizzle) name -> the 3-bit code of descriptor bits 61-63 (PTX ISA 9.7.16, "Shared
+# memory descriptor"; CUTLASS UMMA::LayoutType).  Hopper's wgmma used 2 bits at 62-63 with
+# 1 = 128B, 2 = 64B, 3 = 32B.
+UMMA_LAYOUT_TYPES = {0: 0, "128B_base32B": 1, 128: 2, 64: 4, 32: 6}
+
+_SMEM_DESC_TABLE = """PTX ISA 9.7.16, "Shared memory descriptor"
+    (tcgen05-shared-memory-desc-layout)::
+
+        bits  0-13  start address >> 4          bits 16-29  leading-dimension byte offset >> 4
+        bits 32-45  stride-dimension byte offset >> 4
+        bits 46-48  fixed 0b001 (the descriptor version; Hopper's wgmma descriptor has 0 here)
+        bits 49-51  base offset (0 when the swizzle atoms start on their repeat boundary)
+        bit  52     LBO mode: 0 relative byte offset, 1 absolute address (48 B K tiles)
+        bits 53-60  fixed 0
+        bits 61-63  layout: 0 no swizzle, 1 128B with 32B atomic (128B_base32B), 2 128B,
+                    4 64B, 6 32B
+
+    The canonical K-major / MN-major layouts and the meaning of LBO/SBO are wgmma's (see
+    intrinsics.wgmma: same core matrices, same swizzles)."""
+
+
+def _make_umma_smem_desc(addr, lbo_bytes, sbo_bytes, swizzle_bytes):
+    code = 0
+    if swizzle_bytes == 128:
+        code = 2
+    elif swizzle_bytes == 64:
+        code = 4
+    elif swizzle_bytes == 32:
+        code = 6
+    lo = ((np.int64(addr) & 0x3FFFF) >> 4) | (((np.int64(lbo_bytes) & 0x3FFFF) >> 4) << 16)
+    hi = (((np.int64(sbo_bytes) & 0x3FFFF) >> 4) | (np.int64(1) << 14)
+          | (np.int64(code) << 29))
+    return (np.uint64(hi) << np.uint64(32)) | np.uint64(lo)
+
+
+make_umma_smem_desc = cuda.jit(device=True, inline="always")(_make_umma_smem_desc)
+make_umma_smem_desc.__doc__ = f"""Device function: the 64-bit tcgen05 shared-memory descriptor of a
+tile at shared address ``addr`` (bytes, 16-byte aligned) with leading/stride byte offsets and
+swizzle width ``swizzle_bytes`` (0, 32, 64 or 128; anything else encodes "none").  Version 1,
+base offset 0, relative LBO.  Returns uint64.  Layout: {_SMEM_DESC_TABLE}"""
+
+
+@cuda.jit(device=True, inline="always")
+def umma_smem_desc(array, index, lbo_bytes, sbo_bytes, swizzle_bytes):
+    """Device function: :func:`make_umma_smem_desc` for the tile that starts at ``array[index]``
+    in shared memory."""
+    return make_umma_smem_desc(smem_shared_address(array, index), lbo_bytes, sbo_bytes,
+                               swizzle_bytes)
+
+
+def make_umma_smem_desc_host(addr, lbo_bytes, sbo_bytes, swizzle, base_offset=0, lbo_mode=0):
+    """Host builder of the tcgen05 shared-memory descriptor (returns an int); ``swizzle`` 0, 32,
+    64, 128 (bytes) or "128B_base32B".  Layout: """ + _SMEM_DESC_TABLE
+    if swizzle not in UMMA_LAYOUT_TYPES:
+        raise ValueError(f"swizzle must be one of {list(UMMA_LAYOUT_TYPES)}, got {swizzle!r}")
+    for name, value in (("address", addr), ("LBO", lbo_bytes), ("SBO", sbo_bytes)):
+        if value % 16 or not 0 <= value < 1 << 18:
+            raise ValueError(f"descriptor {name} must be a multiple of 16 in 0..2**18, got {value}")
+    if not 0 <= base_offset < 8 or lbo_mode not in (0, 1):
+        raise ValueError(f"base_offset must be 0..7 and lbo_mode 0 or 1, got {base_offset}, "
+                         f"{lbo_mode}")
+    return ((addr >> 4) | (lbo_bytes >> 4) << 16 | (sbo_bytes >> 4) << 32 | 1 << 46
+            | base_offset << 49 | lbo_mode << 52 | UMMA_LAYOUT_TYPES[swizzle] << 61)
+
+
+def decode_umma_smem_desc(desc):
+    """The fields of a tcgen05 shared-memory descriptor: dict(addr, lbo, sbo (bytes), version,
+    base_offset, lbo_mode, layout (the code), swizzle (bytes or "128B_base32B"; None for an
+    undefined code), fixed (bits 53-60))."""
+    desc = int(desc)
+    code = (desc >> 61) & 7
+    names = {v: k for k, v in UMMA_LAYOUT_TYPES.items()}
+    return {
+        "addr": (desc & 0x3FFF) << 4, "lbo": ((desc >> 16) & 0x3FFF) << 4,
+        "sbo": ((desc >> 32) & 0x3FFF) << 4, "version": (desc >> 46) & 7,
+        "base_offset": (desc >> 49) & 7, "lbo_mode": (desc >> 52) & 1, "layout": code,
+        "swizzle": names.get(code), "fixed": (desc >> 53) & 0xFF,
+    }
+
+
+def umma_smem_desc_address_host(desc, major, elem_bytes, mn, k):
+    """Shared byte address that tcgen05 reads for element (mn, k) of one instruction's operand
+    (A: mn = m, B: mn = n; ``k`` within the instruction, 0..K-1), given its descriptor.
+
+    The canonical layouts are wgmma's: the descriptor is rewritten as the equivalent Hopper one
+    and :func:`intrinsics.wgmma.smem_desc_address_host` computes the address (one model for
+    both families).  Supported: swizzle none/32B/64B/128B, base offset 0, LBO mode 0; anything
+    else raises NotImplementedError."""
+    from intrinsics.wgmma import make_smem_desc_host, smem_desc_address_host
+
+    f = decode_umma_smem_desc(desc)
+    if f["swizzle"] not in (0, 32, 64, 128) or f["base_offset"] or f["lbo_mode"]:
+        raise NotImplementedError(
+            f"descriptor layout {f['swizzle']!r} (code {f['layout']}), base offset "
+            f"{f['base_offset']}, LBO mode {f['lbo_mode']}: only swizzle none/32B/64B/128B with "
+            "base offset 0 and relative LBO are modelled")
+    hopper = make_smem_desc_host(f["addr"], f["lbo"], f["sbo"], f["swizzle"])
+    return smem_desc_address_host(hopper, major, elem_bytes, mn, k)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor-memory layouts of the MMA operands (host models)
+# ---------------------------------------------------------------------------------------------
+
+
+def tmem_d_coords(m, n, d="f32"):
+    """(lane, column, half) of D[row, col] for cta_group::1 (int arrays of shape (m, n)).
+
+    PTX ISA 9.7.16.10.5, "Data path layout organization": M=128 is layout D (row i in lane i);
+    M=64 (not .ws) is layout F (rows 16w..16w+15 in lanes 32w..32w+15: half of each warp's
+    lanes).  An f32 element fills a column (half 0); an f16 accumulator packs two columns' values
+    into one 32-bit cell, the even one in the low half (CUTLASS tmem_ptr: 16-bit elements at two
+    per column) -- the f16 packing is modelled from CUTLASS, not from an ISA figure."""
+    rows, cols = np.meshgrid(np.arange(m), np.arange(n), indexing="ij")
+    if m == 128:
+        lanes = rows
+    elif m == 64:
+        lanes = 32 * (rows // 16) + rows % 16
+    else:
+        raise ValueError(f"cta_group::1 D layouts exist for M=64 and M=128, got M={m}")
+    if d == "f16":
+        return lanes, cols // 2, cols % 2
+    return lanes, cols, np.zeros_like(cols)
+
+
+def scale_factor_coords(operand, rows, count, sf_id=0):
+    """(lane, column offset, byte) of scale factor j of row ``r`` of A or B for cta_group::1,
+    M=128: int arrays of shape (rows, count) (B: for the datapath of warp 0; warp w's datapath
+    reads the same cells 32*w lanes higher).
+
+    MODELLED, not from an ISA figure I could check: the layout CUTLASS and DeepGEMM produce for
+    block-scaled UMMA -- their 128-row scale-factor chunk (rows r at byte offset 16*(r%32) +
+    4*(r/32) + j of 512 bytes) copied with ``tcgen05.cp.32x128b.warpx4`` -- read as::
+
+        A row m:  lane m,                 column sfa + m/32,   byte sf_id + j
+        B row n:  lane 32*w + n%32,       column sfb + n/32,   byte sf_id + j
+
+    where w is the warp (TMEM sub-partition) whose lanes hold the D rows being computed: every
+    sub-partition needs all of B's scale factors, which is why they are replicated four times."""
+    r = np.arange(rows)[:, None]
+    j = np.arange(count)[None, :]
+    if operand == "A":
+        return r + 0 * j, r // 32 + 0 * j, sf_id + j + 0 * r
+    if operand == "B":
+        return r % 32 + 0 * j, r // 32 + 0 * j, sf_id + j + 0 * r
+    raise ValueError(f"operand must be 'A' or 'B', got {operand!r}")
