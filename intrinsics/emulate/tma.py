@@ -31,8 +31,9 @@ remembers what was read; the wait that completes the group (``bulk_wait_group`` 
 ``bulk_wait_group_read``) checks that those shared bytes are unchanged, since the hardware may
 read them as late as that wait -- overwriting the source earlier is an EmulationError.
 
-Not emulated (NotImplementedError naming the reason): ``tma_load_im2col``, interleaved maps,
-the packed sub-byte types and the tf32 / ftz types (whose conversions the hardware applies).
+im2col loads follow the PTX ISA's description (5.5.4; see ``tma_load_im2col``), unverified on
+hardware.  Not emulated (NotImplementedError naming the reason): interleaved maps, the packed
+sub-byte types and the tf32 / ftz types (whose conversions the hardware applies).
 """
 
 import numpy as np
@@ -214,14 +215,65 @@ def tma_load_multicast(dst, dst_index, tmap, coords, bars, bar_index, cta_mask):
     _load("tma_load_multicast", dst, dst_index, tmap, coords, bars, bar_index, cta_mask)
 
 
+def _im2col_pixels(tm, coords):
+    """The (n, spatial...) positions of the filter base for the load's pixels, and the channel
+    start.  PTX ISA 5.5.4 (im2col mode): the bounding box in each spatial dimension runs from
+    ``lower_corner`` to ``size - 1 + upper_corner`` (inclusive), in steps of that dimension's
+    traversal stride; the instruction's spatial coordinates give the first filter base, N and C
+    coordinates start offsets as in tile mode; pixels are walked W fastest, then H, then D, and
+    past the box's last position into the next image (N + 1)."""
+    inner = [_s32(c) for c in coords]  # innermost first: C, W, (H, (D,)) N
+    c0, n0, base = inner[0], inner[-1], inner[1:-1]
+    sizes = list(tm.shape[::-1][1:-1])  # W, H, D
+    lower = list(tm.lower_corner[::-1])
+    upper = list(tm.upper_corner[::-1])
+    steps = list(tm.element_strides[::-1][1:-1])
+    pixels = []
+    n, pos = n0, list(base)
+    for _ in range(tm.pixels_per_column):
+        pixels.append((n, tuple(pos)))
+        for i in range(len(pos)):
+            pos[i] += steps[i]
+            if pos[i] <= sizes[i] - 1 + upper[i]:
+                break
+            pos[i] = lower[i]
+        else:
+            n += 1
+    return c0, pixels
+
+
 def tma_load_im2col(dst, dst_index, tmap, coords, offsets, bars, bar_index):
+    """Modelled from the PTX ISA's text and examples only: im2col tensor copies could not run on
+    the lent H200 (its TMA tensor copies fault), so no hardware has checked this model."""
     thread = current()
-    raise NotImplementedError(
-        f"{thread.where()}: tma_load_im2col (cp.async.bulk.tensor.{len(tuple(coords))}d ... "
-        ".im2col) is not emulated: the emulation has no verified model of the im2col pixel "
-        "traversal (bounding box corners, im2col offsets, traversal strides); run this kernel "
-        "on a GPU"
-    )
+    op = _rank_ptx("tma_load_im2col", len(tuple(coords)))
+    tm = _tensormap(thread, tmap, op)
+    _check_map(thread, tm, op, mode="im2col")
+    if len(tuple(coords)) != tm.rank or len(tuple(offsets)) != tm.rank - 2:
+        raise EmulationError(f"{thread.where()}: {op}: a rank-{tm.rank} im2col map takes "
+                             f"{tm.rank} coordinates and {tm.rank - 2} offsets")
+    source = _source(thread, tm, op)
+    address = memory.shared_address(dst, dst_index)
+    bar = barrier_address(op, bars, bar_index)
+    offs = [int(o) & 0xFFFF for o in offsets]  # innermost first: W, H, D
+    c0, pixels = _im2col_pixels(tm, coords)
+    cpp = tm.channels_per_pixel
+    uint = _UINT[source.itemsize]
+    bits = np.zeros((len(pixels), cpp), dtype=uint)
+    fill = _NAN_BITS[tm.dtype.name] if tm.oob_fill == "nan" else 0
+    channels = c0 + np.arange(cpp)
+    c_ok = (channels >= 0) & (channels < tm.shape[-1])
+    for row, (n, base) in enumerate(pixels):
+        spatial = [b + o for b, o in zip(base, offs)][::-1]  # natural order: (D,) (H,) W
+        at = (n, *spatial)
+        inside = all(0 <= i < size for i, size in zip(at, tm.shape[:-1]))
+        bits[row] = fill
+        if inside:
+            bits[row, c_ok] = source[at].view(uint)[channels[c_ok]]
+    image = bits.reshape(-1).view(np.uint8)
+    shared_offsets = _image(thread, address, image.size, tm.swizzle, op)
+    _shared(thread, thread.block, address, int(shared_offsets.max()) + 1, op)[shared_offsets] = image
+    complete_tx(thread, thread.block, bar, image.size, op)
 
 
 # ---------------------------------------------------------------------------------------------

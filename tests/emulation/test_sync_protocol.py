@@ -390,17 +390,41 @@ def test_bulk_store_source_overwritten_before_its_read_wait():
 
 
 @cuda.jit
-def _im2col(tmap):
-    dyn = cuda.shared.array(0, np.uint8)
-    bars = cuda.shared.array(1, np.uint64)
-    if cuda.threadIdx.x == 0:
+def _im2col(tmap, c, out):
+    dyn = cuda.shared.array(0, np.uint16, alignment=1024)
+    bars = cuda.shared.array(1, np.uint64, alignment=8)
+    t = cuda.threadIdx.x
+    if t == 0:
         mbarrier_init(bars, 0, 1)
-        tma_load_im2col(dyn, 0, tmap, (0, 0, 0, 0), (0, 0), bars, 0)
+        fence_mbarrier_init()
+    cuda.syncthreads()
+    if t == 0:
+        mbarrier_arrive_expect_tx(bars, 0, c[6])
+        tma_load_im2col(dyn, 0, tmap, (c[0], c[1], c[2], c[3]), (np.uint16(c[4]), np.uint16(c[5])),
+                        bars, 0)
+    mbarrier_wait_parity(bars, 0, 0)
+    for i in range(t, out.size, cuda.blockDim.x):
+        out[i] = dyn[i]
 
 
-def test_im2col_is_not_emulated():
-    tensor = cuda.to_device(np.zeros((1, 8, 8, 16), np.float16))
-    tmap = TensorMap.im2col(tensor, channels_per_pixel=16, pixels_per_column=32,
+def test_im2col_follows_the_convolution_window():
+    """PTX ISA 5.5.4's model, checked against a convolution written directly: NHWC input, a 3x3
+    filter with padding 1 (bounding box corners -1 / -1), 32 pixels from filter base (h, w) =
+    (-1, -1) of image 0 (the box has 5 x 6 positions, so the last two pixels are image 1's), and
+    im2col offsets (filter tap) (r, s) = (1, 2).  Unverified on hardware (TMA tensor copies fault
+    on the lent H200)."""
+    n_img, h, w, ch = 2, 5, 6, 16
+    x = np.random.default_rng().integers(1, 60000, (n_img, h, w, ch)).astype(np.uint16)
+    tmap = TensorMap.im2col(cuda.to_device(x), channels_per_pixel=16, pixels_per_column=32,
                             lower_corner=(-1, -1), upper_corner=(-1, -1))
-    with pytest.raises(NotImplementedError, match=r"tma_load_im2col .* is not emulated"):
-        run(_im2col, tmap.device, shared_bytes=2048)
+    r, s_ = 1, 2
+    coords = np.array([0, -1, -1, 0, s_, r, tmap.box_bytes], dtype=np.int32)  # c, w, h, n, offsets
+    out = np.zeros(32 * ch, np.uint16)
+    run(_im2col, tmap.device, coords, out, shared_bytes=2048)
+    expected = np.zeros((32, ch), np.uint16)
+    positions = [(n, oh - 1, ow - 1) for n in range(n_img) for oh in range(h) for ow in range(w)]
+    for p, (n, bh, bw) in enumerate(positions[:32]):
+        yy, xx = bh + r, bw + s_
+        if 0 <= yy < h and 0 <= xx < w:
+            expected[p] = x[n, yy, xx]
+    np.testing.assert_array_equal(out.reshape(32, ch), expected)
