@@ -91,7 +91,7 @@ def bench_gemm(shapes, dtype="bfloat16", reps=20):
                          ratio=theirs / ours, first_call_s=first, host_overhead_us=host_us,
                          max_rel_err=err))
         progress.step(f"{m}x{n}x{k}: {rows[-1]['ratio']:.2f}x cuBLAS")
-        del a, b, out, ref
+        a = b = out = ref = None  # free the inputs before the next shape
         torch.cuda.empty_cache()
     return rows
 

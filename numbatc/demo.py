@@ -14,7 +14,7 @@ import sys
 import time
 
 from intrinsics._core import ArchitectureError
-from intrinsics.toolchain import ARCHS, AssemblyError, assemble, cc_of, compile_ptx
+from intrinsics.toolchain import ARCHS, assemble, cc_of, compile_ptx
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 

@@ -21,7 +21,6 @@ import pytest
 from numba import cuda, types
 from numba.core.errors import TypingError
 
-from intrinsics._core import ArchitectureError
 from intrinsics.setmaxnreg import REGISTER_COUNTS, SETMAXNREG_ARCH, setmaxnreg_dec, setmaxnreg_inc
 from intrinsics.toolchain import AssemblyError, assemble, compile_ptx
 from tests.compilecheck import ARCH_NAMES, check_on_arch

@@ -461,27 +461,26 @@ def cache_dir():
     return path
 
 
-_KERNELS = {}
-
-
-def kernel_for(cfg: Sm80Config, var: Sm80Variant):
-    """The compiled-on-demand kernel for (cfg, var): generated source written to the cache
-    directory, imported as a module (numba caches its compilation next to it)."""
-    key = (cfg, var)
-    if key in _KERNELS:
-        return _KERNELS[key]
-    source = kernel_source(cfg, var)
+def load_generated(prefix, source):
+    """Write generated kernel source to the cache directory (once, atomically) and import it;
+    the file name hashes the source with numbatc's and intrinsics' own, so numba's on-disk cache
+    next to it is never stale.  Returns the module's ``gemm_kernel``."""
     digest = hashlib.sha256((_source_fingerprint() + source).encode()).hexdigest()[:20]
-    path = cache_dir() / f"sm80_gemm_{digest}.py"
+    path = cache_dir() / f"{prefix}_{digest}.py"
     if not path.exists():
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(source)
         os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(f"numbatc_generated.sm80_gemm_{digest}", path)
+    spec = importlib.util.spec_from_file_location(f"numbatc_generated.{prefix}_{digest}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    _KERNELS[key] = module.gemm_kernel
     return module.gemm_kernel
+
+
+@functools.cache
+def kernel_for(cfg: Sm80Config, var: Sm80Variant):
+    """The compiled-on-demand kernel for (cfg, var) (see load_generated)."""
+    return load_generated("sm80_gemm", kernel_source(cfg, var))
 
 
 def grid_for(cfg: Sm80Config, m: int, n: int):

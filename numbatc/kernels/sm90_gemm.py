@@ -36,15 +36,12 @@ tile's stage.  Next steps: a persistent tile scheduler, and an epilogue through 
 with 16-byte stores.
 """
 
-import hashlib
-import importlib.util
-import os
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from numbatc.kernels import sm80_gemm
-from numbatc.kernels.sm80_gemm import _source_fingerprint, cache_dir
 
 __all__ = ["Sm90Config", "Sm90Variant", "CONFIGS", "kernel_for", "kernel_source", "launch",
            "signature", "grid_for"]
@@ -394,27 +391,10 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
 # Compilation and caching (the generated module lives in sm80_gemm's cache directory)
 # ---------------------------------------------------------------------------------------------
 
-_KERNELS = {}
-
-
+@functools.cache
 def kernel_for(cfg: Sm90Config, var: Sm90Variant):
-    """The compiled-on-demand kernel for (cfg, var): generated source written to the cache
-    directory, imported as a module (numba caches its compilation next to it)."""
-    key = (cfg, var)
-    if key in _KERNELS:
-        return _KERNELS[key]
-    source = kernel_source(cfg, var)
-    digest = hashlib.sha256((_source_fingerprint() + source).encode()).hexdigest()[:20]
-    path = cache_dir() / f"sm90_gemm_{digest}.py"
-    if not path.exists():
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(f"numbatc_generated.sm90_gemm_{digest}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    _KERNELS[key] = module.gemm_kernel
-    return module.gemm_kernel
+    """The compiled-on-demand kernel for (cfg, var) (see sm80_gemm.load_generated)."""
+    return sm80_gemm.load_generated("sm90_gemm", kernel_source(cfg, var))
 
 
 def grid_for(cfg: Sm90Config, m: int, n: int):

@@ -46,7 +46,6 @@ def to_device(x64, dtype, layout, lib="numba"):
     if lib == "torch":
         import torch
 
-        tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
         t = torch.from_numpy(host.view(np.uint16) if dtype == "bfloat16" else host)
         t = (t.view(torch.bfloat16) if dtype == "bfloat16" else t).to("cuda")
         return t if layout == "row" else t.T
