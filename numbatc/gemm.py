@@ -141,7 +141,8 @@ class GemmProblem:
     ``acc_dtype`` the accumulator ('float32'). ``device`` is the CUDA ordinal, ``cc`` its compute
     capability (major, minor). ``stream_handle`` is the raw CUstream the caller's library is
     using (0: Numba's default stream); ``stream`` the Numba stream object for it.
-    ``launch_gemm`` is only called with m, n, k >= 1."""
+    ``launch_gemm`` is only called with m, n >= 1, and k >= 1 unless there is a user epilogue
+    (which a kernel must run: K == 0 then gives fn(activation(beta * c + bias)))."""
 
     m: int
     n: int
@@ -162,6 +163,8 @@ class GemmProblem:
     device: int | None
     cc: tuple | None
     stream_handle: int
+    epilogue: object = None
+    epilogue_args: tuple = ()
 
     @cached_property
     def stream(self):
@@ -272,8 +275,29 @@ def _check_activation(activation):
 # ---------------------------------------------------------------------------------------------
 
 
+def _check_epilogue(epilogue, epilogue_args):
+    """A user epilogue is a ``numba.cuda.jit(device=True)`` function; its extra arguments CUDA
+    arrays (or numbers)."""
+    if epilogue is None:
+        if epilogue_args:
+            raise ValueError("epilogue_args given without an epilogue")
+        return None, ()
+    device = getattr(epilogue, "targetoptions", {}).get("device") or getattr(epilogue, "_device", False)
+    if not device:
+        raise TypeError(
+            "epilogue must be a numba CUDA device function, fn(value, row, col, *epilogue_args) -> "
+            f"value, made with @numba.cuda.jit(device=True); got {epilogue!r}"
+        )
+    if not isinstance(epilogue_args, (tuple, list)):
+        raise TypeError(f"epilogue_args must be a tuple, got {type(epilogue_args).__name__}")
+    args = []
+    for i, x in enumerate(epilogue_args):
+        args.append(x if isinstance(x, (int, float)) else _interop.as_cuda_array(x, f"epilogue_args[{i}]"))
+    return epilogue, tuple(args)
+
+
 def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=None,
-         out_dtype=None):
+         out_dtype=None, epilogue=None, epilogue_args=()):
     """``activation(alpha * (a @ b) + beta * c + bias)``, accumulated in float32.
 
     a (M, K) and b (K, N): CUDA arrays of any library (Numba, CuPy, PyTorch, anything with
@@ -282,6 +306,12 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
     ``numbatc.bfloat16(<uint16 array>)``). ``c`` (M, N) has the output dtype and is read only when
     beta != 0; ``bias`` (N,) has the input dtype or float32; ``activation`` is None, 'relu',
     'gelu' (tanh form) or 'silu'.
+
+    ``epilogue``: a user function ``fn(value, row, col, *epilogue_args) -> value`` written with
+    ``@numba.cuda.jit(device=True)``, called once per output element (in float32) after alpha,
+    beta * c, bias and the activation, before the conversion to the output dtype; the GEMM kernel
+    is compiled for it (once per process).  ``epilogue_args`` are extra CUDA arrays (or numbers)
+    it receives, e.g. a residual to add: ``fn(v, r, c, res): return v + res[r, c]``.
 
     Returns an array of a's library (a ``numbatc.bfloat16`` view for marked inputs) of dtype
     ``out_dtype`` (default: the input dtype; 'float32' on request), or ``out`` written in place
@@ -302,6 +332,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
         )
     rule = _rule_for(A, B)
     activation = _check_activation(activation)
+    epilogue, eargs = _check_epilogue(epilogue, epilogue_args)
     alpha = _real("alpha", alpha)
     beta = _real("beta", beta)
 
@@ -346,7 +377,10 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
             )
 
     # --- device -------------------------------------------------------------------------------
-    device = _interop.same_device(A, B, C, BIAS, OUT, names=("a", "b", "c", "bias", "out"))
+    arrays = [x for x in eargs if isinstance(x, _interop.CudaArray)]
+    device = _interop.same_device(A, B, C, BIAS, OUT, *arrays,
+                                  names=("a", "b", "c", "bias", "out",
+                                         *(f"epilogue_args[{i}]" for i in range(len(arrays)))))
     cc = None
     if device is not None:
         cc = _device_capability(device)
@@ -390,9 +424,9 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
         out=op_out, alpha=alpha, beta=beta, activation=activation, in_dtype=A.dtype,
         b_dtype=B.dtype, out_dtype=odt, bias_dtype=None if BIAS is None else BIAS.dtype,
         acc_dtype=rule.acc, device=device if device is not None else OUT.device, cc=cc,
-        stream_handle=_interop.stream_handle(A),
+        stream_handle=_interop.stream_handle(A), epilogue=epilogue, epilogue_args=eargs,
     )
-    if k == 0:
+    if k == 0 and epilogue is None:
         _epilogue_without_product(problem)
     else:
         from numbatc.kernels.dispatch import launch_gemm

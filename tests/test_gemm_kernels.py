@@ -35,3 +35,20 @@ def test_variant_layouts_and_f16_assemble(layouts):
 def test_bad_config_is_named():
     with pytest.raises(ValueError, match="bk must be 32 or 64"):
         sm80_gemm.Sm80Config("bad", 128, 128, 48, 2, 2, 3)
+
+
+def test_user_epilogue_variant_assembles_without_local_memory():
+    from numba import cuda, types
+
+    @cuda.jit(device=True)
+    def residual_scale(v, r, c, residual, scale):
+        return v * scale[c] + residual[r, c]
+
+    var = sm80_gemm.Sm80Variant("row", "col", "bfloat16", "bfloat16", None, None, "relu",
+                                epilogue=residual_scale, epilogue_args=2)
+    kernel = sm80_gemm.kernel_for(sm80_gemm.CONFIGS["128x256x64_8w_3s"], var)
+    sig = sm80_gemm.signature(var) + (types.Tuple([types.Array(types.float32, 2, "C"),
+                                                   types.Array(types.float32, 1, "C")]),)
+    ptx = compile_ptx(kernel, sig, "sm_90a")
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assemble(ptx, "sm_90a")

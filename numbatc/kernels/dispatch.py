@@ -49,6 +49,8 @@ def _variant(p):
         activation=p.activation,
         out_layout=p.out.layout,
         c_layout=p.c.layout if p.c is not None else "row",
+        epilogue=p.epilogue,
+        epilogue_args=len(p.epilogue_args),
     )
 
 
@@ -119,7 +121,8 @@ def _kernel_family(p):
 
 
 def launch_gemm(p):
-    """Launch the GEMM for problem ``p`` (m, n, k >= 1) on its stream."""
+    """Launch the GEMM for problem ``p`` (m, n >= 1; k >= 1, or 0 with a user epilogue: the
+    kernel's main loop then runs no k tile) on its stream."""
     family, cfg = _kernel_family(p)
     var = _variant(p)
     if os.environ.get("NUMBATC_PRINT_CONFIG"):
@@ -131,13 +134,22 @@ def launch_gemm(p):
               f"{' +c' if var.c_dtype else ''}{' +bias' if var.bias_dtype else ''}"
               f"{' ' + var.activation if var.activation else ''}", file=sys.stderr)
     keep = []
-    a, lda = _operand(p.a, p.stream if p.a.alignment != 16 else 0, keep)
-    b, ldb = _operand(p.b, p.stream if p.b.alignment != 16 else 0, keep)
     out = _pointer(p.out, keep)
+    if p.k == 0:  # a and b are never read
+        a, lda, b, ldb = out, 1, out, 1
+    else:
+        a, lda = _operand(p.a, p.stream if p.a.alignment != 16 else 0, keep)
+        b, ldb = _operand(p.b, p.stream if p.b.alignment != 16 else 0, keep)
     c = _pointer(p.c, keep) if p.c is not None else out
     bias = _pointer(p.bias, keep) if p.bias is not None else out
     ldc = p.c.ld if p.c is not None else 0
     # The raw stream handle: intrinsics.launch caches its stream object, so a warm call builds
     # no Numba array or stream objects at all.
+    extra = {}
+    if p.epilogue is not None:
+        from numbatc._interop import CudaArray, kernel_view
+
+        extra["epilogue_args"] = tuple(kernel_view(x) if isinstance(x, CudaArray) else x
+                                       for x in p.epilogue_args)
     family.launch(cfg, var, a, b, c, bias, out, p.m, p.n, p.k, lda, ldb, ldc, p.out.ld,
-                  p.alpha, p.beta, stream=p.stream if _EMULATED else p.stream_handle)
+                  p.alpha, p.beta, stream=p.stream if _EMULATED else p.stream_handle, **extra)

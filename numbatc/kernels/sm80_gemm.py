@@ -120,6 +120,10 @@ class Sm80Variant:
     activation: str | None  # None | 'relu' | 'gelu' | 'silu'
     out_layout: str = "row"
     c_layout: str = "row"
+    # A user epilogue: a cuda.jit(device=True) function fn(value, row, col, *args) -> value,
+    # applied to every output element after the built-in terms; ``epilogue_args`` extra arrays.
+    epilogue: object = None
+    epilogue_args: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,6 +268,14 @@ def _epilogue_source(var: Sm80Variant) -> str:
     if both:
         x = c[{c1}]
         v1 += beta * {_load_from(var.c_dtype)}"""
+    ea, user = "", ""
+    if var.epilogue is not None:
+        # USER_EPILOGUE is set on the generated module before its first compilation.
+        ea = ", eargs"
+        user = """
+    v0 = np.float32(USER_EPILOGUE(v0, r, col, *eargs))
+    if both:
+        v1 = np.float32(USER_EPILOGUE(v1, r, col + 1, *eargs))"""
     bias_term = ""
     if var.bias_dtype is not None:
         bias_term = f"""
@@ -280,22 +292,22 @@ def activation(v):
 
 
 @cuda.jit(device=True, forceinline=True)
-def store_pair(out, c, bias, r, col, v0, v1, N, ldc, ldo, alpha, beta):
+def store_pair(out, c, bias, r, col, v0, v1, N, ldc, ldo, alpha, beta{ea}):
     both = col + 1 < N
     v0 = alpha * v0
     v1 = alpha * v1{c_term}{bias_term}
     v0 = activation(v0)
-    v1 = activation(v1)
+    v1 = activation(v1){user}
 {store2}
 
 
 @cuda.jit(device=True, forceinline=True)
-def store_tile(out, c, bias, acc, r, col, M, N, ldc, ldo, alpha, beta):
+def store_tile(out, c, bias, acc, r, col, M, N, ldc, ldo, alpha, beta{ea}):
     if col < N:
         if r < M:
-            store_pair(out, c, bias, r, col, acc[0], acc[1], N, ldc, ldo, alpha, beta)
+            store_pair(out, c, bias, r, col, acc[0], acc[1], N, ldc, ldo, alpha, beta{ea})
         if r + 8 < M:
-            store_pair(out, c, bias, r + 8, col, acc[2], acc[3], N, ldc, ldo, alpha, beta)
+            store_pair(out, c, bias, r + 8, col, acc[2], acc[3], N, ldc, ldo, alpha, beta{ea})
 '''
 
 
@@ -349,8 +361,8 @@ def swz_b(o):
     b_start = "n0 * ldb + b_c0 + b_r0 * ldb" if b_kmajor else "b_r0 * ldb + n0 + b_c0"
     w(f'''
 
-@cuda.jit(cache=True)
-def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m):
+@cuda.jit(cache={var.epilogue is None})
+def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m{", eargs" if var.epilogue is not None else ""}):
     smem = cuda.shared.array(0, np.uint16, alignment=1024)
     t = cuda.threadIdx.x
     lane = t % 32
@@ -428,7 +440,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     for i in range(MI):
         for j in range(NJ):
             w(f"    store_tile(out, c, bias, acc_{i}_{j}, row_base + {i * 16}, col_base + {j * 8}, "
-              f"M, N, ldc, ldo, alpha, beta)")
+              f"M, N, ldc, ldo, alpha, beta{', eargs' if var.epilogue is not None else ''})")
 
     w(_epilogue_source(var))
     return "\n".join(lines)
@@ -461,10 +473,11 @@ def cache_dir():
     return path
 
 
-def load_generated(prefix, source):
+def load_generated(prefix, source, **module_globals):
     """Write generated kernel source to the cache directory (once, atomically) and import it;
     the file name hashes the source with numbatc's and intrinsics' own, so numba's on-disk cache
-    next to it is never stale.  Returns the module's ``gemm_kernel``."""
+    next to it is never stale.  ``module_globals`` are set on the module before anything is
+    compiled (a user epilogue function).  Returns the module's ``gemm_kernel``."""
     digest = hashlib.sha256((_source_fingerprint() + source).encode()).hexdigest()[:20]
     path = cache_dir() / f"{prefix}_{digest}.py"
     if not path.exists():
@@ -474,13 +487,17 @@ def load_generated(prefix, source):
     spec = importlib.util.spec_from_file_location(f"numbatc_generated.{prefix}_{digest}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    for name, value in module_globals.items():
+        setattr(module, name, value)
     return module.gemm_kernel
 
 
 @functools.cache
 def kernel_for(cfg: Sm80Config, var: Sm80Variant):
-    """The compiled-on-demand kernel for (cfg, var) (see load_generated)."""
-    return load_generated("sm80_gemm", kernel_source(cfg, var))
+    """The compiled-on-demand kernel for (cfg, var) (see load_generated).  A variant with a user
+    epilogue is compiled in this process only (its function is not in the generated file)."""
+    extra = {} if var.epilogue is None else {"USER_EPILOGUE": var.epilogue}
+    return load_generated("sm80_gemm", kernel_source(cfg, var), **extra)
 
 
 def grid_for(cfg: Sm80Config, m: int, n: int):
@@ -506,7 +523,7 @@ def signature(var: Sm80Variant):
 
 
 def launch(cfg: Sm80Config, var: Sm80Variant, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
-           alpha, beta, stream=0, group_m=8):
+           alpha, beta, stream=0, group_m=8, epilogue_args=()):
     """Launch the kernel.  Operands are flat: device pointers (ints) on the GPU, 1-d arrays in
     the emulation; their start and leading dimension must be 16-byte aligned (the dispatcher
     packs operands that are not)."""
@@ -517,5 +534,12 @@ def launch(cfg: Sm80Config, var: Sm80Variant, a, b, c, bias, out, m, n, k, lda, 
     kernel = kernel_for(cfg, var)
     args = (a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, np.float32(alpha), np.float32(beta),
             group_m)
+    sig = None if config.ENABLE_CUDASIM else signature(var)
+    if var.epilogue is not None:
+        args += (tuple(epilogue_args),)
+        if sig is not None:
+            from numba import types
+
+            sig += (types.Tuple([kernel.typeof_pyval(x) for x in epilogue_args]),)
     launch_kernel(kernel, grid_for(cfg, m, n), cfg.threads, args, shared_bytes=cfg.shared_bytes,
-                  stream=stream, signature=None if config.ENABLE_CUDASIM else signature(var))
+                  stream=stream, signature=sig)

@@ -134,6 +134,8 @@ def check_variant(var: Sm90Variant):
     """ValueError naming the valid values for a variant this kernel does not implement."""
     if var.in_dtype not in ("bfloat16", "float16"):
         raise ValueError(f"sm90_gemm takes bfloat16 or float16 inputs, got {var.in_dtype!r}")
+    if var.epilogue is not None:
+        raise ValueError("sm90_gemm does not take user epilogues yet; sm80_gemm does")
     for name, layout in (("a_layout", var.a_layout), ("b_layout", var.b_layout)):
         if layout not in ("row", "col"):
             raise ValueError(f"sm90_gemm {name} must be 'row' or 'col', got {layout!r}")

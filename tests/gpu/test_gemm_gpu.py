@@ -200,3 +200,31 @@ def test_misaligned_leading_dimensions():
     for m, n, k in [(33, 35, 37), (64, 130, 66), (5, 7, 9), (128, 129, 131)]:
         for layouts in [("row", "row"), ("col", "col")]:
             check(m, n, k, "bfloat16", *layouts)
+
+
+@cuda.jit(device=True)
+def _residual_scale(v, r, c, residual, scale):
+    return v * scale[c] + residual[r, c]
+
+
+@pytest.mark.parametrize("lib", ["numba", "torch"])
+def test_user_epilogue(lib):
+    """A user epilogue (residual add and per-column scale) on top of bias + GELU."""
+    if lib == "torch":
+        pytest.importorskip("torch")
+    gen = rng()
+    for m, n, k in [(129, 257, 96), (64, 64, 64), (3, 500, 17)]:
+        a, b = values((m, k), "bfloat16"), values((k, n), "bfloat16")
+        bias = values((n,), "bfloat16")
+        res = gen.standard_normal((m, n)).astype(np.float32)
+        scale = gen.standard_normal(n).astype(np.float32)
+        out = numbatc.gemm(to_device(a, "bfloat16", "row", lib), to_device(b, "bfloat16", "col", lib),
+                           bias=to_device(bias[None, :], "bfloat16", "row", lib)[0],
+                           activation="gelu", out_dtype="float32", epilogue=_residual_scale,
+                           epilogue_args=(cuda.to_device(res), cuda.to_device(scale)))
+        cuda.synchronize()
+        got = to_host(out, "float32")
+        ref, scale_ref = reference(a, b, 1.0, 0.0, None, bias, "gelu")
+        ref = ref * scale + res
+        tol = (k * 2.0**-22 + 2.0**-20) * scale_ref * np.abs(scale) + 1e-5
+        assert np.all(np.abs(got - ref) <= tol), np.max(np.abs(got - ref))

@@ -1,0 +1,48 @@
+"""User epilogues in numbatc.gemm, in the CPU emulation: fn(value, row, col, *args) runs on every
+output element after the built-in terms (here a residual add and a per-column scale); K == 0
+still runs it; bad epilogues are refused clearly."""
+
+import numpy as np
+import pytest
+from numba import config, cuda
+
+import numbatc
+
+pytestmark = [pytest.mark.emulation,
+              pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="needs NUMBA_ENABLE_CUDASIM=1")]
+
+
+@cuda.jit(device=True)
+def residual_scale(v, r, c, residual, scale):
+    return v * scale[c] + residual[r, c]
+
+
+def test_user_epilogue_fuses_a_residual_and_a_column_scale():
+    gen = np.random.default_rng()
+    m, n, k = 20, 24, 40
+    a = gen.standard_normal((m, k)).astype(np.float16)
+    b = gen.standard_normal((k, n)).astype(np.float16)
+    res = gen.standard_normal((m, n)).astype(np.float32)
+    scale = gen.standard_normal(n).astype(np.float32)
+    out = numbatc.gemm(cuda.to_device(a), cuda.to_device(b), out_dtype="float32", activation="relu",
+                       epilogue=residual_scale,
+                       epilogue_args=(cuda.to_device(res), cuda.to_device(scale)))
+    ref = np.maximum(a.astype(np.float64) @ b.astype(np.float64), 0) * scale + res
+    np.testing.assert_allclose(out.copy_to_host(), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_k_zero_still_runs_the_epilogue():
+    res = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = numbatc.gemm(cuda.to_device(np.zeros((3, 0), np.float16)),
+                       cuda.to_device(np.zeros((0, 4), np.float16)), out_dtype="float32",
+                       epilogue=residual_scale,
+                       epilogue_args=(cuda.to_device(res), cuda.to_device(np.ones(4, np.float32))))
+    np.testing.assert_array_equal(out.copy_to_host(), res)
+
+
+def test_a_plain_python_function_is_refused():
+    a = cuda.to_device(np.zeros((2, 2), np.float16))
+    with pytest.raises(TypeError, match=r"epilogue must be a numba CUDA device function"):
+        numbatc.gemm(a, a, epilogue=lambda v, r, c: v)
+    with pytest.raises(ValueError, match="epilogue_args given without an epilogue"):
+        numbatc.gemm(a, a, epilogue_args=(a,))
