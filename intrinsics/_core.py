@@ -11,7 +11,7 @@ from numba.cuda import cgutils
 from numba.cuda.api_util import normalize_indices
 from numba.cuda.core import targetconfig
 from numba.cuda.core.errors import NumbaTypeError
-from numba.cuda.extending import intrinsic  # noqa: F401  (re-exported for the families)
+from numba.cuda.extending import intrinsic
 
 __all__ = [
     "Arch",
@@ -202,6 +202,26 @@ def asm(builder, template, constraints, out_types=(), operands=(), volatile=True
     if len(out_types) == 1:
         return [result]
     return [builder.extract_value(result, i) for i in range(len(out_types))]
+
+
+def statement_intrinsic(pyname, ptx, arch, doc, arch_name=None):
+    """An intrinsic with no operands and no result that emits ``ptx`` (a fence, a wait, a commit)
+    with a memory clobber; refused with ArchitectureError (naming ``arch_name``, default the
+    Python name) where ``arch`` lacks it."""
+
+    def typer(typingctx):
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            require_arch(arch_name or pyname, arch)
+            asm(builder, ptx, [], memory=True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    typer.__name__ = pyname
+    typer.__doc__ = doc
+    return intrinsic(typer)
 
 
 def element_pointer(context, builder, arrty, arr, idxty, idx):

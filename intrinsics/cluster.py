@@ -40,6 +40,7 @@ from intrinsics._core import (
     pack,
     require_arch,
     shared_address,
+    statement_intrinsic,
 )
 
 __all__ = [
@@ -111,22 +112,11 @@ STATEMENTS = {
 def _statement(name):
     ptx, section, summary = STATEMENTS[name]
 
-    def typer(typingctx):
-        sig = types.void()
-
-        def codegen(context, builder, sig, args):
-            require_arch(ptx.split(";")[0], SM90)
-            asm(builder, ptx, [], memory=True)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    typer.__name__ = name
-    typer.__doc__ = (
+    doc = (
         f"{summary}\n\nEmits (PTX ISA {section}, needs {SM90.text})::\n\n"
         + "\n".join("    " + line.strip() for line in ptx.split("\n"))
     )
-    return intrinsic(typer)
+    return statement_intrinsic(name, ptx, SM90, doc, arch_name=ptx.split(";")[0])
 
 
 fence_proxy_async = _statement("fence_proxy_async")

@@ -31,6 +31,7 @@ from intrinsics._core import (
     literal_value,
     require_arch,
     shared_address,
+    statement_intrinsic,
 )
 
 __all__ = [
@@ -133,18 +134,11 @@ cp_async_8_zfill = cp_async_op(8, zfill=True)
 cp_async_16_zfill = cp_async_op(16, zfill=True)
 
 
-@intrinsic
-def cp_async_commit_group(typingctx):
+cp_async_commit_group = statement_intrinsic(
+    "cp_async_commit_group", "cp.async.commit_group;", SM80,
     """Emits ``cp.async.commit_group;`` (PTX ISA 9.7.9.25.3.2): closes the group of this thread's
-    cp.async operations issued since the last commit. Needs sm_80 or newer."""
-    sig = types.void()
-
-    def codegen(context, builder, sig, args):
-        require_arch("cp.async.commit_group", SM80)
-        asm(builder, "cp.async.commit_group;", [], memory=True)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    cp.async operations issued since the last commit. Needs sm_80 or newer.""",
+    arch_name="cp.async.commit_group")
 
 
 @intrinsic
@@ -164,18 +158,11 @@ def cp_async_wait_group(typingctx, n):
     return sig, codegen
 
 
-@intrinsic
-def cp_async_wait_all(typingctx):
+cp_async_wait_all = statement_intrinsic(
+    "cp_async_wait_all", "cp.async.wait_all;", SM80,
     """Emits ``cp.async.wait_all;`` (PTX ISA 9.7.9.25.3.3): waits for all of this thread's
-    cp.async operations, committed or not. Needs sm_80 or newer."""
-    sig = types.void()
-
-    def codegen(context, builder, sig, args):
-        require_arch("cp.async.wait_all", SM80)
-        asm(builder, "cp.async.wait_all;", [], memory=True)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    cp.async operations, committed or not. Needs sm_80 or newer.""",
+    arch_name="cp.async.wait_all")
 
 
 def _mbarrier_arrive(noinc):

@@ -88,6 +88,7 @@ from intrinsics._core import (
     require_arch,
     shared_address,
     unpack,
+    statement_intrinsic,
 )
 from intrinsics.smem import shared_address as smem_shared_address
 
@@ -331,23 +332,14 @@ def _build_dealloc(cta_group):
 def _build_relinquish(cta_group):
     name = f"tcgen05.relinquish_alloc_permit.cta_group::{cta_group}.sync.aligned"
 
-    def typer(typingctx):
-        sig = types.void()
-
-        def codegen(context, builder, sig, args):
-            require_arch(name, TCGEN05)
-            asm(builder, f"{name};", [], memory=True)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    typer.__name__ = "tcgen05_relinquish_alloc_permit" + ("_cg2" if cta_group == 2 else "")
-    typer.__doc__ = f"""Emits ``{name};`` (PTX ISA {_ALLOC}).
+    pyname = "tcgen05_relinquish_alloc_permit" + ("_cg2" if cta_group == 2 else "")
+    doc = f"""Emits ``{name};`` (PTX ISA {_ALLOC}).
 
     Executed by every thread of one warp: the CTA gives up its right to allocate tensor memory
     (a later tcgen05.alloc by the CTA is undefined behaviour), which lets other CTAs on the SM
     allocate without waiting.  Needs {TCGEN05.text}."""
-    return _with_forms(intrinsic(typer), [(f"{name};", [])], TCGEN05)
+    fn = statement_intrinsic(pyname, f"{name};", TCGEN05, doc, arch_name=name)
+    return _with_forms(fn, [(f"{name};", [])], TCGEN05)
 
 
 _ALLOC_OPS = {g: (_build_alloc(g), _build_dealloc(g), _build_relinquish(g)) for g in CTA_GROUPS}
@@ -821,19 +813,7 @@ def _build_st(shape, num, regs):
 
 
 def _no_operand(pyname, text, doc):
-    def typer(typingctx):
-        sig = types.void()
-
-        def codegen(context, builder, sig, args):
-            require_arch(pyname, TCGEN05)
-            asm(builder, text, [], memory=True)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    typer.__name__ = pyname
-    typer.__doc__ = doc
-    return _with_forms(intrinsic(typer), [(text, [])], TCGEN05)
+    return _with_forms(statement_intrinsic(pyname, text, TCGEN05, doc), [(text, [])], TCGEN05)
 
 
 tcgen05_wait_ld = _no_operand(

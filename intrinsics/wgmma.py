@@ -107,6 +107,7 @@ from intrinsics._core import (
     register_list,
     require_arch,
     unpack,
+    statement_intrinsic,
 )
 from intrinsics.smem import shared_address, swizzle_offset_host
 
@@ -376,19 +377,7 @@ def _check_descriptor(name, ty, what):
 
 
 def _no_operand_intrinsic(pyname, text, doc):
-    def typer(typingctx):
-        sig = types.void()
-
-        def codegen(context, builder, sig, args):
-            require_arch(pyname, SM90A)
-            asm(builder, text, [], memory=True)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    typer.__name__ = pyname
-    typer.__doc__ = doc
-    return intrinsic(typer)
+    return statement_intrinsic(pyname, text, SM90A, doc)
 
 
 wgmma_fence = _no_operand_intrinsic(
