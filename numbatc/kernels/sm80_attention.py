@@ -1,0 +1,476 @@
+"""The portable attention forward kernel (sm_80 and newer), FlashAttention-2 style: one block
+computes BLOCK_M query rows of one (batch, head); each warp owns 16 * ROWS_PER_WARP / 16 of them
+and walks the keys in tiles of BLOCK_N, keeping the softmax online in float32 registers.
+
+Per key tile (K and V double-buffered in shared memory by cp.async):
+
+    S = Q K^T          mma.sync m16n8k16; Q from ldmatrix (A), K from ldmatrix (B: K's rows are
+                       the n index, its columns the k index, so no transpose)
+    mask               ragged last tile (key >= seqlen_k) and causal (key > query + seqlen_k -
+                       seqlen_q); only tiles that need it run the masking code
+    online softmax     row max over the four lanes of a quad (two shfl.bfly), rescale O and the
+                       running sum by exp2(m_old - m_new), P = exp2(S * scale * log2(e) - m)
+    O += P V           P stays in registers: the m16n8 C fragments of key columns 8c..8c+7 and
+                       8c+8..8c+15 are, packed to bf16/f16 pairs, exactly the m16k16 A fragment of
+                       keys 16c'..16c'+15 (lane l holds rows l/4, l/4 + 8 and columns 2(l%4),
+                       2(l%4) + 1 in both); V from ldmatrix.trans (B: keys are the k index)
+
+Epilogue: the row sums are reduced over the quad, O is divided by them and stored (rows that see
+no key store 0), and the log-sum-exp ``(m + log2(l)) * ln 2`` goes to ``lse`` when asked.
+
+Shared memory, per tile of R rows x DP columns (DP: head_dim rounded up to 16; the extra
+columns are zero-filled by cp.async, never copied from the inputs):
+
+    DP * 2 bytes a multiple of 128:  rows of DP*2 bytes, 16-byte chunk c of row r stored at chunk
+                                     c ^ (r % 8) (the 128B swizzle on each 128-byte group)
+    otherwise:                       rows padded by one 16-byte chunk to an odd chunk count
+
+Either way the eight row addresses of an ldmatrix (eight consecutive rows, one chunk) fall in
+eight different 16-byte bank groups.
+
+The kernel is generated Python source per (configuration, variant), cached on disk and compiled
+by numba-cuda like sm80_gemm's (``sm80_gemm.load_generated``).  Accumulators are named
+variables (``s_<i>_<j>``, ``o_<i>_<d>``) so that they live in registers.
+"""
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from numbatc.kernels.sm80_gemm import load_generated
+
+__all__ = ["AttnConfig", "AttnVariant", "choose_config", "kernel_for", "kernel_source",
+           "launch", "signature"]
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """BLOCK_M query rows per block split over ``warps`` warps (``block_m / warps`` rows each, 16
+    or 32), BLOCK_N keys per tile, and whether each warp keeps its Q fragments in registers for
+    the whole key loop (else it reloads them from shared memory per tile: large head dims)."""
+
+    name: str
+    block_m: int
+    block_n: int
+    warps: int
+    q_in_regs: bool
+
+    def __post_init__(self):
+        problems = []
+        if self.block_m % self.warps or self.block_m // self.warps not in (16, 32):
+            problems.append(f"block_m / warps must be 16 or 32, got {self.block_m}/{self.warps}")
+        if self.block_n % 16 or not 16 <= self.block_n <= 128:
+            problems.append(f"block_n must be a multiple of 16 in 16..128, got {self.block_n}")
+        if problems:
+            raise ValueError(f"invalid sm80 attention config {self.name}: " + "; ".join(problems))
+
+    @property
+    def threads(self):
+        return 32 * self.warps
+
+    @property
+    def rows_per_warp(self):
+        return self.block_m // self.warps
+
+
+@dataclass(frozen=True)
+class AttnVariant:
+    """What a kernel is specialised for besides its tiles: head_dim (a multiple of 8, <= 256),
+    the input/output dtype, causal masking, and whether the log-sum-exp is stored."""
+
+    head_dim: int
+    dtype: str  # 'bfloat16' | 'float16'
+    causal: bool
+    with_lse: bool
+
+    @property
+    def padded_dim(self):
+        return -(-self.head_dim // 16) * 16
+
+
+def shared_layout(padded_dim):
+    """(row pitch in elements, swizzled?) of a shared tile with ``padded_dim`` columns."""
+    chunks = padded_dim // 8
+    if chunks % 8 == 0:
+        return padded_dim, True
+    return (chunks + 1) * 8, False  # chunks is even: one more makes it odd
+
+
+def shared_bytes(cfg: AttnConfig, var: AttnVariant) -> int:
+    pitch, _ = shared_layout(var.padded_dim)
+    return (cfg.block_m + 4 * cfg.block_n) * pitch * 2  # Q, then K x 2 stages, V x 2 stages
+
+
+CONFIGS = {
+    c.name: c
+    for c in (
+        AttnConfig("m128n64_w4_qreg", 128, 64, 4, True),
+        AttnConfig("m128n64_w8_qreg", 128, 64, 8, True),
+        AttnConfig("m64n64_w4_qreg", 64, 64, 4, True),
+        AttnConfig("m64n32_w4_qsmem", 64, 32, 4, False),
+        AttnConfig("m64n64_w4_qsmem", 64, 64, 4, False),
+        AttnConfig("m128n32_w8_qsmem", 128, 32, 8, False),
+    )
+}
+
+
+def choose_config(head_dim: int) -> AttnConfig:
+    """The configuration for a head dim (``NUMBATC_ATTN_CONFIG=<name>`` forces one of CONFIGS).
+
+    Registers per thread are the limit: O takes head_dim / 2, S block_n / 2 per 16 rows, Q in
+    registers head_dim / 4.  Up to 64: 32 rows per warp; up to 128: 16 rows per warp with Q in
+    registers; beyond: Q reloaded from shared memory per key tile and short key tiles."""
+    import os
+
+    forced = os.environ.get("NUMBATC_ATTN_CONFIG")
+    if forced:
+        if forced not in CONFIGS:
+            raise ValueError(f"NUMBATC_ATTN_CONFIG={forced!r} is not one of {sorted(CONFIGS)}")
+        return CONFIGS[forced]
+    if head_dim <= 64:
+        return CONFIGS["m128n64_w4_qreg"]
+    if head_dim <= 128:
+        return CONFIGS["m128n64_w8_qreg"]
+    return CONFIGS["m64n32_w4_qsmem"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Source generation
+# ---------------------------------------------------------------------------------------------
+
+_PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
+
+
+def _loader(w, name, rows, chunks, real_chunks, threads):
+    """Emit ``load_<name>``: this thread's 16-byte cp.async copies of a (rows x chunks) tile.
+    Chunk (r, c) comes from ``src[gbase + r * stride + c * 8]``; rows at or past ``rlim`` and the
+    padding chunks (c >= real_chunks) are zero-filled (0 source bytes)."""
+    total = rows * chunks
+    count = -(-total // threads)
+    w(f"""
+@cuda.jit(device=True, forceinline=True)
+def load_{name}(smem, sbase, src, gbase, stride, rlim, t):
+    # {rows} x {chunks} chunks of 16 bytes, {count} per thread""")
+    if threads % chunks == 0:
+        w(f"    r0 = t // {chunks}\n    c = t % {chunks}")
+    for j in range(count):
+        ind = "    "
+        if threads % chunks == 0:
+            w(f"    r = r0 + {j * threads // chunks}")
+        else:
+            w(f"    i = t + {j * threads}")
+            if (j + 1) * threads > total:
+                w(f"    if i < {total}:")
+                ind = "        "
+            w(f"{ind}r = i // {chunks}\n{ind}c = i % {chunks}")
+        if threads % chunks == 0 and (j + 1) * threads > total:
+            w(f"    if r < {rows}:")
+            ind = "        "
+        real = "" if real_chunks == chunks else f" and c < {real_chunks}"
+        w(f"""{ind}if r < rlim{real}:
+{ind}    CP(smem, sbase + soff(r, c), src, gbase + r * stride + c * 8, 16)
+{ind}else:
+{ind}    CP(smem, sbase + soff(r, c), src, 0, 0)""")
+
+
+def kernel_source(cfg: AttnConfig, var: AttnVariant) -> str:
+    """Python source of the kernel for one configuration and variant."""
+    D, DP = var.head_dim, var.padded_dim
+    PE, swizzled = shared_layout(DP)
+    BM, BN, T = cfg.block_m, cfg.block_n, cfg.threads
+    MI = cfg.rows_per_warp // 16  # m16 tiles per warp
+    NJ = BN // 8  # n8 tiles of S per m16 tile
+    KS = DP // 16  # k16 steps of Q K^T
+    ND = DP // 8  # n8 tiles of O per m16 tile
+    KK = BN // 16  # k16 steps of P V
+    QE, KE = BM * PE, BN * PE  # elements of the Q tile and of one K (or V) stage
+    ptx = _PTX_TYPE[var.dtype]
+    pack = "nt.pack_bf16x2" if var.dtype == "bfloat16" else "nt.pack_f16x2"
+    lines = []
+    w = lines.append
+
+    if swizzled:
+        soff = "r * %d + ((c ^ (r & 7)) << 3)" % PE
+    else:
+        soff = "r * %d + (c << 3)" % PE
+    w(f'''"""Generated by numbatc.kernels.sm80_attention for {cfg.name}, {var}. Do not edit."""
+import math
+import numpy as np
+from numba import cuda
+import intrinsics as nt
+
+MMA = nt.mma_sync("m16n8k16", "{ptx}", "{ptx}", "f32")
+CP = nt.cp_async_op(16, zfill=True)
+NEG_INF = np.float32(-np.inf)
+ZERO = np.float32(0)
+LN2 = np.float32({math.log(2.0)!r})
+
+
+@cuda.jit(device=True, forceinline=True)
+def soff(r, c):
+    # element offset of 16-byte chunk c of row r: {"128B swizzle" if swizzled else "rows padded to an odd chunk count"}
+    return {soff}
+
+
+@cuda.jit(device=True, forceinline=True)
+def quad_max(x):
+    x = max(x, nt.shfl_bfly(x, 1))
+    return max(x, nt.shfl_bfly(x, 2))
+
+
+@cuda.jit(device=True, forceinline=True)
+def quad_sum(x):
+    x = x + nt.shfl_bfly(x, 1)
+    return x + nt.shfl_bfly(x, 2)
+
+
+@cuda.jit(device=True, forceinline=True)
+def keep(x, col, row, Sk, off):
+    # -inf outside the keys this query sees: col < Sk{" and col <= row + off (causal)" if var.causal else ""}
+    if col >= Sk{" or col > row + off" if var.causal else ""}:
+        return NEG_INF
+    return x
+
+
+@cuda.jit(device=True, forceinline=True)
+def mask_tile(s, col, row, Sk, off):
+    # an m16n8 fragment: (row, col), (row, col + 1), (row + 8, col), (row + 8, col + 1)
+    return (keep(s[0], col, row, Sk, off), keep(s[1], col + 1, row, Sk, off),
+            keep(s[2], col, row + 8, Sk, off), keep(s[3], col + 1, row + 8, Sk, off))
+
+
+@cuda.jit(device=True, forceinline=True)
+def store_row(out, base, row, Sq, v0, v1):
+    if row < Sq:
+        p = {pack}(v0, v1)
+        out[base] = np.uint16(p & 0xFFFF)
+        out[base + 1] = np.uint16(p >> 16)
+''')
+    _loader(w, "kv", BN, DP // 8, D // 8, T)
+    _loader(w, "q", BM, DP // 8, D // 8, T)
+
+    # --- per-lane ldmatrix offsets ---------------------------------------------------------------
+    # Lane l names row lr(l) and chunk cc + g(l) of its matrix (cc even, a compile-time constant):
+    #   Q (A, [m][k]):        lr = l % 16,                      g = l // 16
+    #   K (B, [n][k]):        lr = (l // 16) * 8 + l % 8,       g = (l // 8) % 2
+    #   V (B, [k][n], .trans): lr = ((l // 8) % 2) * 8 + l % 8,  g = l // 16
+    # Every lr is l % 8 modulo 8, so with the swizzle the stored chunk is (cc + g) ^ (l % 8) =
+    # (cc & ~7) + ((cc & 7) ^ g ^ (l % 8)): four per-lane values (cc & 7 in 0, 2, 4, 6) per
+    # operand, the rest compile-time constants.
+    def lane_vars(op, lr, g):
+        if swizzled:
+            w(f"    {op}_row = np.int32(({lr}) * {PE})")
+            for e in range(4):
+                w(f"    {op}_sw{e} = np.int32(((({2 * e}) ^ ({g}) ^ (lane % 8))) << 3)")
+        else:
+            w(f"    {op}_row = np.int32(({lr}) * {PE} + ({g}) * 8)")
+
+    def off(op, row_const, cc):
+        if swizzled:
+            return f"{op}_row + {row_const * PE + (cc & ~7) * 8} + {op}_sw{(cc & 7) // 2}"
+        return f"{op}_row + {row_const * PE + cc * 8}"
+
+    # --- the kernel ------------------------------------------------------------------------------
+    # q, k, v, out: flat (element (b, s, h, d) at b * sb + s * ss + h * sh + d); lse: (B, Hq, Sq).
+    w(f'''
+
+@cuda.jit(cache=True)
+def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss, q_sh, k_sb,
+                     k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh, scale_log2):
+    smem = cuda.shared.array(0, np.uint16, alignment=1024)
+    t = cuda.threadIdx.x
+    lane = t % 32
+    warp = t // 32
+    g = lane // 4
+    tq = (lane % 4) * 2
+
+    # Blocks of one (batch, head) are neighbours (they share K and V in L2); the last query
+    # blocks, which see the most keys under a causal mask, start first.
+    pid = cuda.blockIdx.x
+    bh = pid // m_blocks
+    m0 = (m_blocks - 1 - pid % m_blocks) * {BM}
+    b = bh // Hq
+    h = bh % Hq
+    hk = h // group
+    off = Sk - Sq  # causal: query i sees keys j <= i + off
+    n_tiles = (Sk + {BN - 1}) // {BN}''')
+    if var.causal:
+        w(f'''    last = m0 + {BM - 1} + off  # the last key the block's last query sees
+    if last < 0:
+        n_tiles = 0
+    else:
+        n_tiles = min(n_tiles, last // {BN} + 1)''')
+    w(f'''    k_start = b * k_sb + hk * k_sh
+    v_start = b * v_sb + hk * v_sh
+    wrow = warp * {16 * MI}
+    row_base = m0 + wrow + g  # this lane's first query row (then + 8, + 16, + 24)
+
+    # Prologue: Q and the first K/V tile in flight together.
+    load_q(smem, 0, q, b * q_sb + h * q_sh + m0 * q_ss, q_ss, Sq - m0, t)
+    if n_tiles > 0:
+        load_kv(smem, {QE}, k, k_start, k_ss, Sk, t)
+        load_kv(smem, {QE + 2 * KE}, v, v_start, v_ss, Sk, t)
+    nt.cp_async_commit_group()
+''')
+    lane_vars("qa", f"wrow + lane % 16", "lane // 16")
+    lane_vars("kb", "(lane // 16) * 8 + lane % 8", "(lane // 8) % 2")
+    lane_vars("vb", "((lane // 8) % 2) * 8 + lane % 8", "lane // 16")
+    for i in range(MI):
+        for h in range(2):
+            w(f"    m_{i}_{h} = NEG_INF\n    l_{i}_{h} = ZERO")
+        for d in range(ND):
+            w(f"    o_{i}_{d} = (ZERO, ZERO, ZERO, ZERO)")
+    w("    nt.cp_async_wait_group(0)\n    cuda.syncthreads()")
+    if cfg.q_in_regs:
+        w("    # Q stays in registers: A fragments of each m16 tile and k16 step.")
+        for i in range(MI):
+            for ks in range(KS):
+                w(f"    qf_{i}_{ks} = nt.ldmatrix_x4(smem, {off('qa', 16 * i, 2 * ks)})")
+
+    w(f'''
+    # Main loop: wait for tile n, start loading tile n + 1 into the other stage, compute tile n.
+    for n in range(n_tiles):
+        nt.cp_async_wait_group(0)
+        cuda.syncthreads()  # tile n landed; every warp is done with tile n - 1's stage
+        if n + 1 < n_tiles:
+            nxt = (n + 1) * {BN}
+            st = (n + 1) % 2
+            load_kv(smem, {QE} + st * {KE}, k, k_start + nxt * k_ss, k_ss, Sk - nxt, t)
+            load_kv(smem, {QE + 2 * KE} + st * {KE}, v, v_start + nxt * v_ss, v_ss, Sk - nxt, t)
+        nt.cp_async_commit_group()
+        n0 = n * {BN}
+        kst = np.int32({QE} + (n % 2) * {KE})
+        vst = np.int32({QE + 2 * KE} + (n % 2) * {KE})
+
+        # S = Q K^T: (16 x BLOCK_N) per m16 tile, fp32''')
+    for i in range(MI):
+        for j in range(NJ):
+            w(f"        s_{i}_{j} = (ZERO, ZERO, ZERO, ZERO)")
+    for ks in range(KS):
+        if not cfg.q_in_regs:
+            for i in range(MI):
+                w(f"        qf_{i}_{ks} = nt.ldmatrix_x4(smem, {off('qa', 16 * i, 2 * ks)})")
+        for j in range(0, NJ, 2):
+            w(f"        fb = nt.ldmatrix_x4(smem, kst + {off('kb', 8 * j, 2 * ks)})")
+            for i in range(MI):
+                w(f"        s_{i}_{j} = MMA(qf_{i}_{ks}, (fb[0], fb[1]), s_{i}_{j})")
+                w(f"        s_{i}_{j + 1} = MMA(qf_{i}_{ks}, (fb[2], fb[3]), s_{i}_{j + 1})")
+
+    mask_cond = f"n0 + {BN} > Sk"
+    if var.causal:
+        mask_cond += f" or n0 + {BN - 1} > m0 + off + wrow"
+    w(f"\n        # Masks: the ragged last tile{' and the causal diagonal' if var.causal else ''}.")
+    w(f"        if {mask_cond}:")
+    for i in range(MI):
+        for j in range(NJ):
+            w(f"            s_{i}_{j} = mask_tile(s_{i}_{j}, n0 + {8 * j} + tq, row_base + {16 * i}, "
+              "Sk, off)")
+
+    w("\n        # Online softmax (log2 domain): rows g and g + 8 of each m16 tile.")
+    for i in range(MI):
+        for h in range(2):
+            e0, e1 = 2 * h, 2 * h + 1
+            terms = [f"s_{i}_{j}[{e}]" for j in range(NJ) for e in (e0, e1)]
+            expr = terms[0]
+            for term in terms[1:]:
+                expr = f"max({expr}, {term})"
+            w(f"        mx = quad_max({expr}) * scale_log2")
+            w(f"        m_new = max(m_{i}_{h}, mx)")
+            w(f"        base_{h} = m_new if m_new != NEG_INF else ZERO  # a row with no key yet")
+            w(f"        alpha_{h} = math.exp2(m_{i}_{h} - base_{h})")
+            w(f"        m_{i}_{h} = m_new")
+        for j in range(NJ):
+            w(f"        p_{j} = (math.exp2(s_{i}_{j}[0] * scale_log2 - base_0), "
+              f"math.exp2(s_{i}_{j}[1] * scale_log2 - base_0), "
+              f"math.exp2(s_{i}_{j}[2] * scale_log2 - base_1), "
+              f"math.exp2(s_{i}_{j}[3] * scale_log2 - base_1))")
+        for h in range(2):
+            e0, e1 = 2 * h, 2 * h + 1
+            total = " + ".join(f"p_{j}[{e0}] + p_{j}[{e1}]" for j in range(NJ))
+            w(f"        l_{i}_{h} = l_{i}_{h} * alpha_{h} + ({total})")
+        for d in range(ND):
+            w(f"        o_{i}_{d} = (o_{i}_{d}[0] * alpha_0, o_{i}_{d}[1] * alpha_0, "
+              f"o_{i}_{d}[2] * alpha_1, o_{i}_{d}[3] * alpha_1)")
+        w("        # P as A fragments: key tiles 2c and 2c + 1 make the k16 step c.")
+        for c in range(KK):
+            a, b_ = 2 * c, 2 * c + 1
+            w(f"        pa_{i}_{c} = ({pack}(p_{a}[0], p_{a}[1]), {pack}(p_{a}[2], p_{a}[3]), "
+              f"{pack}(p_{b_}[0], p_{b_}[1]), {pack}(p_{b_}[2], p_{b_}[3]))")
+
+    w("\n        # O += P V")
+    for c in range(KK):
+        for d in range(0, ND, 2):
+            w(f"        fb = nt.ldmatrix_x4_trans(smem, vst + {off('vb', 16 * c, d)})")
+            for i in range(MI):
+                w(f"        o_{i}_{d} = MMA(pa_{i}_{c}, (fb[0], fb[1]), o_{i}_{d})")
+                w(f"        o_{i}_{d + 1} = MMA(pa_{i}_{c}, (fb[2], fb[3]), o_{i}_{d + 1})")
+
+    w(f'''
+    nt.cp_async_wait_all()
+
+    # Epilogue: O / l per row (0 for a row that saw no key), stored as {var.dtype}.
+    o_start = b * o_sb + h * o_sh''')
+    for i in range(MI):
+        for h in range(2):
+            w(f"    l = quad_sum(l_{i}_{h})")
+            w(f"    inv_{h} = np.float32(1) / l if l > ZERO else ZERO")
+            if var.with_lse:
+                w(f"    row = row_base + {16 * i + 8 * h}")
+                w(f"    if tq == 0 and row < Sq:")
+                w(f"        lse[bh * Sq + row] = (m_{i}_{h} + math.log2(l)) * LN2 if l > ZERO else NEG_INF")
+        for h in range(2):
+            w(f"    ob_{h} = o_start + (row_base + {16 * i + 8 * h}) * o_ss + tq")
+        for d in range(D // 8):
+            w(f"    store_row(out, ob_0 + {8 * d}, row_base + {16 * i}, Sq, "
+              f"o_{i}_{d}[0] * inv_0, o_{i}_{d}[1] * inv_0)")
+            w(f"    store_row(out, ob_1 + {8 * d}, row_base + {16 * i + 8}, Sq, "
+              f"o_{i}_{d}[2] * inv_1, o_{i}_{d}[3] * inv_1)")
+    w("\n\ngemm_kernel = attention_kernel  # the entry point sm80_gemm.load_generated returns")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation and launch
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def kernel_for(cfg: AttnConfig, var: AttnVariant):
+    """The compiled-on-demand kernel for (cfg, var), cached on disk (sm80_gemm.load_generated)."""
+    return load_generated("sm80_attention", kernel_source(cfg, var))
+
+
+@functools.cache
+def signature(var: AttnVariant):
+    """The kernel's argument types on the GPU: typed device pointers, int64 sizes and strides."""
+    from numba import types
+
+    u16 = types.CPointer(types.uint16)
+    return (u16, u16, u16, u16, types.CPointer(types.float32)) + (types.int64,) * 17 + (types.float32,)
+
+
+def grid_for(cfg: AttnConfig, batch, heads_q, seqlen_q):
+    return (-(-seqlen_q // cfg.block_m)) * heads_q * batch
+
+
+def launch(cfg: AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seqlen_q, seqlen_k,
+           heads_q, group, q_strides, k_strides, v_strides, o_strides, scale, stream=0):
+    """Launch the kernel.  q, k, v, out, lse are flat: device pointers (ints) on the GPU, 1-d
+    arrays in the emulation; strides are (batch, seq, head) in elements, 16-byte multiples for
+    q, k, v (and their starts 16-byte aligned).  ``lse`` is (batch, heads_q, seqlen_q) float32,
+    written only for variants with_lse."""
+    from numba import config
+
+    from intrinsics.launch import launch as launch_kernel
+
+    kernel = kernel_for(cfg, var)
+    m_blocks = -(-seqlen_q // cfg.block_m)
+    args = (q, k, v, out, lse, seqlen_q, seqlen_k, heads_q, group, m_blocks, *q_strides,
+            *k_strides, *v_strides, *o_strides, np.float32(scale * LOG2E))
+    sig = None if config.ENABLE_CUDASIM else signature(var)
+    launch_kernel(kernel, grid_for(cfg, batch, heads_q, seqlen_q), cfg.threads, args,
+                  shared_bytes=shared_bytes(cfg, var), stream=stream, signature=sig)
