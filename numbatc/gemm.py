@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 import numpy as np
@@ -319,6 +320,27 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
     (torch's or CuPy's, else Numba's default). M or N == 0 gives an empty result; K == 0 gives
     activation(beta * c + bias) (zeros without c and bias).
     """
+    if _FAST and epilogue is None and type(epilogue_args) is tuple and not epilogue_args:
+        try:
+            key, ptrs = _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype)
+            warm = None if key is None else _FAST.get(key)
+        except Exception:  # anything odd (an unhashable argument ...): the checks say what
+            warm = None
+        if warm is not None:
+            result = warm(ptrs, a, out, alpha, beta)
+            if result is not _MISS:
+                return result
+    result, problem, relaunch = _gemm_checked(
+        a, b, c, alpha, beta, bias, activation, out, out_dtype, epilogue, epilogue_args)
+    if relaunch is not None:
+        _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, problem, relaunch)
+    return result
+
+
+def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilogue,
+                  epilogue_args):
+    """The whole call: check -> allocate -> launch; (result, GemmProblem or None, the relaunch
+    function launch_gemm returned or None)."""
     # --- operands: library, dtype, shape -----------------------------------------------------
     A = _interop.as_cuda_array(a, "a")
     B = _interop.as_cuda_array(b, "b")
@@ -417,7 +439,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
     else:
         result = out
     if m == 0 or n == 0:
-        return result
+        return result, None, None
 
     problem = GemmProblem(
         m=m, n=n, k=k, a=op_a, b=op_b, c=op_c if beta != 0.0 else None, bias=op_bias,
@@ -428,11 +450,117 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
     )
     if k == 0 and epilogue is None:
         _epilogue_without_product(problem)
-    else:
-        from numbatc.kernels.dispatch import launch_gemm
+        return result, problem, None
+    from numbatc.kernels import dispatch
 
-        launch_gemm(problem)
-    return result
+    return result, problem, dispatch.launch_gemm(problem)
+
+
+# ---------------------------------------------------------------------------------------------
+# the warm call: what a checked call decided, reused by calls that differ only in pointers
+# ---------------------------------------------------------------------------------------------
+#
+# A warm call costs: a probe per array (pointer + key: shape, strides, dtype, device ...), one
+# dict lookup, an overlap test on byte ranges, the stream lookup and one cuLaunchKernel with a
+# parameter buffer made once (intrinsics.launch.PreparedLaunch).  The key holds everything the
+# checks above read besides pointer values: each array's probe key (None for an absent one),
+# a's and b's pointer modulo 16 (alignment decides packing), whether beta is 0 (decides whether
+# c is read; alpha and beta themselves only need to be real numbers of the types in
+# _REAL_TYPES, checked on every call), activation, out_dtype, the dispatch environment
+# variables and the thread (a NULL-stream launch runs in the thread's current context, which
+# the checked call made current).  Pointer-dependent checks run on every call: out against
+# each input's byte range; where ranges meet, the full (exact) check decides.
+
+_FAST: dict = {}
+_FAST_LIMIT = 1024
+_MISS = object()
+_REAL_TYPES = frozenset({int, float, np.float64, np.float32, np.float16, np.int64, np.int32})
+_ABSENT = (0, None)
+_env_key = None  # numbatc.kernels.dispatch.env_key, bound by the first _remember
+
+
+def _probe_or_absent(x):
+    return _ABSENT if x is None else _interop.probe(x)
+
+
+def _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype):
+    """(key, (a, b, c, bias, out) pointers), or (None, None) when no warm path applies."""
+    if type(alpha) not in _REAL_TYPES or type(beta) not in _REAL_TYPES:
+        return None, None
+    pa = _interop.probe(a)
+    pb = _interop.probe(b)
+    pc = _probe_or_absent(c)
+    pbias = _probe_or_absent(bias)
+    pout = _probe_or_absent(out)
+    if pa is None or pb is None or pc is None or pbias is None or pout is None:
+        return None, None
+    key = (pa[1], pb[1], pc[1], pbias[1], pout[1], pa[0] & 15, pb[0] & 15, beta == 0,
+           activation, out_dtype, _env_key(), threading.get_ident())
+    return key, (pa[0], pb[0], pc[0], pbias[0], pout[0])
+
+
+def _span(op) -> int:
+    """Bytes from an operand's pointer to the end of its last element (strides are >= 0)."""
+    lo, hi = op.array.byte_range()
+    return hi - lo
+
+
+class _Warm:
+    """One cached decision: relaunch(a, b, c, bias, out pointers, alpha, beta, stream)."""
+
+    __slots__ = ("relaunch", "stream", "alloc", "a_span", "b_span", "c_span", "bias_span",
+                 "out_span", "has_c", "has_bias", "c_may_be_out")
+
+    def __call__(self, ptrs, a, out, alpha, beta):
+        a_ptr, b_ptr, c_ptr, bias_ptr, out_ptr = ptrs
+        if out is None:
+            result = self.alloc(a)
+            probed = _interop.probe(result)
+            if probed is None:
+                return _MISS
+            out_ptr = probed[0]
+        else:
+            result = out
+            hi = out_ptr + self.out_span
+            if (a_ptr < hi and out_ptr < a_ptr + self.a_span) or (
+                    b_ptr < hi and out_ptr < b_ptr + self.b_span):
+                return _MISS
+            if self.has_bias and bias_ptr < hi and out_ptr < bias_ptr + self.bias_span:
+                return _MISS
+            if (self.has_c and c_ptr < hi and out_ptr < c_ptr + self.c_span
+                    and not (c_ptr == out_ptr and self.c_may_be_out)):
+                return _MISS
+        self.relaunch(a_ptr, b_ptr, c_ptr if self.has_c else out_ptr,
+                      bias_ptr if self.has_bias else out_ptr, out_ptr, float(alpha), float(beta),
+                      self.stream())
+        return result
+
+
+def _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, p, relaunch):
+    """Cache ``relaunch`` for calls like this checked one (see _warm_key)."""
+    global _env_key
+    if _env_key is None:
+        from numbatc.kernels.dispatch import env_key
+
+        _env_key = env_key
+    try:
+        key, _ = _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype)
+    except Exception:
+        return
+    if key is None:
+        return
+    w = _Warm()
+    w.relaunch = relaunch
+    w.stream = _interop.stream_getter(p.a.array)
+    w.alloc = _interop.allocator(p.a.array, (p.m, p.n), p.out_dtype) if out is None else None
+    w.a_span, w.b_span, w.out_span = _span(p.a), _span(p.b), _span(p.out)
+    w.has_c, w.has_bias = p.c is not None, p.bias is not None
+    w.c_span = _span(p.c) if w.has_c else 0
+    w.bias_span = _span(p.bias) if w.has_bias else 0
+    w.c_may_be_out = w.has_c and p.c.array.strides == p.out.array.strides
+    if len(_FAST) >= _FAST_LIMIT:
+        _FAST.clear()
+    _FAST[key] = w
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,23 @@ from numbatc.kernels import sm80_gemm
 
 _EMULATED = bool(config.ENABLE_CUDASIM)
 
-__all__ = ["choose_sm80", "launch_gemm"]
+__all__ = ["choose_sm80", "launch_gemm", "env_key"]
+
+#: The environment variables that steer the choice of kernel and configuration.
+_ENV_VARS = ("NUMBATC_SM80_CONFIG", "NUMBATC_GEMM_KERNEL", "NUMBATC_PRINT_CONFIG")
+_ENV_DATA = getattr(os.environ, "_data", None)
+_ENV_BYTES = [os.environ.encodekey(v) for v in _ENV_VARS] if _ENV_DATA is not None else None
+
+
+def env_key():
+    """The values of the variables that steer dispatch (see _ENV_VARS), as a cheap tuple: part of
+    numbatc.gemm's fast-path key, so that a relaunch function is never used after one changes.
+    NOTE: ``os.environ.get`` costs ~0.4 us per missing name (a KeyError inside); os.environ's own
+    dict (kept in step by os.environ's setters) costs ~40 ns."""
+    if _ENV_BYTES is not None:
+        get = _ENV_DATA.get
+        return (get(_ENV_BYTES[0]), get(_ENV_BYTES[1]), get(_ENV_BYTES[2]))
+    return tuple(os.environ.get(v) for v in _ENV_VARS)
 
 _NUM_SMS_GUESS = 132  # H100/H200; only shapes the heuristic, never correctness
 
@@ -122,10 +138,20 @@ def _kernel_family(p):
 
 def launch_gemm(p):
     """Launch the GEMM for problem ``p`` (m, n >= 1; k >= 1, or 0 with a user epilogue: the
-    kernel's main loop then runs no k tile) on its stream."""
+    kernel's main loop then runs no k tile) on its stream.
+
+    Returns a relaunch function ``fn(a_ptr, b_ptr, c_ptr, bias_ptr, out_ptr, alpha, beta,
+    stream_handle)`` that launches the same kernel for another problem with everything but
+    those equal (shapes, strides, dtypes, layouts, flags, device; c_ptr and bias_ptr are out_ptr
+    when absent), or None where there is none: the emulation, a user epilogue, K == 0, an
+    operand that had to be packed (not 16-byte aligned), ``NUMBATC_PRINT_CONFIG`` set (each call
+    prints).  numbatc.gemm caches it (see gemm._FAST)."""
     family, cfg = _kernel_family(p)
     var = _variant(p)
-    if os.environ.get("NUMBATC_PRINT_CONFIG"):
+    printing = bool(os.environ.get("NUMBATC_PRINT_CONFIG"))
+    fast = (not _EMULATED and not printing and p.epilogue is None and p.k >= 1
+            and p.a.alignment == 16 and p.b.alignment == 16)
+    if printing:
         print(f"numbatc.gemm M={p.m} N={p.n} K={p.k}: {family.__name__.rsplit('.', 1)[1]} "
               f"{cfg.name} a={var.a_layout}"
               f"{'' if p.a.alignment == 16 else ' (packed: not 16-byte aligned)'} b={var.b_layout}"
@@ -151,5 +177,8 @@ def launch_gemm(p):
 
         extra["epilogue_args"] = tuple(kernel_view(x) if isinstance(x, CudaArray) else x
                                        for x in p.epilogue_args)
-    family.launch(cfg, var, a, b, c, bias, out, p.m, p.n, p.k, lda, ldb, ldc, p.out.ld,
-                  p.alpha, p.beta, stream=p.stream if _EMULATED else p.stream_handle, **extra)
+    if fast:
+        extra["prepare"] = True
+    return family.launch(cfg, var, a, b, c, bias, out, p.m, p.n, p.k, lda, ldb, ldc, p.out.ld,
+                         p.alpha, p.beta, stream=p.stream if _EMULATED else p.stream_handle,
+                         **extra)

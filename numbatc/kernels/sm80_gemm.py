@@ -523,15 +523,31 @@ def signature(var: Sm80Variant):
 
 
 def launch(cfg: Sm80Config, var: Sm80Variant, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
-           alpha, beta, stream=0, group_m=8, epilogue_args=()):
+           alpha, beta, stream=0, group_m=8, epilogue_args=(), prepare=False):
     """Launch the kernel.  Operands are flat: device pointers (ints) on the GPU, 1-d arrays in
     the emulation; their start and leading dimension must be 16-byte aligned (the dispatcher
-    packs operands that are not)."""
+    packs operands that are not).
+
+    ``prepare=True``: launch through an ``intrinsics.launch.PreparedLaunch`` and return a
+    relaunch function ``fn(a, b, c, bias, out, alpha, beta, stream)`` for the same shape and
+    leading dimensions (the host cost of a warm ``numbatc.gemm``); None, after launching the
+    ordinary way, where there is none (the emulation, a user epilogue)."""
     from numba import config
 
-    from intrinsics.launch import launch as launch_kernel
+    from intrinsics import launch as launching
 
     kernel = kernel_for(cfg, var)
+    grid = grid_for(cfg, m, n)
+    if prepare and var.epilogue is None and not config.ENABLE_CUDASIM:
+        prepared = launching.prepare(kernel, grid, cfg.threads, signature(var),
+                                     shared_bytes=cfg.shared_bytes)
+        if prepared is not None:
+            def relaunch(a, b, c, bias, out, alpha, beta, stream):
+                prepared(stream, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta,
+                         group_m)
+
+            relaunch(a, b, c, bias, out, alpha, beta, stream)
+            return relaunch
     args = (a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, np.float32(alpha), np.float32(beta),
             group_m)
     sig = None if config.ENABLE_CUDASIM else signature(var)
@@ -541,5 +557,6 @@ def launch(cfg: Sm80Config, var: Sm80Variant, a, b, c, bias, out, m, n, k, lda, 
             from numba import types
 
             sig += (types.Tuple([kernel.typeof_pyval(x) for x in epilogue_args]),)
-    launch_kernel(kernel, grid_for(cfg, m, n), cfg.threads, args, shared_bytes=cfg.shared_bytes,
-                  stream=stream, signature=sig)
+    launching.launch(kernel, grid, cfg.threads, args, shared_bytes=cfg.shared_bytes,
+                     stream=stream, signature=sig)
+    return None

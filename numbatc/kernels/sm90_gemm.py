@@ -404,18 +404,30 @@ def grid_for(cfg: Sm90Config, m: int, n: int):
 
 
 def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
-           alpha, beta, stream=0, group_m=8):
-    """Launch the kernel (arguments as sm80_gemm.launch).  Operands are flat: device pointers
-    (ints) on the GPU, 1-d arrays in the emulation; A's and B's start and leading dimension must
-    be 16-byte aligned.  The kernel uses setmaxnreg, so intrinsics.launch loads it through the
-    driver's whole-program JIT (nvJitLink's relocatable compilation would drop the
-    instruction)."""
+           alpha, beta, stream=0, group_m=8, prepare=False):
+    """Launch the kernel (arguments as sm80_gemm.launch, ``prepare`` too).  Operands are flat:
+    device pointers (ints) on the GPU, 1-d arrays in the emulation; A's and B's start and
+    leading dimension must be 16-byte aligned.  The kernel uses setmaxnreg, so intrinsics.launch
+    loads it through the driver's whole-program JIT (nvJitLink's relocatable compilation would
+    drop the instruction)."""
     from numba import config
 
-    from intrinsics.launch import launch as launch_kernel
+    from intrinsics import launch as launching
 
     kernel = kernel_for(cfg, var)
+    grid = grid_for(cfg, m, n)
+    if prepare and not config.ENABLE_CUDASIM:
+        prepared = launching.prepare(kernel, grid, cfg.threads, signature(var),
+                                     shared_bytes=cfg.shared_bytes)
+        if prepared is not None:
+            def relaunch(a, b, c, bias, out, alpha, beta, stream):
+                prepared(stream, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta,
+                         group_m)
+
+            relaunch(a, b, c, bias, out, alpha, beta, stream)
+            return relaunch
     args = (a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, np.float32(alpha), np.float32(beta),
             group_m)
-    launch_kernel(kernel, grid_for(cfg, m, n), cfg.threads, args, shared_bytes=cfg.shared_bytes,
-                  stream=stream, signature=None if config.ENABLE_CUDASIM else signature(var))
+    launching.launch(kernel, grid, cfg.threads, args, shared_bytes=cfg.shared_bytes,
+                     stream=stream, signature=None if config.ENABLE_CUDASIM else signature(var))
+    return None
