@@ -10,3 +10,4 @@ __version__ = "0.1.0"
 
 from numbatc._interop import bfloat16  # noqa: E402
 from numbatc.gemm import gemm  # noqa: E402  (the function; the module is sys.modules["numbatc.gemm"])
+from numbatc.attention import attention  # noqa: E402  (the function, as numbatc.gemm)

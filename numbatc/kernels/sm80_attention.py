@@ -114,6 +114,8 @@ CONFIGS = {
         AttnConfig("m64n32_w4_qsmem", 64, 32, 4, False),
         AttnConfig("m64n64_w4_qsmem", 64, 64, 4, False),
         AttnConfig("m128n32_w8_qsmem", 128, 32, 8, False),
+        AttnConfig("m128n16_w8_qsmem", 128, 16, 8, False),
+        AttnConfig("m64n16_w4_qsmem", 64, 16, 4, False),
     )
 }
 
@@ -121,9 +123,12 @@ CONFIGS = {
 def choose_config(head_dim: int) -> AttnConfig:
     """The configuration for a head dim (``NUMBATC_ATTN_CONFIG=<name>`` forces one of CONFIGS).
 
-    Registers per thread are the limit: O takes head_dim / 2, S block_n / 2 per 16 rows, Q in
-    registers head_dim / 4.  Up to 64: 32 rows per warp; up to 128: 16 rows per warp with Q in
-    registers; beyond: Q reloaded from shared memory per key tile and short key tiles."""
+    Registers per thread are the limit: O takes head_dim / 2 per 16 query rows, S block_n / 2,
+    Q in registers head_dim / 4.  ptxas -v (sm_80, bf16, causal, with lse): head_dim 64 on
+    m128n64_w8_qreg 171 registers, 128 on it 245, no spills; 32 rows per warp (m128n64_w4_qreg)
+    spills at 64 already.  head_dim 256 on m128n32_w8_qsmem: 255 registers and about 170 bytes
+    of spills (every configuration spills there; NOTE: not the epilogue, the S and P steps or
+    the loads: removing each in turn leaves the count at 255)."""
     import os
 
     forced = os.environ.get("NUMBATC_ATTN_CONFIG")
@@ -131,11 +136,9 @@ def choose_config(head_dim: int) -> AttnConfig:
         if forced not in CONFIGS:
             raise ValueError(f"NUMBATC_ATTN_CONFIG={forced!r} is not one of {sorted(CONFIGS)}")
         return CONFIGS[forced]
-    if head_dim <= 64:
-        return CONFIGS["m128n64_w4_qreg"]
     if head_dim <= 128:
         return CONFIGS["m128n64_w8_qreg"]
-    return CONFIGS["m64n32_w4_qsmem"]
+    return CONFIGS["m128n32_w8_qsmem"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,11 +247,10 @@ def mask_tile(s, col, row, Sk, off):
 
 
 @cuda.jit(device=True, forceinline=True)
-def store_row(out, base, row, Sq, v0, v1):
-    if row < Sq:
-        p = {pack}(v0, v1)
-        out[base] = np.uint16(p & 0xFFFF)
-        out[base + 1] = np.uint16(p >> 16)
+def store_pair(out, base, v0, v1):
+    p = {pack}(v0, v1)
+    out[base] = np.uint16(p & 0xFFFF)
+    out[base + 1] = np.uint16(p >> 16)
 ''')
     _loader(w, "kv", BN, DP // 8, D // 8, T)
     _loader(w, "q", BM, DP // 8, D // 8, T)
@@ -422,13 +424,18 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
                 w(f"    row = row_base + {16 * i + 8 * h}")
                 w(f"    if tq == 0 and row < Sq:")
                 w(f"        lse[bh * Sq + row] = (m_{i}_{h} + math.log2(l)) * LN2 if l > ZERO else NEG_INF")
-        for h in range(2):
-            w(f"    ob_{h} = o_start + (row_base + {16 * i + 8 * h}) * o_ss + tq")
+        # NOTE: scaled in place before any store: computing the scaled values as store
+        # arguments let LLVM hoist them all above the row checks, doubling O's registers
+        # (spills at head_dim 256).
         for d in range(D // 8):
-            w(f"    store_row(out, ob_0 + {8 * d}, row_base + {16 * i}, Sq, "
-              f"o_{i}_{d}[0] * inv_0, o_{i}_{d}[1] * inv_0)")
-            w(f"    store_row(out, ob_1 + {8 * d}, row_base + {16 * i + 8}, Sq, "
+            w(f"    o_{i}_{d} = (o_{i}_{d}[0] * inv_0, o_{i}_{d}[1] * inv_0, "
               f"o_{i}_{d}[2] * inv_1, o_{i}_{d}[3] * inv_1)")
+        for h in range(2):
+            w(f"    row = row_base + {16 * i + 8 * h}")
+            w(f"    if row < Sq:")
+            w(f"        ob = o_start + row * o_ss + tq")
+            for d in range(D // 8):
+                w(f"        store_pair(out, ob + {8 * d}, o_{i}_{d}[{2 * h}], o_{i}_{d}[{2 * h + 1}])")
     w("\n\ngemm_kernel = attention_kernel  # the entry point sm80_gemm.load_generated returns")
     return "\n".join(lines) + "\n"
 
@@ -474,3 +481,105 @@ def launch(cfg: AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seqlen_q
     sig = None if config.ENABLE_CUDASIM else signature(var)
     launch_kernel(kernel, grid_for(cfg, batch, heads_q, seqlen_q), cfg.threads, args,
                   shared_bytes=shared_bytes(cfg, var), stream=stream, signature=sig)
+
+
+# ---------------------------------------------------------------------------------------------
+# From a numbatc.attention problem to a launch
+# ---------------------------------------------------------------------------------------------
+
+
+def _strides3(ca):
+    """(batch, seq, head) strides in elements; 0 for a dimension of extent 1 (never stepped)."""
+    return tuple(s if n > 1 else 0 for n, s in zip(ca.shape[:3], ca.strides[:3]))
+
+
+def _aligned(ca):
+    """True when every 16-byte chunk of a row (8 elements from a multiple of 8) is 16-byte
+    aligned: the start and every stepped stride."""
+    return ca.ptr % 16 == 0 and all(s % 8 == 0 for s in _strides3(ca))
+
+
+def _copy_kernel():
+    from numba import cuda
+
+    @cuda.jit
+    def copy4(src, dst):
+        """dst[b, s, h, d] = src[b, s, h, d], one thread per element (grid-stride)."""
+        B, S, H, D = src.shape
+        i = cuda.grid(1)
+        while i < B * S * H * D:
+            d = i % D
+            h = (i // D) % H
+            s = (i // (D * H)) % S
+            b = i // (D * H * S)
+            dst[b, s, h, d] = src[b, s, h, d]
+            i += cuda.gridsize(1)
+
+    return copy4
+
+
+_COPY = []
+
+
+def _operand(ca, stream, keep):
+    """(flat operand, (batch, seq, head) strides) of q, k or v: its own memory when 16-byte
+    aligned, else a packed contiguous copy (one pass over it; the kernel then needs no narrow
+    copy path, as in sm80_gemm)."""
+    from numba import config, cuda
+
+    from numbatc._interop import kernel_view
+    from numbatc.kernels.dispatch import _flat
+
+    emulated = bool(config.ENABLE_CUDASIM)
+    if _aligned(ca) and not emulated:
+        return ca.ptr, _strides3(ca)
+    view = kernel_view(ca)
+    if not _aligned(ca):
+        if emulated:
+            view = cuda.to_device(np.ascontiguousarray(view._ary))
+        else:
+            if not _COPY:
+                _COPY.append(_copy_kernel())
+            packed = cuda.device_array(view.shape, dtype=view.dtype, stream=stream)
+            _COPY[0][min(-(-view.size // 256), 65535), 256, stream](view, packed)
+            view = packed
+    strides = tuple(s // view.dtype.itemsize if n > 1 else 0
+                    for n, s in zip(view.shape[:3], view.strides[:3]))
+    return _flat(view, keep), strides
+
+
+def launch_attention(p):
+    """Launch the attention kernel for a :class:`numbatc.attention.AttentionProblem` on its
+    stream (batch, seqlen_q, heads_q >= 1; seqlen_k may be 0: every row then stores 0)."""
+    import os
+    import sys
+
+    from numba import config
+
+    from numbatc._interop import kernel_view
+    from numbatc.kernels.dispatch import _flat
+
+    emulated = bool(config.ENABLE_CUDASIM)
+    cfg = choose_config(p.head_dim)
+    var = AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None)
+    if os.environ.get("NUMBATC_PRINT_CONFIG"):
+        packed = [n for n, ca in (("q", p.q), ("k", p.k), ("v", p.v)) if not _aligned(ca)]
+        print(f"numbatc.attention B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k} Hq={p.heads_q} "
+              f"Hkv={p.heads_kv} D={p.head_dim}{' causal' if p.causal else ''}: sm80_attention "
+              f"{cfg.name} {p.dtype}{' +lse' if var.with_lse else ''}"
+              f"{' (packed, not 16-byte aligned: ' + ', '.join(packed) + ')' if packed else ''}",
+              file=sys.stderr)
+    keep = []
+    stream = p.stream
+    q, q_st = _operand(p.q, stream, keep)
+    k, k_st = _operand(p.k, stream, keep)
+    v, v_st = _operand(p.v, stream, keep)
+    if emulated:
+        out = _flat(kernel_view(p.out), keep)
+        lse = _flat(kernel_view(p.lse), keep) if p.lse is not None else np.zeros(1, np.float32)
+    else:
+        out = p.out.ptr
+        lse = p.lse.ptr if p.lse is not None else 0
+    launch(cfg, var, q, k, v, out, lse, p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.group,
+           q_st, k_st, v_st, _strides3(p.out), p.scale,
+           stream=stream if emulated else p.stream_handle)

@@ -1,0 +1,224 @@
+"""``numbatc.attention``: softmax(scale * Q K^T [+ causal mask]) V on CUDA arrays of any library,
+FlashAttention-2 style (no S or P matrix in memory; fp32 softmax and accumulation).
+
+This module is the user-facing layer: check -> allocate -> hand an :class:`AttentionProblem` to
+``numbatc.kernels.sm80_attention.launch_attention`` (which picks a configuration and launches).
+Inputs are read in place: any strides whose last dimension is contiguous.
+
+NOTE: ``numbatc.attention`` (the attribute) is the function; this module is
+``sys.modules["numbatc.attention"]`` (``importlib.import_module("numbatc.attention")``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from numbatc import _interop
+from numbatc._interop import CudaArray
+
+__all__ = ["attention", "AttentionProblem", "DTYPES", "HEAD_DIMS"]
+
+#: input (and output) dtypes; softmax and accumulation are float32 for both.
+DTYPES = ("float16", "bfloat16")
+#: supported head dims: every multiple of 8 up to 256.
+HEAD_DIMS = tuple(range(8, 257, 8))
+_MIN_CC = (8, 0)
+_ACCEPTED_DTYPES = (
+    "float16, bfloat16 (torch.bfloat16, ml_dtypes.bfloat16, or numbatc.bfloat16(<uint16 array>))"
+)
+_SHAPES = {"q": "(batch, seqlen_q, heads_q, head_dim)", "k": "(batch, seqlen_k, heads_kv, head_dim)",
+           "v": "(batch, seqlen_k, heads_kv, head_dim)", "out": "(batch, seqlen_q, heads_q, head_dim)"}
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """One checked attention call, as the kernel layer sees it.
+
+    q, out: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim);
+    each a CudaArray with element strides and unit stride on head_dim.  ``lse`` is None or a
+    float32 (batch, heads_q, seqlen_q) row-major CudaArray.  ``group`` = heads_q / heads_kv
+    (query head h reads key/value head h // group).  ``causal``: query i sees keys
+    j <= i + seqlen_k - seqlen_q.  ``scale`` multiplies Q K^T before the softmax.
+    ``launch_attention`` is called with batch, seqlen_q, heads_q >= 1 (seqlen_k may be 0)."""
+
+    q: CudaArray
+    k: CudaArray
+    v: CudaArray
+    out: CudaArray
+    lse: CudaArray | None
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    causal: bool
+    scale: float
+    dtype: str
+    device: int | None
+    cc: tuple | None
+    stream_handle: int
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    @cached_property
+    def stream(self):
+        return _interop.numba_stream(self.stream_handle, self.device)
+
+
+def _device_capability(device):
+    # numbatc.gemm's query (one cache, and one place for the CPU tests to patch)
+    return importlib.import_module("numbatc.gemm")._device_capability(device)
+
+
+def _check_4d(name, ca):
+    if ca.ndim != 4:
+        raise ValueError(f"{name} must be 4-D {_SHAPES[name]}, got shape {ca.shape}")
+    if ca.size and ca.shape[3] > 1 and ca.strides[3] != 1:
+        raise ValueError(
+            f"{name} (shape {ca.shape}) has strides {ca.strides} (in elements): numbatc.attention "
+            "reads any strides whose last dimension (head_dim) is contiguous, without copying; "
+            f"this one has stride {ca.strides[3]} there: make it contiguous first"
+        )
+    if ca.size and any(s < 0 for n, s in zip(ca.shape, ca.strides) if n > 1):
+        raise ValueError(f"{name} has a negative stride {ca.strides}; reverse views are not supported")
+
+
+def _overlapping(ca: CudaArray) -> bool:
+    """True when two elements of ``ca`` share memory (a stride-0 or folded view)."""
+    dims = sorted((s, n) for n, s in zip(ca.shape, ca.strides) if n > 1)
+    span = 1
+    for stride, n in dims:
+        if stride < span:
+            return True
+        span = stride * (n - 1) + span
+    return False
+
+
+def _scale(scale, head_dim):
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"scale must be a real number (int or float) or None, got {scale!r}")
+    scale = float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    return scale
+
+
+def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
+    """``softmax(scale * q @ k^T) @ v`` per (batch, head), softmax and accumulation in float32.
+
+    q (batch, seqlen_q, heads_q, head_dim); k, v (batch, seqlen_k, heads_kv, head_dim): CUDA
+    arrays of any library (Numba, CuPy, PyTorch, ``__cuda_array_interface__``, DLPack), all
+    float16 or all bfloat16 (torch.bfloat16, ml_dtypes.bfloat16, or
+    ``numbatc.bfloat16(<uint16 array>)``), any strides with a contiguous last dimension (views
+    such as a slice of a packed QKV tensor are read in place).  heads_q must be a multiple of
+    heads_kv (multi-query / grouped-query attention: query head h uses key/value head
+    h // (heads_q // heads_kv)).  head_dim: any multiple of 8 up to 256.  seqlen_q and seqlen_k
+    may differ.
+
+    ``scale`` defaults to 1 / sqrt(head_dim).  ``causal=True`` masks aligned to the bottom right
+    (as FlashAttention 2.1 and later): query i sees keys j <= i + seqlen_k - seqlen_q, so the
+    last query sees every key; with seqlen_q > seqlen_k the first seqlen_q - seqlen_k queries see
+    none.  A query that sees no key (those, or any query when seqlen_k == 0) gets output 0 and
+    lse -inf.
+
+    Returns an array of q's library (a ``numbatc.bfloat16`` view for marked inputs) shaped like
+    q, or ``out`` written in place (same shape and dtype, last dimension contiguous, not
+    overlapping the inputs); with ``return_lse=True`` the pair ``(out, lse)``, lse the float32
+    (batch, heads_q, seqlen_q) log-sum-exp of the scaled scores (natural log).  Runs on the
+    caller's current stream (torch's or CuPy's, else Numba's default).  Empty batch, heads or
+    seqlen_q give empty results.
+    """
+    # --- operands: library, rank, dtype, shapes --------------------------------------------
+    Q = _interop.as_cuda_array(q, "q")
+    K = _interop.as_cuda_array(k, "k")
+    V = _interop.as_cuda_array(v, "v")
+    for name, ca in (("q", Q), ("k", K), ("v", V)):
+        _check_4d(name, ca)
+    for name, ca in (("q", Q), ("k", K), ("v", V)):
+        if ca.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {ca.dtype}, not supported; supported: {_ACCEPTED_DTYPES}")
+    if not Q.dtype == K.dtype == V.dtype:
+        raise TypeError(f"q, k and v must have one dtype; got q {Q.dtype}, k {K.dtype}, v {V.dtype}")
+    batch, seqlen_q, heads_q, head_dim = Q.shape
+    if K.shape != V.shape:
+        raise ValueError(f"k and v must have the same shape {_SHAPES['k']}; got k {K.shape}, v {V.shape}")
+    kb, seqlen_k, heads_kv, kd = K.shape
+    if kb != batch:
+        raise ValueError(f"q has batch {batch} but k and v have batch {kb}")
+    if kd != head_dim:
+        raise ValueError(f"q has head_dim {head_dim} but k and v have head_dim {kd}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be a multiple of 8 from 8 to 256, got {head_dim}")
+    if heads_kv == 0 and heads_q != 0 or heads_kv and heads_q % heads_kv:
+        raise ValueError(
+            f"heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv}): query head h reads "
+            "key/value head h // (heads_q // heads_kv)"
+        )
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    if not isinstance(return_lse, (bool, np.bool_)):
+        raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
+    scale = _scale(scale, head_dim)
+
+    # --- out ------------------------------------------------------------------------------------
+    OUT = None
+    if out is not None:
+        OUT = _interop.as_cuda_array(out, "out")
+        _check_4d("out", OUT)
+        if OUT.shape != Q.shape:
+            raise ValueError(f"out must have q's shape {Q.shape}, got {OUT.shape}")
+        if OUT.dtype != Q.dtype:
+            raise TypeError(f"out has dtype {OUT.dtype}; it must have the inputs' dtype {Q.dtype}")
+        if OUT.readonly:
+            raise ValueError("out is read-only")
+        if _overlapping(OUT):
+            raise ValueError(f"out (shape {OUT.shape}, strides {OUT.strides}) has overlapping "
+                             "elements: it cannot be written")
+        for name, other in (("q", Q), ("k", K), ("v", V)):
+            if OUT.shares_memory(other):
+                raise ValueError(f"out overlaps {name} in memory; numbatc.attention cannot write its "
+                                 "result over an input: pass a separate out")
+
+    # --- device ---------------------------------------------------------------------------------
+    device = _interop.same_device(Q, K, V, OUT, names=("q", "k", "v", "out"))
+    cc = None
+    if device is not None:
+        cc = _device_capability(device)
+        if tuple(cc) < _MIN_CC:
+            raise ValueError(f"numbatc.attention needs a GPU of compute capability 8.0 (sm_80, "
+                             f"Ampere) or newer; device {device} is sm_{cc[0]}{cc[1]}")
+
+    # --- results --------------------------------------------------------------------------------
+    if OUT is None:
+        result = _interop.allocate_like(q, Q.shape, Q.dtype)
+        OUT = _interop.as_cuda_array(result, "out")
+    else:
+        result = out
+    lse_result = LSE = None
+    if return_lse:
+        lse_result = _interop.allocate_like(q, (batch, heads_q, seqlen_q), "float32")
+        LSE = _interop.as_cuda_array(lse_result, "lse")
+    done = (result, lse_result) if return_lse else result
+    if batch == 0 or seqlen_q == 0 or heads_q == 0:
+        return done
+
+    problem = AttentionProblem(
+        q=Q, k=K, v=V, out=OUT, lse=LSE, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+        heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, causal=bool(causal), scale=scale,
+        dtype=Q.dtype, device=device if device is not None else OUT.device, cc=cc,
+        stream_handle=_interop.stream_handle(q),
+    )
+    from numbatc.kernels.sm80_attention import launch_attention
+
+    launch_attention(problem)
+    return done
