@@ -1,0 +1,210 @@
+"""numbatc.attention's user-facing layer without a GPU: every validation error, empty problems,
+the output and lse allocation, and the AttentionProblem that reaches
+``numbatc.kernels.sm80_attention.launch_attention`` (replaced here by a recorder).
+
+Arrays are the fakes of test_gemm_api (made-up device pointers, never dereferenced; the
+pointer encodes the device); its autouse fixture ``no_gpu`` answers the device queries."""
+
+import importlib
+import math
+
+import numpy as np
+import pytest
+
+import numbatc
+from numbatc._interop import DTypeView
+from tests.test_gemm_api import FakeCuda, no_gpu  # noqa: F401  (no_gpu: autouse fixture)
+
+attention_mod = importlib.import_module("numbatc.attention")
+gemm_mod = importlib.import_module("numbatc.gemm")
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    calls = []
+    kernels = importlib.import_module("numbatc.kernels.sm80_attention")
+    monkeypatch.setattr(kernels, "launch_attention", calls.append)
+    return calls
+
+
+def qkv(b=2, sq=5, sk=7, hq=4, hkv=2, d=64, dtype="float16", device=0):
+    return (FakeCuda((b, sq, hq, d), dtype, device=device),
+            FakeCuda((b, sk, hkv, d), dtype, device=device),
+            FakeCuda((b, sk, hkv, d), dtype, device=device))
+
+
+def bf16(shape, **kw):
+    return DTypeView(FakeCuda(shape, "uint16", **kw), "bfloat16")
+
+
+# --- a call that reaches the kernel layer ----------------------------------------------------
+
+
+def test_problem_reaches_the_kernel_layer(launched):
+    q, k, v = qkv()
+    out = numbatc.attention(q, k, v, causal=True)
+    (p,) = launched
+    assert (p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim) == (2, 5, 7, 4, 2, 64)
+    assert p.group == 2 and p.causal and p.dtype == "float16" and p.lse is None
+    assert p.scale == pytest.approx(1 / math.sqrt(64))
+    assert p.out.shape == (2, 5, 4, 64) and out.shape == (2, 5, 4, 64)
+    assert p.cc == (9, 0) and p.device == 0
+
+
+def test_lse_scale_and_bf16(launched):
+    shape_q, shape_kv = (1, 9, 8, 40), (1, 3, 1, 40)
+    out, lse = numbatc.attention(bf16(shape_q), bf16(shape_kv), bf16(shape_kv), scale=0.25,
+                                 return_lse=True)
+    (p,) = launched
+    assert isinstance(out, DTypeView) and out.dtype == "bfloat16" and out.shape == shape_q
+    assert lse.shape == (1, 8, 9) and lse.dtype == np.float32
+    assert p.lse is not None and p.lse.shape == (1, 8, 9) and p.scale == 0.25 and p.group == 8
+
+
+def test_strided_views_are_read_in_place(launched):
+    """A slice of a packed (b, s, 3, h, d) QKV buffer: strides (s*3*h*d, 3*h*d, d, 1)."""
+    b, s, h, d = 2, 11, 4, 64
+    base = FakeCuda((b, s, 3 * h, d), "float16")
+    st = (s * 3 * h * d, 3 * h * d, d, 1)
+    q = FakeCuda((b, s, h, d), "float16", strides=st, ptr=base.ptr)
+    k = FakeCuda((b, s, h, d), "float16", strides=st, ptr=base.ptr + h * d * 2)
+    v = FakeCuda((b, s, h, d), "float16", strides=st, ptr=base.ptr + 2 * h * d * 2)
+    numbatc.attention(q, k, v)
+    (p,) = launched
+    assert p.q.ptr == q.ptr and p.q.strides == st and p.v.ptr == v.ptr
+
+
+def test_out_written_in_place(launched):
+    q, k, v = qkv()
+    out = FakeCuda(q.shape, "float16")
+    assert numbatc.attention(q, k, v, out=out) is out
+    assert launched[0].out.ptr == out.ptr
+
+
+# --- empty problems --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("b, sq, hq, hkv", [(0, 5, 4, 2), (2, 0, 4, 2), (2, 5, 0, 0)])
+def test_empty_results_launch_nothing(launched, b, sq, hq, hkv):
+    q, k, v = qkv(b=b, sq=sq, hq=hq, hkv=hkv)
+    out, lse = numbatc.attention(q, k, v, return_lse=True)
+    assert out.shape == (b, sq, hq, 64) and lse.shape == (b, hq, sq)
+    assert not launched
+
+
+def test_no_keys_still_launches(launched):
+    """seqlen_k == 0: the kernel stores zeros and lse = -inf."""
+    q, k, v = qkv(sk=0)
+    numbatc.attention(q, k, v)
+    assert launched[0].seqlen_k == 0
+
+
+# --- validation errors -----------------------------------------------------------------------
+
+
+def test_rank():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"q must be 4-D \(batch, seqlen_q, heads_q, head_dim\)"):
+        numbatc.attention(FakeCuda((5, 4, 64), "float16"), k, v)
+    with pytest.raises(ValueError, match=r"v must be 4-D"):
+        numbatc.attention(q, k, FakeCuda((2, 7, 128), "float16"))
+
+
+def test_dtypes():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="k has dtype float32, not supported; supported: float16, bfloat16"):
+        numbatc.attention(q, FakeCuda(k.shape, "float32"), v)
+    with pytest.raises(TypeError, match="one dtype; got q float16, k bfloat16, v float16"):
+        numbatc.attention(q, bf16(k.shape), v)
+
+
+def test_shapes():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        numbatc.attention(q, k, FakeCuda((2, 8, 2, 64), "float16"))
+    with pytest.raises(ValueError, match="q has batch 3 but k and v have batch 2"):
+        numbatc.attention(FakeCuda((3, 5, 4, 64), "float16"), k, v)
+    with pytest.raises(ValueError, match="q has head_dim 32 but k and v have head_dim 64"):
+        numbatc.attention(FakeCuda((2, 5, 4, 32), "float16"), k, v)
+
+
+@pytest.mark.parametrize("d", [0, 4, 12, 100, 264, 512])
+def test_head_dim(d):
+    q, k, v = qkv(d=d)
+    with pytest.raises(ValueError, match=f"head_dim must be a multiple of 8 from 8 to 256, got {d}"):
+        numbatc.attention(q, k, v)
+
+
+@pytest.mark.parametrize("hq, hkv", [(3, 2), (4, 3), (1, 2), (4, 0)])
+def test_heads_must_divide(hq, hkv):
+    q, k, v = qkv(hq=hq, hkv=hkv)
+    with pytest.raises(ValueError, match=rf"heads_q \({hq}\) must be a multiple of heads_kv \({hkv}\)"):
+        numbatc.attention(q, k, v)
+
+
+def test_head_dim_must_be_contiguous():
+    q, k, v = qkv()
+    strided = FakeCuda(k.shape, "float16", strides=(7 * 2 * 128, 2 * 128, 128, 2))
+    with pytest.raises(ValueError, match=r"k \(shape \(2, 7, 2, 64\)\) has strides .* last dimension"):
+        numbatc.attention(q, strided, v)
+
+
+def test_negative_strides():
+    q, k, v = qkv()
+    rev = FakeCuda(k.shape, "float16", strides=(7 * 2 * 64, -2 * 64, 64, 1))
+    with pytest.raises(ValueError, match="negative stride"):
+        numbatc.attention(q, k, rev)
+
+
+@pytest.mark.parametrize("scale, exc, msg", [
+    (0.0, ValueError, "positive finite"), (-1, ValueError, "positive finite"),
+    (float("nan"), ValueError, "positive finite"), (float("inf"), ValueError, "positive finite"),
+    ("0.1", TypeError, "real number"), (True, TypeError, "real number"),
+])
+def test_bad_scale(scale, exc, msg):
+    with pytest.raises(exc, match=msg):
+        numbatc.attention(*qkv(), scale=scale)
+
+
+def test_flags_must_be_bools():
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        numbatc.attention(*qkv(), causal="yes")
+    with pytest.raises(TypeError, match="return_lse must be True or False"):
+        numbatc.attention(*qkv(), return_lse=1)
+
+
+def test_host_arrays_are_refused():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="move it to the GPU first"):
+        numbatc.attention(np.zeros(q.shape, np.float16), k, v)
+
+
+def test_devices_must_match():
+    q, k, _ = qkv()
+    v = FakeCuda(k.shape, "float16", device=1)
+    with pytest.raises(ValueError, match=r"different devices \(q on cuda:0, k on cuda:0, v on cuda:1\)"):
+        numbatc.attention(q, k, v)
+
+
+def test_old_gpu_is_refused(monkeypatch):
+    monkeypatch.setattr(gemm_mod, "_device_capability", lambda device: (7, 5))
+    with pytest.raises(ValueError, match="compute capability 8.0 .* device 0 is sm_75"):
+        numbatc.attention(*qkv())
+
+
+def test_bad_out():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"out must have q's shape \(2, 5, 4, 64\), got \(2, 5, 4, 32\)"):
+        numbatc.attention(q, k, v, out=FakeCuda((2, 5, 4, 32), "float16"))
+    with pytest.raises(TypeError, match="out has dtype float32; it must have the inputs' dtype float16"):
+        numbatc.attention(q, k, v, out=FakeCuda(q.shape, "float32"))
+    with pytest.raises(ValueError, match="out is read-only"):
+        numbatc.attention(q, k, v, out=FakeCuda(q.shape, "float16", readonly=True))
+    with pytest.raises(ValueError, match="overlapping elements"):
+        numbatc.attention(q, k, v, out=FakeCuda(q.shape, "float16", strides=(0, 256, 64, 1)))
+    with pytest.raises(ValueError, match="out overlaps q in memory"):
+        numbatc.attention(q, k, v, out=q)
+    with pytest.raises(ValueError, match="out must be 4-D"):
+        numbatc.attention(q, k, v, out=FakeCuda((10, 256), "float16"))
+    with pytest.raises(TypeError, match="move it to the GPU first"):
+        numbatc.attention(q, k, v, out=np.zeros(q.shape, np.float16))
