@@ -94,6 +94,7 @@ from intrinsics.mbarrier import (
 )
 from intrinsics.mma import MmaSpec, mma_specs, mma_sync
 from intrinsics.setmaxnreg import setmaxnreg_dec, setmaxnreg_inc
+from intrinsics.shfl import shfl_bfly, shfl_down, shfl_idx, shfl_op, shfl_up
 from intrinsics.smem import shared_address, swizzle, swizzle_offset
 from intrinsics.tcgen05 import (
     make_instr_desc,
@@ -126,6 +127,7 @@ from intrinsics.tma import (
     bulk_commit_group,
     bulk_copy_g2s,
     bulk_copy_s2g,
+    bulk_copy_s2s_cluster,
     bulk_wait_group,
     bulk_wait_group_read,
     tma_load,

@@ -297,6 +297,7 @@ def _tma_probes():
         tma.tma_prefetch_descriptor(tmap)
         tma.bulk_copy_g2s(smem, 0, out, 0, 256, bars, 0)
         tma.bulk_copy_s2g(out, 256, smem, 0, 256)
+        tma.bulk_copy_s2s_cluster(smem, 1024, smem, 0, 256, bars, 0, c[0])
         tma.bulk_commit_group()
         tma.bulk_wait_group(0)
         offsets = (np.uint16(c[3]), np.uint16(c[4]))
@@ -304,7 +305,7 @@ def _tma_probes():
 
     yield Probe("tma", "bulk copies, prefetch, im2col", bulk, sig, SM90,
                 ("cp.async.bulk.shared::cluster.global", "cp.async.bulk.global.shared::cta",
-                 "prefetch.tensormap", ".im2col"))
+                 "cp.async.bulk.shared::cluster.shared::cta", "prefetch.tensormap", ".im2col"))
 
 
 def _wgmma_kernel(mma, regs, registers_a):

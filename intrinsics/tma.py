@@ -73,6 +73,7 @@ __all__ = [
     "bulk_commit_group",
     "bulk_copy_g2s",
     "bulk_copy_s2g",
+    "bulk_copy_s2s_cluster",
     "bulk_wait_group",
     "bulk_wait_group_read",
     "tma_load",
@@ -394,6 +395,19 @@ BULK_COPIES = {
             SM90,
         ),
         BulkCopy(
+            "bulk_copy_s2s_cluster",
+            "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
+            "{\n\t"
+            ".reg .b32 dst, bar;\n\t"
+            "mapa.shared::cluster.u32 dst, $0, $4;\n\t"
+            "mapa.shared::cluster.u32 bar, $3, $4;\n\t"
+            "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes "
+            "[dst], [$1], $2, [bar];\n\t"
+            "}",
+            ("r", "r", "r", "r", "r"),
+            SM90,
+        ),
+        BulkCopy(
             "bulk_copy_s2g",
             "cp.async.bulk.global.shared::cta.bulk_group",
             "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;",
@@ -411,6 +425,7 @@ def _check_nbytes(name, ty):
 
 
 _G2S = BULK_COPIES["bulk_copy_g2s"]
+_S2S = BULK_COPIES["bulk_copy_s2s_cluster"]
 _S2G = BULK_COPIES["bulk_copy_s2g"]
 
 
@@ -441,6 +456,51 @@ def bulk_copy_g2s(typingctx, dst, dst_index, src, src_index, nbytes, bars, bar_i
             shared_address(context, builder, tys[5], args[5], tys[6], args[6]),
         ]
         asm(builder, _G2S.template, _G2S.constraints, [], ops, memory=True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def bulk_copy_s2s_cluster(typingctx, dst, dst_index, src, src_index, nbytes, bars, bar_index,
+                          cta_rank):
+    """Copy ``nbytes`` bytes from this CTA's shared ``src[src_index]`` to ``dst[dst_index]`` in
+    the shared memory of the CTA of rank ``cta_rank`` in this cluster, completing as bytes on
+    *that* CTA's mbarrier ``bars[bar_index]`` (distributed shared memory; the receiver expects the
+    bytes with ``mbarrier_expect_tx``).  The copy moves bytes unchanged, so a 1024-byte-aligned
+    block of a swizzled tile stays a valid swizzled tile at a 1024-byte-aligned destination.
+
+    The source is read through the async proxy: generic writes to it (stores, and landed plain
+    ``cp.async`` copies) need ``fence_proxy_async_shared()`` first.
+
+    Emits (PTX ISA 9.7.9.25.4.1, cp.async.bulk; 9.7.9.23, mapa)::
+
+        mapa.shared::cluster.u32 dst, $0, $4;
+        mapa.shared::cluster.u32 bar, $3, $4;
+        cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [dst], [$1], $2, [bar];
+
+    Both addresses 16-byte aligned, ``nbytes`` a multiple of 16.  Needs sm_90 or newer.
+    """
+    check_array(_S2S.name, dst, "a shared-memory destination array")
+    check_index(_S2S.name, dst, dst_index)
+    check_array(_S2S.name, src, "a shared-memory source array")
+    check_index(_S2S.name, src, src_index)
+    _check_nbytes(_S2S.name, nbytes)
+    _check_bars(_S2S.name, bars, bar_index)
+    check_integer(_S2S.name, cta_rank, "the CTA rank")
+    sig = types.void(dst, dst_index, src, src_index, nbytes, bars, bar_index, cta_rank)
+
+    def codegen(context, builder, sig, args):
+        require_arch(_S2S.ptx, _S2S.arch)
+        tys = sig.args
+        ops = [
+            shared_address(context, builder, tys[0], args[0], tys[1], args[1]),
+            shared_address(context, builder, tys[2], args[2], tys[3], args[3]),
+            as_i32(context, builder, tys[4], args[4]),
+            shared_address(context, builder, tys[5], args[5], tys[6], args[6]),
+            context.cast(builder, args[7], tys[7], types.uint32),
+        ]
+        asm(builder, _S2S.template, _S2S.constraints, [], ops, memory=True)
         return context.get_dummy_value()
 
     return sig, codegen

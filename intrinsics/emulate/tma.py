@@ -360,6 +360,30 @@ def bulk_copy_g2s(dst, dst_index, src, src_index, nbytes, bars, bar_index):
     complete_tx(thread, thread.block, bar, nbytes, op)
 
 
+def bulk_copy_s2s_cluster(dst, dst_index, src, src_index, nbytes, bars, bar_index, cta_rank):
+    from intrinsics.tma import BULK_COPIES
+
+    thread = current()
+    op = BULK_COPIES["bulk_copy_s2s_cluster"].ptx
+    nbytes = int(nbytes)
+    source = memory.shared_address(src, src_index)
+    target = memory.shared_address(dst, dst_index)
+    if nbytes <= 0 or nbytes % BULK_ALIGN:
+        raise EmulationError(f"{thread.where()}: {op}: the byte count must be a positive multiple "
+                             f"of 16, got {nbytes}")
+    for what, address in (("source", source), ("destination", target)):
+        if address % BULK_ALIGN:
+            raise EmulationError(f"{thread.where()}: {op}: {what} shared address {address:#x} is "
+                                 "not 16-byte aligned")
+    peer = peer_block(thread, cta_rank, op)
+    bar = barrier_address(op, bars, bar_index)
+    # completes on the receiver's mbarrier (not in a bulk group): read the source now
+    thread.block.shared.check_async_read(source, nbytes, op, thread)
+    data = _shared(thread, thread.block, source, nbytes, op).copy()
+    _shared(thread, peer, target, nbytes, op)[:] = data
+    complete_tx(thread, peer, bar, nbytes, op)
+
+
 def bulk_copy_s2g(dst, dst_index, src, src_index, nbytes):
     from intrinsics.tma import BULK_COPIES
 
@@ -416,6 +440,7 @@ EMULATIONS = {
     "bulk_commit_group": bulk_commit_group,
     "bulk_copy_g2s": bulk_copy_g2s,
     "bulk_copy_s2g": bulk_copy_s2g,
+    "bulk_copy_s2s_cluster": bulk_copy_s2s_cluster,
     "bulk_wait_group": bulk_wait_group,
     "bulk_wait_group_read": bulk_wait_group_read,
     "tensormap_fence_acquire": tensormap_fence_acquire,

@@ -38,10 +38,13 @@ from intrinsics.mbarrier import (
     fence_mbarrier_init,
     mbarrier_arrive,
     mbarrier_arrive_cluster,
+    mbarrier_arrive_expect_tx,
     mbarrier_init,
     mbarrier_test_wait,
     mbarrier_test_wait_parity,
+    mbarrier_wait_parity,
 )
+from intrinsics.tma import bulk_copy_s2s_cluster
 
 gpu90 = pytest.mark.gpu(cc=(9, 0))
 pytestmark = pytest.mark.emulation  # every test also runs in the CPU emulation
@@ -240,6 +243,57 @@ def test_remote_mbarrier_arrive(n):
     out = cuda.to_device(np.full((blocks, 3), -1, dtype=np.int32))
     cluster_launch(remote_arrive_kernel, (blocks, 1, 1), THREADS, (out,), (n, 1, 1))
     np.testing.assert_array_equal(out.copy_to_host(), np.tile([0, 1, 0], (blocks, 1)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bulk copies between CTAs (cp.async.bulk.shared::cluster.shared::cta)
+# ---------------------------------------------------------------------------------------------
+
+S2S_BYTES = 2048
+
+
+@cuda.jit
+def s2s_kernel(src, out, shift):
+    """CTA r writes its slice of ``src`` into its shared memory (generic stores), then thread 0
+    copies it in one bulk copy into CTA (r + shift) % n's ``inbox``, signalling that CTA's
+    barrier; every CTA waits for its own inbox and writes it out.  The inbox starts 16 bytes
+    past a 1024-byte boundary, so the copy is checked away from the swizzle repeat too."""
+    mine = cuda.shared.array(S2S_BYTES, np.uint8, alignment=1024)
+    inbox = cuda.shared.array(S2S_BYTES + 16, np.uint8, alignment=1024)
+    bars = cuda.shared.array(1, np.uint64, alignment=8)
+    t = cuda.threadIdx.x
+    b = cuda.blockIdx.x
+    r = cluster_ctarank()
+    n = cluster_nctarank()
+    for i in range(t, S2S_BYTES, THREADS):
+        mine[i] = src[b, i]
+        inbox[16 + i] = 0xEE
+    if t == 0:
+        mbarrier_init(bars, 0, 1)
+        fence_mbarrier_init()
+        mbarrier_arrive_expect_tx(bars, 0, S2S_BYTES)
+    fence_proxy_async_shared()  # generic writes of `mine` -> the copy's async-proxy reads
+    cluster_sync()  # every barrier initialised and expecting, every source written
+    if t == 0:
+        bulk_copy_s2s_cluster(inbox, 16, mine, 0, S2S_BYTES, bars, 0, (r + shift) % n)
+    mbarrier_wait_parity(bars, 0, 0)
+    for i in range(t, S2S_BYTES, THREADS):
+        out[b, i] = inbox[16 + i]
+    cluster_sync()
+
+
+@gpu90
+@pytest.mark.parametrize("n, shift", [(2, 1), (4, 3), (2, 0)])
+def test_bulk_copy_between_ctas(n, shift):
+    blocks = 2 * n
+    rng = np.random.default_rng()
+    src = rng.integers(0, 256, size=(blocks, S2S_BYTES), dtype=np.uint8)
+    out = cuda.to_device(np.full((blocks, S2S_BYTES), 0xFF, dtype=np.uint8))
+    cluster_launch(s2s_kernel, (blocks, 1, 1), THREADS, (cuda.to_device(src), out, shift), (n, 1, 1))
+    # block b received from the CTA of rank (r - shift) % n of its own cluster
+    b = np.arange(blocks)
+    sender = b - b % n + (b % n - shift) % n
+    np.testing.assert_array_equal(out.copy_to_host(), src[sender])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,240 @@
+"""``numbatc.softmax``: row softmax over the last dimension; ``numbatc.gemm_softmax``:
+``softmax(scale * (a @ b) + bias)`` with the softmax fused into the GEMM's epilogue.
+
+Both take CUDA arrays of any library (as numbatc.gemm: Numba, CuPy, PyTorch,
+``__cuda_array_interface__``, DLPack, ``numbatc.bfloat16``), compute in float32, run on the
+caller's current stream and return an array of the input's library.  Check -> allocate -> pick a
+configuration -> launch; ``NUMBATC_PRINT_CONFIG=1`` prints the choice to stderr.
+
+The fused kernel holds a whole row in one tile: N <= 256 (``sm80_gemm_softmax.MAX_N``).  Wider
+rows are computed unfused -- numbatc.gemm into a float32 scratch, then numbatc.softmax -- with
+the same result, and NUMBATC_PRINT_CONFIG says so.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from numbatc import _interop
+
+__all__ = ["softmax", "gemm_softmax", "SOFTMAX_DTYPES"]
+
+SOFTMAX_DTYPES = ("bfloat16", "float16", "float32")
+
+_gemm = importlib.import_module("numbatc.gemm")
+
+
+def _print_config(text):
+    if os.environ.get("NUMBATC_PRINT_CONFIG"):
+        print(text, file=sys.stderr)
+
+
+def _emulated():
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)
+
+
+def _check_device(names, arrays, what):
+    device = _interop.same_device(*arrays, names=names)
+    if device is not None:
+        cc = _gemm._device_capability(device)
+        if tuple(cc) < (8, 0):
+            raise ValueError(f"{what} needs a GPU of compute capability 8.0 (sm_80, Ampere) or "
+                             f"newer; device {device} is sm_{cc[0]}{cc[1]}")
+    return device
+
+
+def _rows(name, ca):
+    """(rows, n, ld) of an array seen as rows of its last dimension: the last dimension must have
+    unit stride and the leading ones must flatten into one (no copies)."""
+    if ca.ndim == 0:
+        raise ValueError(f"{name} must have at least one dimension, got a scalar")
+    n = ca.shape[-1]
+    rows = 1
+    for s in ca.shape[:-1]:
+        rows *= s
+    if rows == 0 or n == 0:
+        return rows, n, max(n, 1)
+    if n > 1 and ca.strides[-1] != 1:
+        raise ValueError(f"{name} (shape {ca.shape}, strides {ca.strides} in elements) must have "
+                         "unit stride on its last dimension: make it contiguous first")
+    live = [(sh, st) for sh, st in zip(ca.shape[:-1], ca.strides[:-1]) if sh > 1]
+    ld = live[-1][1] if live else n
+    expect = ld
+    for sh, st in reversed(live):
+        if st != expect:
+            raise ValueError(f"{name} (shape {ca.shape}, strides {ca.strides} in elements): its "
+                             "leading dimensions do not flatten into rows of one stride; make it "
+                             "contiguous first")
+        expect = st * sh
+    if ld < n and rows > 1:
+        raise ValueError(f"{name} (shape {ca.shape}, strides {ca.strides}) has overlapping rows")
+    return rows, n, ld
+
+
+def _flat(ca, keep, words=False):
+    """The kernel's flat operand: the device pointer on the GPU; in the emulation a 1-d array
+    over the same memory (of 64-bit words where ``words``)."""
+    if not _emulated():
+        return ca.ptr
+    import numpy as np
+
+    from numbatc.kernels.dispatch import _flat as flat_view
+
+    flat = flat_view(_interop.kernel_view(ca), keep)  # 16-bit data as uint16
+    if words:  # rows start on 8-byte boundaries and hold multiples of 4 elements: exact words
+        flat = flat[: flat.shape[0] // 4 * 4].view(np.uint64)
+    return flat
+
+
+def _check_out(out_ca, shape, dtypes, what):
+    if out_ca.shape != tuple(shape):
+        raise ValueError(f"out must have shape {tuple(shape)}, got {out_ca.shape}")
+    if out_ca.dtype not in dtypes:
+        raise TypeError(f"out has dtype {out_ca.dtype}; {what} writes {' or '.join(dtypes)}")
+    if out_ca.readonly:
+        raise ValueError("out is read-only")
+
+
+def softmax(x, *, out=None):
+    """Row softmax over the last dimension of ``x``, ``exp(x - max) / sum(exp(x - max))``,
+    computed in float32.
+
+    ``x``: a CUDA array (any library) of bfloat16, float16 or float32 with at least one dimension
+    and unit stride on the last; leading dimensions are flattened into rows (they must flatten
+    without a copy).  Returns an array of x's library and dtype, or writes ``out`` (x's shape,
+    dtype bfloat16, float16 or float32; it may be x itself, but not overlap it otherwise).  Rows
+    of any length: up to 32768 elements a row (16384 for float32 or rows not 8-byte aligned)
+    stays in registers (one read, one write); longer rows take two reads.
+    A row holding NaN gives NaN; a row of -inf gives NaN (as torch)."""
+    X = _interop.as_cuda_array(x, "x")
+    if X.dtype not in SOFTMAX_DTYPES:
+        raise TypeError(f"x has dtype {X.dtype}; numbatc.softmax takes {', '.join(SOFTMAX_DTYPES)}")
+    rows, n, ldx = _rows("x", X)
+    OUT = None if out is None else _interop.as_cuda_array(out, "out")
+    if OUT is not None:
+        _check_out(OUT, X.shape, SOFTMAX_DTYPES, "numbatc.softmax")
+        _, _, ldo = _rows("out", OUT)
+        same = (OUT.ptr, OUT.strides, OUT.dtype) == (X.ptr, X.strides, X.dtype)
+        if not same and OUT.shares_memory(X):
+            raise ValueError("out overlaps x in memory; it may be x itself (in place), but not "
+                             "part of it: pass a separate out")
+    device = _check_device(("x", "out"), (X, OUT), "numbatc.softmax")
+    if OUT is None:
+        result = _interop.allocate_like(x, X.shape, X.dtype)
+        OUT = _interop.as_cuda_array(result, "out")
+        _, _, ldo = _rows("out", OUT)
+    else:
+        result = out
+    if rows == 0 or n == 0:
+        return result
+    _launch_softmax(X, OUT, rows, n, ldx, ldo, device)
+    return result
+
+
+def _vector_ok(ca, ld, rows):
+    return ca.itemsize == 2 and ca.ptr % 8 == 0 and (rows == 1 or (ld * 2) % 8 == 0)
+
+
+def _launch_softmax(X, OUT, rows, n, ldx, ldo, device):
+    from numbatc.kernels import row_softmax
+
+    vec_ok = _vector_ok(X, ldx, rows) and (OUT.dtype == "float32" or _vector_ok(OUT, ldo, rows))
+    cfg = row_softmax.choose(n, X.dtype, OUT.dtype, vec_ok)
+    _print_config(f"numbatc.softmax rows={rows} N={n}: row_softmax {cfg.name} "
+                  f"({cfg.rows_per_block} row(s) per block of {cfg.threads} threads)")
+    keep = []
+    words = cfg.vec == 4
+    x = _flat(X, keep, words)
+    out = _flat(OUT, keep, words and OUT.dtype != "float32")
+    handle = 0 if _emulated() else _interop.stream_handle(X.obj)
+    with _interop._device_scope(device):
+        row_softmax.launch(cfg, x, out, rows, n, ldx, ldo, stream=handle)
+
+
+def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
+    """``softmax(scale * (a @ b) + bias)`` over each row, the softmax fused into the GEMM.
+
+    a (M, K), b (K, N): CUDA arrays (any library), both float16 or both bfloat16, row- or
+    column-major; ``bias`` (N,) of the input dtype or float32; ``scale`` a real number (e.g.
+    1/sqrt(d) for attention scores).  Returns an (M, N) array of a's library and dtype, or writes
+    ``out`` (M, N; row-major; the input dtype or float32).  Accumulates and normalises in float32.
+    N <= 256 runs one fused kernel (a block owns whole rows); wider rows run numbatc.gemm into a
+    float32 scratch and then numbatc.softmax (NUMBATC_PRINT_CONFIG says so)."""
+    A = _interop.as_cuda_array(a, "a")
+    B = _interop.as_cuda_array(b, "b")
+    _gemm._check_2d("a", A)
+    _gemm._check_2d("b", B)
+    (m, k), (k2, n) = A.shape, B.shape
+    if k != k2:
+        raise ValueError(f"inner dimensions differ: a is (M, K) = {A.shape} but b is (K, N) = "
+                         f"{B.shape}; a.shape[1] must equal b.shape[0]")
+    rule = _gemm._rule_for(A, B)
+    scale = _gemm._real("scale", scale)
+    BIAS = None if bias is None else _interop.as_cuda_array(bias, "bias")
+    if BIAS is not None:
+        if BIAS.ndim != 1 or BIAS.shape[0] != n:
+            raise ValueError(f"bias must have shape (N,) = ({n},), got {BIAS.shape}")
+        if BIAS.dtype not in rule.bias:
+            raise TypeError(f"bias has dtype {BIAS.dtype}; for {rule.a} inputs it must be "
+                            f"{' or '.join(rule.bias)}")
+    OUT = None if out is None else _interop.as_cuda_array(out, "out")
+    outputs = (rule.a, "float32")
+    if OUT is not None:
+        _gemm._check_2d("out", OUT)
+        _check_out(OUT, (m, n), outputs, "numbatc.gemm_softmax")
+        for nm, other in (("a", A), ("b", B), ("bias", BIAS)):
+            if other is not None and OUT.shares_memory(other):
+                raise ValueError(f"out overlaps {nm} in memory: pass a separate out")
+    device = _check_device(("a", "b", "bias", "out"), (A, B, BIAS, OUT), "numbatc.gemm_softmax")
+    op_a = _gemm._matrix("a", A, m, k)
+    op_b = _gemm._matrix("b", B, k, n)
+    op_bias = _gemm._vector("bias", BIAS) if BIAS is not None else None
+    if OUT is None:
+        result = _interop.allocate_like(a, (m, n), rule.a)
+        OUT = _interop.as_cuda_array(result, "out")
+    else:
+        result = out
+    op_out = _gemm._matrix("out", OUT, m, n, writable=True)
+    if m == 0 or n == 0:
+        return result
+    if op_out.layout != "row" and n > 1:
+        raise ValueError(f"out (strides {OUT.strides}) must be row-major (unit stride on its last "
+                         "dimension) for numbatc.gemm_softmax")
+
+    from numbatc.kernels import sm80_gemm_softmax as fused
+
+    if n > fused.MAX_N:
+        _print_config(f"numbatc.gemm_softmax M={m} N={n} K={k}: N > {fused.MAX_N} does not fit "
+                      "the fused kernel's tile: numbatc.gemm (float32) + numbatc.softmax")
+        logits = _gemm.gemm(a, b, alpha=scale, bias=bias, out_dtype="float32")
+        softmax(logits, out=result)
+        return result
+
+    from numbatc.kernels.dispatch import _operand
+    from numbatc.kernels.sm80_gemm import Sm80Variant
+
+    cfg = fused.choose(m, n)
+    var = Sm80Variant(a_layout=op_a.layout, b_layout=op_b.layout, in_dtype=rule.a,
+                      out_dtype=OUT.dtype, c_dtype=None,
+                      bias_dtype=None if BIAS is None else BIAS.dtype, activation=None)
+    _print_config(f"numbatc.gemm_softmax M={m} N={n} K={k}: sm80_gemm_softmax {cfg.name} "
+                  f"a={var.a_layout} b={var.b_layout} {var.in_dtype}->{var.out_dtype}"
+                  f"{' +bias' if BIAS is not None else ''} scale={scale:g}")
+    handle = 0 if _emulated() else _interop.stream_handle(a)
+    stream = _interop.numba_stream(handle, device)
+    keep = []
+    with _interop._device_scope(device):
+        out_flat = _flat(OUT, keep)
+        if k == 0:  # a and b are never read
+            pa, lda, pb, ldb = out_flat, 1, out_flat, 1
+        else:
+            pa, lda = _operand(op_a, stream if op_a.alignment != 16 else 0, keep)
+            pb, ldb = _operand(op_b, stream if op_b.alignment != 16 else 0, keep)
+        pbias = _flat(BIAS, keep) if BIAS is not None else out_flat
+        fused.launch(cfg, var, pa, pb, pbias, out_flat, m, n, k, lda, ldb, op_out.ld, scale,
+                     stream=stream if _emulated() else handle)
+    return result
