@@ -10,4 +10,5 @@ __version__ = "0.1.0"
 
 from numbatc._interop import bfloat16  # noqa: E402
 from numbatc.gemm import gemm  # noqa: E402  (the function; the module is sys.modules["numbatc.gemm"])
+from numbatc.softmax import gemm_softmax, softmax  # noqa: E402
 from numbatc.attention import attention  # noqa: E402  (the function, as numbatc.gemm)

@@ -29,6 +29,7 @@ FAMILIES = {
     "intrinsics.mbarrier": "intrinsics.emulate.mbarrier",
     "intrinsics.cluster": "intrinsics.emulate.cluster",
     "intrinsics.setmaxnreg": "intrinsics.emulate.setmaxnreg",
+    "intrinsics.shfl": "intrinsics.emulate.shfl",
     "intrinsics.tma": "intrinsics.emulate.tma",
     "intrinsics.wgmma": "intrinsics.emulate.wgmma",
     "intrinsics.tcgen05": "intrinsics.emulate.tcgen05",
