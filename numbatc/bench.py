@@ -9,6 +9,12 @@ and writes a CSV and a PNG plot (matplotlib, when installed) where asked.
 Shapes: squares 1024..8192 and LLM shapes M in {1, 16, 64, 128, 256, 4096} x (N, K) in
 {(4096, 4096), (8192, 8192), (28672, 8192), (8192, 28672)}.  torch is needed for the inputs and
 the reference; it is optional for numbatc itself.
+
+``python -m numbatc.bench attention [--shapes quick] [--csv F] [--png F] [--configs]``: numbatc.attention
+against torch's ``scaled_dot_product_attention`` (the fastest of its flash, cuDNN and
+memory-efficient backends on each shape, measured in the same run), head_dim 64, 128, 256,
+seqlen 512..16384 with batch * seqlen = 16384 tokens and heads * head_dim = 2048, causal and not;
+TFLOP/s count 4 * B * H * S^2 * D, halved when causal.
 """
 
 import argparse
@@ -136,9 +142,141 @@ def write_png(rows, path):
     fig.savefig(path, dpi=120)
 
 
+# ---------------------------------------------------------------------------------------------
+# attention: numbatc.attention against torch's scaled_dot_product_attention
+# ---------------------------------------------------------------------------------------------
+
+#: (head_dim, seqlen): batch * seqlen = 16384 tokens, heads * head_dim = 2048.
+ATTENTION_SHAPES = {
+    "all": [(d, s) for d in (64, 128, 256) for s in (512, 1024, 2048, 4096, 8192, 16384)],
+    "quick": [(d, s) for d in (64, 128) for s in (1024, 4096)],
+}
+
+
+def _sdpa_backends(torch):
+    """(name, context manager factory) for each SDPA backend this torch has; the fastest one that
+    runs a shape is the reference."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # old torch: its own choice only
+        import contextlib
+
+        return [("default", contextlib.nullcontext)]
+    names = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
+    return [(n.lower(), lambda b=getattr(SDPBackend, n): sdpa_kernel(b))
+            for n in names if hasattr(SDPBackend, n)]
+
+
+def bench_attention(shapes, dtype="bfloat16", reps=20, causal_modes=(False, True)):
+    """numbatc.attention and torch SDPA (its fastest backend) on (batch, seqlen, heads, head_dim)
+    inputs; TFLOP/s count 4 * B * H * S * S * D (half of it when causal)."""
+    import torch
+    import torch.nn.functional as F
+
+    import numbatc
+
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    rows = []
+    cases = [(d, s, c) for d, s in shapes for c in causal_modes]
+    progress = Progress(len(cases), "attention")
+    for d, s, causal in cases:
+        b, h = max(1, 16384 // s), max(1, 2048 // d)
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=tdt) for _ in range(3))
+        out = torch.empty_like(q)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        numbatc.attention(q, k, v, causal=causal, out=out)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # SDPA's (B, H, S, D), same memory
+        flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
+        r = max(3, min(reps, int(4e13 / flops)))
+        ours = _time_gpu(lambda: numbatc.attention(q, k, v, causal=causal, out=out), torch, r)
+        theirs, backend, ref = float("inf"), "none", None
+        for name, context in _sdpa_backends(torch):
+            try:
+                with context():
+                    ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                    ms = _time_gpu(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal),
+                                   torch, r)
+            except RuntimeError:  # this backend does not take the shape
+                continue
+            if ms < theirs:
+                theirs, backend = ms, name
+        err = float("nan") if ref is None else (out - ref.transpose(1, 2)).abs().max().item()
+        rows.append(dict(batch=b, seqlen=s, heads=h, head_dim=d, causal=causal, dtype=dtype,
+                         numbatc_ms=ours, ref_ms=theirs, numbatc_tflops=flops / ours / 1e9,
+                         ref_tflops=flops / theirs / 1e9, ratio=theirs / ours, ref_backend=backend,
+                         first_call_s=first, max_abs_err=err))
+        progress.step(f"d={d} s={s}{' causal' if causal else ''}: {rows[-1]['ratio']:.2f}x SDPA ({backend})")
+        q = k = v = out = qt = kt = vt = ref = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_attention_table(rows):
+    head = (f"{'B':>4} {'S':>6} {'H':>4} {'D':>4} {'causal':>6}  {'numbatc TF/s':>12} "
+            f"{'SDPA TF/s':>9} {'ratio':>6}  {'SDPA backend':>19} {'first call s':>12} "
+            f"{'max abs err':>11}  config")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['batch']:>4} {r['seqlen']:>6} {r['heads']:>4} {r['head_dim']:>4} "
+              f"{str(r['causal']):>6}  {r['numbatc_tflops']:>12.1f} {r['ref_tflops']:>9.1f} "
+              f"{r['ratio']:>6.2f}  {r['ref_backend']:>19} {r['first_call_s']:>12.2f} "
+              f"{r['max_abs_err']:>11.2e}  {r.get('config', '')}")
+
+
+def write_attention_png(rows, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot written", file=sys.stderr)
+        return
+    labels = [f"d{r['head_dim']} s{r['seqlen']}{' c' if r['causal'] else ''}" for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.45), 4))
+    ax.bar([i - 0.2 for i in x], [r["numbatc_tflops"] for r in rows], 0.4, label="numbatc")
+    ax.bar([i + 0.2 for i in x], [r["ref_tflops"] for r in rows], 0.4, label="torch SDPA (fastest)")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, rotation=70, fontsize=7)
+    ax.set_ylabel("TFLOP/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main_attention(args):
+    """``python -m numbatc.bench attention``: the sweep, then the table (and --csv / --png)."""
+    import os
+
+    shapes = ATTENTION_SHAPES.get(args.shapes, ATTENTION_SHAPES["all"])
+    rows = bench_attention(shapes, args.dtype, args.reps)
+    for row in rows:
+        row["config"] = "heuristic"
+    if args.configs:
+        from numbatc.kernels.sm80_attention import CONFIGS
+
+        for name in CONFIGS:
+            os.environ["NUMBATC_ATTN_CONFIG"] = name
+            for row in bench_attention(shapes, args.dtype, args.reps):
+                row["config"] = name
+                rows.append(row)
+        os.environ.pop("NUMBATC_ATTN_CONFIG")
+    print_attention_table(rows)
+    if args.csv:
+        write_csv(rows, args.csv)
+    if args.png:
+        write_attention_png(rows, args.png)
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m numbatc.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["gemm"])
+    parser.add_argument("what", choices=["gemm", "attention"])
     parser.add_argument("--shapes", default="all", choices=sorted(SHAPES))
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--reps", type=int, default=20)
@@ -155,6 +293,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         parser.error("the benchmark needs a CUDA GPU")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    if args.what == "attention":
+        return main_attention(args)
     rows = bench_gemm(SHAPES[args.shapes], args.dtype, args.reps)
     for row in rows:
         row["config"] = "heuristic"
