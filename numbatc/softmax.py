@@ -192,7 +192,8 @@ def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
     device = _check_device(("a", "b", "bias", "out"), (A, B, BIAS, OUT), "numbatc.gemm_softmax")
     op_a = _gemm._matrix("a", A, m, k)
     op_b = _gemm._matrix("b", B, k, n)
-    op_bias = _gemm._vector("bias", BIAS) if BIAS is not None else None
+    if BIAS is not None:
+        _gemm._vector("bias", BIAS)  # unit stride, or a ValueError naming it
     if OUT is None:
         result = _interop.allocate_like(a, (m, n), rule.a)
         OUT = _interop.as_cuda_array(result, "out")
