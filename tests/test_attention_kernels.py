@@ -1,0 +1,77 @@
+"""The attention kernel without a GPU: the chosen configuration for each head_dim compiles and
+assembles for sm_80 and sm_90a, with ptxas's register report checked (no spills up to head_dim
+128; head_dim 256 is known to spill a little, held to that), and configurations validate."""
+
+import re
+
+import pytest
+
+from intrinsics.toolchain import compile_ptx
+from numbatc.kernels import sm80_attention as attn
+
+
+def ptxas_report(ptx, arch):
+    """(registers, spill store bytes) from nvJitLink's ``-Xptxas=-v`` info log."""
+    from cuda.bindings import nvjitlink
+
+    options = [f"-arch={arch}", "-O3", "-Xptxas=-v"]
+    handle = nvjitlink.create(len(options), options)
+    try:
+        data = ptx.encode()
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "attention")
+        nvjitlink.complete(handle)
+        log = bytearray(nvjitlink.get_info_log_size(handle))
+        nvjitlink.get_info_log(handle, log)
+    finally:
+        nvjitlink.destroy(handle)
+    text = bytes(log).decode(errors="replace")
+    registers = int(re.search(r"Used (\d+) registers", text).group(1))
+    spills = int(re.search(r"(\d+) bytes spill stores", text).group(1))
+    return registers, spills
+
+
+@pytest.mark.parametrize("head_dim, dtype, causal, arch, max_spill", [
+    (64, "bfloat16", True, "sm_80", 0),
+    (128, "float16", False, "sm_80", 0),
+    (128, "bfloat16", True, "sm_90a", 0),
+    (40, "bfloat16", True, "sm_80", 0),       # padded to 48, rows padded to an odd chunk count
+    (256, "bfloat16", True, "sm_80", 256),    # known: ~170 bytes (see choose_config)
+])
+def test_chosen_config_assembles(head_dim, dtype, causal, arch, max_spill):
+    cfg = attn.choose_config(head_dim)
+    var = attn.AttnVariant(head_dim, dtype, causal, with_lse=True)
+    ptx = compile_ptx(attn.kernel_for(cfg, var), attn.signature(var), arch)
+    ptx_type = "bf16" if dtype == "bfloat16" else "f16"
+    assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}.{ptx_type}.f32" in ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx  # V
+    assert "shfl.sync.bfly.b32" in ptx and "cp.async.cg.shared.global" in ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    registers, spills = ptxas_report(ptx, arch)
+    assert registers <= 255 and spills <= max_spill, (registers, spills)
+
+
+def test_heuristic_names_a_real_config():
+    for d in range(8, 257, 8):
+        assert attn.choose_config(d) in attn.CONFIGS.values()
+
+
+def test_every_config_generates_valid_source():
+    import ast
+
+    for cfg in attn.CONFIGS.values():
+        for d in (8, 40, 64, 256):
+            ast.parse(attn.kernel_source(cfg, attn.AttnVariant(d, "float16", d % 16 == 0, d == 40)))
+
+
+def test_shared_layouts():
+    assert attn.shared_layout(64) == (64, True)      # 128-byte rows: swizzled
+    assert attn.shared_layout(256) == (256, True)
+    assert attn.shared_layout(48) == (56, False)     # 6 chunks -> 7 (odd)
+    assert attn.shared_layout(16) == (24, False)
+
+
+def test_bad_config_is_named():
+    with pytest.raises(ValueError, match="block_m / warps must be 16 or 32"):
+        attn.AttnConfig("bad", 128, 64, 2, True)
+    with pytest.raises(ValueError, match="block_n must be a multiple of 16"):
+        attn.AttnConfig("bad", 64, 40, 4, True)
