@@ -1,0 +1,140 @@
+"""numbatc.softmax and numbatc.gemm_softmax without a GPU: every validation error names what is
+wrong, rows flatten (or are refused) as documented, the vector-load decision, empty inputs, the
+fused/unfused choice around N = 256 and what reaches the launches (replaced here by recorders).
+Arrays are test_gemm_api's fakes (made-up pointers, never dereferenced)."""
+
+import importlib
+
+import numpy as np
+import pytest
+
+import numbatc
+from numbatc._interop import DTypeView
+from tests.test_gemm_api import FakeCuda, col_major, no_gpu  # noqa: F401  (no_gpu: autouse fixture)
+
+softmax_mod = importlib.import_module("numbatc.softmax")
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    calls = {"softmax": [], "fused": [], "gemm": []}
+    monkeypatch.setattr(softmax_mod, "_launch_softmax",
+                        lambda X, OUT, rows, n, ldx, ldo, device: calls["softmax"].append(
+                            (X, OUT, rows, n, ldx, ldo)))
+    from numbatc.kernels import sm80_gemm_softmax
+
+    monkeypatch.setattr(sm80_gemm_softmax, "launch", lambda *a, **k: calls["fused"].append(a))
+    monkeypatch.setattr(softmax_mod._gemm, "gemm", lambda *a, **k: calls["gemm"].append(k) or
+                        FakeCuda((a[0].shape[0], a[1].shape[1]), "float32"))
+    monkeypatch.setattr(softmax_mod, "_emulated", lambda: False)
+    # no driver: streams, device scopes and operand packing answered without one
+    import contextlib
+
+    from numbatc.kernels import dispatch
+
+    monkeypatch.setattr(softmax_mod._interop, "stream_handle", lambda t: 0)
+    monkeypatch.setattr(softmax_mod._interop, "numba_stream", lambda handle, device=None: None)
+    monkeypatch.setattr(softmax_mod._interop, "_device_scope", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(dispatch, "_operand", lambda op, stream, keep: (op.ptr, op.ld))
+    return calls
+
+
+def test_softmax_rejects_bad_dtypes_and_scalars():
+    with pytest.raises(TypeError, match="numbatc.softmax takes bfloat16, float16, float32"):
+        numbatc.softmax(FakeCuda((4, 4), "float64"))
+    with pytest.raises(ValueError, match="at least one dimension"):
+        numbatc.softmax(FakeCuda((), "float32"))
+
+
+def test_softmax_needs_unit_stride_and_flattenable_rows():
+    with pytest.raises(ValueError, match="unit stride on its last dimension"):
+        numbatc.softmax(col_major(8, 8))
+    x = FakeCuda((2, 3, 8), "float16", strides=(100, 8, 1))  # a gap between the 2 blocks
+    with pytest.raises(ValueError, match="do not flatten into rows"):
+        numbatc.softmax(x)
+
+
+def test_softmax_out_is_checked():
+    x = FakeCuda((4, 8), "float16")
+    with pytest.raises(ValueError, match=r"out must have shape \(4, 8\)"):
+        numbatc.softmax(x, out=FakeCuda((8, 4), "float16"))
+    with pytest.raises(TypeError, match="out has dtype int32"):
+        numbatc.softmax(x, out=FakeCuda((4, 8), "int32"))
+    with pytest.raises(ValueError, match="read-only"):
+        numbatc.softmax(x, out=FakeCuda((4, 8), "float16", readonly=True))
+    with pytest.raises(ValueError, match="out overlaps x"):
+        numbatc.softmax(x, out=FakeCuda((4, 8), "float16", ptr=x.ptr + 2))
+
+
+def test_softmax_flattens_rows_and_runs_in_place(launched):
+    x = FakeCuda((2, 3, 8), "float16", strides=(48, 16, 1))  # rows of 8 at a stride of 16
+    assert numbatc.softmax(x, out=x) is x
+    X, OUT, rows, n, ldx, ldo = launched["softmax"][0]
+    assert (rows, n, ldx, ldo) == (6, 8, 16, 16)
+
+
+def test_softmax_empty_launches_nothing(launched):
+    numbatc.softmax(FakeCuda((0, 5), "float32"))
+    numbatc.softmax(FakeCuda((3, 0), "float32"))
+    assert launched["softmax"] == []
+
+
+def test_softmax_result_has_the_input_dtype(no_gpu, launched):
+    numbatc.softmax(DTypeView(FakeCuda((3, 5), "uint16"), "bfloat16"))
+    assert no_gpu[-1][:2] == ((3, 5), "bfloat16")
+
+
+def test_vector_loads_need_8_byte_rows():
+    from numbatc._interop import as_cuda_array
+
+    ok = as_cuda_array(FakeCuda((4, 8), "float16"))
+    assert softmax_mod._vector_ok(ok, 8, 4)
+    assert not softmax_mod._vector_ok(ok, 6, 4)  # rows 12 bytes apart
+    assert not softmax_mod._vector_ok(as_cuda_array(FakeCuda((4, 8), "float32")), 8, 4)
+    odd = as_cuda_array(FakeCuda((4, 8), "float16").at(0, 1, (4, 7)))
+    assert not softmax_mod._vector_ok(odd, 8, 4)
+
+
+def test_gemm_softmax_validation():
+    a, b = FakeCuda((8, 16), "float16"), FakeCuda((16, 32), "float16")
+    with pytest.raises(ValueError, match="inner dimensions differ"):
+        numbatc.gemm_softmax(a, FakeCuda((15, 32), "float16"))
+    with pytest.raises(TypeError, match="mixed dtypes"):
+        numbatc.gemm_softmax(a, DTypeView(FakeCuda((16, 32), "uint16"), "bfloat16"))
+    with pytest.raises(ValueError, match=r"bias must have shape \(N,\) = \(32,\)"):
+        numbatc.gemm_softmax(a, b, bias=FakeCuda((16,), "float16"))
+    with pytest.raises(TypeError, match="bias has dtype float64"):
+        numbatc.gemm_softmax(a, b, bias=FakeCuda((32,), "float64"))
+    with pytest.raises(TypeError, match="scale must be a real number"):
+        numbatc.gemm_softmax(a, b, scale="0.1")
+    with pytest.raises(TypeError, match="out has dtype bfloat16"):
+        numbatc.gemm_softmax(a, b, out=DTypeView(FakeCuda((8, 32), "uint16"), "bfloat16"))
+    with pytest.raises(ValueError, match="must be row-major"):
+        numbatc.gemm_softmax(a, b, out=col_major(8, 32))
+    with pytest.raises(ValueError, match="out overlaps a"):
+        numbatc.gemm_softmax(a, b, out=FakeCuda((8, 32), "float16", ptr=a.ptr))
+
+
+def test_gemm_softmax_fused_up_to_256_columns(launched, monkeypatch, capsys):
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    a = FakeCuda((100, 64), "float16")
+    numbatc.gemm_softmax(a, FakeCuda((64, 256), "float16"), scale=0.125,
+                         bias=FakeCuda((256,), "float32"))
+    cfg, var = launched["fused"][0][:2]
+    assert (cfg.bn, var.bias_dtype, var.out_dtype) == (256, "float32", "float16")
+    assert launched["fused"][0][-1] == 0.125
+    assert "sm80_gemm_softmax 32x256x64_8w_4s" in capsys.readouterr().err
+
+
+def test_gemm_softmax_wider_rows_run_unfused(launched, monkeypatch, capsys):
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    numbatc.gemm_softmax(FakeCuda((10, 64), "float16"), FakeCuda((64, 257), "float16"), scale=2.0)
+    assert launched["fused"] == []
+    assert launched["gemm"] == [dict(alpha=2.0, bias=None, out_dtype="float32")]
+    assert len(launched["softmax"]) == 1
+    assert "N > 256 does not fit" in capsys.readouterr().err
+
+
+def test_gemm_softmax_empty(launched):
+    numbatc.gemm_softmax(FakeCuda((0, 4), "float16"), FakeCuda((4, 8), "float16"))
+    assert launched["fused"] == [] and launched["softmax"] == []
