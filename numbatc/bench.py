@@ -15,6 +15,16 @@ against torch's ``scaled_dot_product_attention`` (the fastest of its flash, cuDN
 memory-efficient backends on each shape, measured in the same run), head_dim 64, 128, 256,
 seqlen 512..16384 with batch * seqlen = 16384 tokens and heads * head_dim = 2048, causal and not;
 TFLOP/s count 4 * B * H * S^2 * D, halved when causal.
+
+``python -m numbatc.bench softmax [--shapes quick] [--csv F]``: numbatc.softmax against
+torch.softmax (rows 1024..32768 x row lengths 256..32768; GB/s of one read and one write, ratio),
+then numbatc.gemm_softmax against torch.softmax(scale * a @ b) for (M, K, N) in
+{4096, 8192, 16384} x 4096 x {128, 256}.
+
+``python -m numbatc.bench epilogue [--shapes quick] [--csv F]``: what a fused user epilogue costs:
+numbatc.gemm plain, with a bias + GELU + residual user epilogue (epilogue=...), and with the
+built-in bias + gelu, at 4096^3 and 8192^3 in the same run, as overhead % over the plain GEMM; and
+torch's unfused gelu(a @ b + bias) + residual for reference.
 """
 
 import argparse
@@ -274,9 +284,166 @@ def main_attention(args):
     return 0
 
 
+# ---------------------------------------------------------------------------------------------
+# softmax and the epilogue's cost
+# ---------------------------------------------------------------------------------------------
+
+SOFTMAX_SHAPES = {
+    "all": [(r, n) for n in (256, 1024, 4096, 16384) for r in (1024, 4096, 16384, 32768)]
+    + [(1024, 32768), (4096, 32768), (8, 1 << 20)],
+    "quick": [(4096, 1024), (16384, 4096), (4096, 32768)],
+}
+GEMM_SOFTMAX_SHAPES = {
+    "all": [(m, 4096, n) for n in (128, 256) for m in (4096, 8192, 16384)],
+    "quick": [(8192, 4096, 128), (16384, 4096, 256)],
+}
+EPILOGUE_SHAPES = {"all": [(4096,) * 3, (8192,) * 3], "quick": [(4096,) * 3]}
+
+
+def _table(rows, columns):
+    """Print ``rows`` (dicts) as a table of ``columns``: (key, header, format)."""
+    widths = [max(len(h), 10) for _, h, _ in columns]
+    print("  ".join(f"{h:>{w}}" for (_, h, _), w in zip(columns, widths)))
+    print("-" * (sum(widths) + 2 * len(widths)))
+    for r in rows:
+        print("  ".join(f"{format(r[k], f):>{w}}" for (k, _, f), w in zip(columns, widths)))
+
+
+def bench_softmax(shapes, gemm_shapes, dtype="bfloat16", reps=20):
+    import math
+
+    import torch
+
+    import numbatc
+
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    rows = []
+    progress = Progress(len(shapes) + len(gemm_shapes), "softmax")
+    for r, n in shapes:
+        x = torch.randn(r, n, device="cuda", dtype=tdt) * 3
+        out = torch.empty_like(x)
+        numbatc.softmax(x, out=out)
+        err = (out.float() - torch.softmax(x.float(), -1)).abs().max().item()
+        ours = _time_gpu(lambda: numbatc.softmax(x, out=out), torch, reps)
+        theirs = _time_gpu(lambda: torch.softmax(x, -1), torch, reps)
+        gb = 2 * x.numel() * x.element_size() / 1e9
+        rows.append(dict(kind="softmax", m=r, n=n, k=0, dtype=dtype, numbatc_ms=ours,
+                         torch_ms=theirs, numbatc_gbs=gb / ours * 1e3, torch_gbs=gb / theirs * 1e3,
+                         ratio=theirs / ours, max_abs_err=err))
+        progress.step(f"softmax {r}x{n}: {rows[-1]['numbatc_gbs']:.0f} GB/s, {rows[-1]['ratio']:.2f}x torch")
+        x = out = None
+        torch.cuda.empty_cache()
+    for m, k, n in gemm_shapes:
+        a = torch.randn(m, k, device="cuda", dtype=tdt)
+        b = torch.randn(k, n, device="cuda", dtype=tdt)
+        scale = 1 / math.sqrt(k)
+        out = torch.empty(m, n, device="cuda", dtype=tdt)
+        numbatc.gemm_softmax(a, b, scale=scale, out=out)
+        err = (out.float() - torch.softmax(scale * (a.float() @ b.float()), -1)).abs().max().item()
+        ours = _time_gpu(lambda: numbatc.gemm_softmax(a, b, scale=scale, out=out), torch, reps)
+        theirs = _time_gpu(lambda: torch.softmax(torch.matmul(a, b) * scale, -1), torch, reps)
+        tf = 2.0 * m * n * k / 1e12
+        rows.append(dict(kind="gemm_softmax", m=m, n=n, k=k, dtype=dtype, numbatc_ms=ours,
+                         torch_ms=theirs, numbatc_gbs=tf / ours * 1e3, torch_gbs=tf / theirs * 1e3,
+                         ratio=theirs / ours, max_abs_err=err))
+        progress.step(f"gemm_softmax {m}x{k}x{n}: {rows[-1]['ratio']:.2f}x torch")
+        a = b = out = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_softmax_table(rows):
+    print("softmax: GB/s of one read and one write; gemm_softmax: TFLOP/s of the GEMM; ratio = "
+          "torch time / numbatc time")
+    _table(rows, [("kind", "kernel", "s"), ("m", "rows/M", "d"), ("n", "N", "d"), ("k", "K", "d"),
+                  ("numbatc_ms", "numbatc ms", ".3f"), ("torch_ms", "torch ms", ".3f"),
+                  ("numbatc_gbs", "numbatc GB/s|TF/s", ".1f"), ("torch_gbs", "torch GB/s|TF/s", ".1f"),
+                  ("ratio", "ratio", ".2f"), ("max_abs_err", "max abs err", ".1e")])
+
+
+def bench_epilogue(shapes, dtype="bfloat16", reps=20):
+    import math
+
+    import numpy as np
+    import torch
+    from numba import cuda
+
+    import intrinsics as nt
+    import numbatc
+
+    @cuda.jit(device=True)
+    def bias_gelu_residual(v, r, c, bias, residual):
+        x = v + bias[c]
+        inner = np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x * x * x)
+        res = nt.unpack_bf16x2(np.uint32(residual[r, c]))[0]  # bf16 bits (the kernel's view)
+        return np.float32(0.5) * x * (np.float32(1) + math.tanh(inner)) + res
+
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    rows = []
+    progress = Progress(len(shapes), "epilogue")
+    for m, n, k in shapes:
+        a = torch.randn(m, k, device="cuda", dtype=tdt)
+        b = torch.randn(k, n, device="cuda", dtype=tdt)
+        bias32 = torch.randn(n, device="cuda", dtype=torch.float32)
+        bias = bias32.to(tdt)
+        residual = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(m, n, device="cuda", dtype=tdt)
+        variants = {
+            "plain": lambda: numbatc.gemm(a, b, out=out),
+            "user bias+gelu+residual": lambda: numbatc.gemm(
+                a, b, out=out, epilogue=bias_gelu_residual, epilogue_args=(bias32, residual)),
+            "built-in bias+gelu": lambda: numbatc.gemm(a, b, out=out, bias=bias, activation="gelu"),
+            "torch unfused": lambda: torch.nn.functional.gelu(
+                torch.matmul(a, b) + bias, approximate="tanh") + residual,
+        }
+        variants["user bias+gelu+residual"]()
+        torch.cuda.synchronize()
+        ref = torch.nn.functional.gelu(a.float() @ b.float() + bias32, approximate="tanh") + residual.float()
+        err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+        times = {name: _time_gpu(fn, torch, reps) for name, fn in variants.items()}
+        # the plain GEMM once more at the end: the overhead is not a clock drift
+        times["plain"] = min(times["plain"], _time_gpu(variants["plain"], torch, reps))
+        flops = 2.0 * m * n * k
+        for name, t in times.items():
+            rows.append(dict(m=m, n=n, k=k, dtype=dtype, variant=name, ms=t,
+                             tflops=flops / t / 1e9,
+                             overhead_pct=(t / times["plain"] - 1) * 100,
+                             max_rel_err=err if name.startswith("user") else float("nan")))
+        progress.step(f"{m}x{n}x{k}: user epilogue +"
+                      f"{(times['user bias+gelu+residual'] / times['plain'] - 1) * 100:.1f}%")
+        a = b = out = residual = ref = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_epilogue_table(rows):
+    print("overhead = time / plain numbatc.gemm time - 1 (target: user epilogue < 5% at 4096^3)")
+    _table(rows, [("m", "M", "d"), ("n", "N", "d"), ("k", "K", "d"), ("variant", "variant", "s"),
+                  ("ms", "ms", ".3f"), ("tflops", "TFLOP/s", ".1f"),
+                  ("overhead_pct", "overhead %", "+.1f"), ("max_rel_err", "max rel err", ".1e")])
+
+
+def main_softmax(args):
+    key = "quick" if args.shapes == "quick" else "all"
+    rows = bench_softmax(SOFTMAX_SHAPES[key], GEMM_SOFTMAX_SHAPES[key], args.dtype, args.reps)
+    print_softmax_table(rows)
+    if args.csv:
+        write_csv(rows, args.csv)
+    return 0
+
+
+def main_epilogue(args):
+    key = "quick" if args.shapes == "quick" else "all"
+    rows = bench_epilogue(EPILOGUE_SHAPES[key], args.dtype, args.reps)
+    print_epilogue_table(rows)
+    if args.csv:
+        write_csv(rows, args.csv)
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m numbatc.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["gemm", "attention"])
+    parser.add_argument("what", choices=["gemm", "attention", "softmax", "epilogue"])
     parser.add_argument("--shapes", default="all", choices=sorted(SHAPES))
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--reps", type=int, default=20)
@@ -295,6 +462,10 @@ def main(argv=None):
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     if args.what == "attention":
         return main_attention(args)
+    if args.what == "softmax":
+        return main_softmax(args)
+    if args.what == "epilogue":
+        return main_epilogue(args)
     rows = bench_gemm(SHAPES[args.shapes], args.dtype, args.reps)
     for row in rows:
         row["config"] = "heuristic"
