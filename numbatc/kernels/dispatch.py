@@ -121,18 +121,47 @@ def _pointer(operand, keep):
 
 
 def _kernel_family(p):
-    """(module, config) for the problem.  The Hopper kernel (sm90_gemm) is opt-in through
-    ``NUMBATC_GEMM_KERNEL=sm90`` (optionally ``=sm90:<config name>``) until it has run on a GPU;
-    it needs compute capability 9.0."""
-    choice = os.environ.get("NUMBATC_GEMM_KERNEL", "")
-    if choice.startswith("sm90") and p.cc is not None and tuple(p.cc) >= (9, 0):
-        from numbatc.kernels import sm90_gemm
+    """(module, config) for the problem.
 
-        name = choice.partition(":")[2] or ("128x256x64_4s" if p.n > 128 else "128x128x64_4s")
+    On compute capability 9.0 (sm_90a: wgmma, setmaxnreg) the Hopper kernel (sm90_gemm) runs
+    when it implements the problem; otherwise, and on every other GPU, the portable mma.sync
+    kernel (sm80_gemm).  ``NUMBATC_GEMM_KERNEL=sm80`` or ``=sm90[:<config name>]`` forces a
+    family (and config); ``NUMBATC_PRINT_CONFIG=1`` prints why the Hopper kernel was not used."""
+    from numbatc.kernels import sm90_gemm
+
+    choice = os.environ.get("NUMBATC_GEMM_KERNEL", "")
+    if choice and choice.partition(":")[0] not in ("sm80", "sm90"):
+        raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: choose sm80 or sm90[:<config>]")
+    hopper = p.cc is not None and tuple(p.cc)[:2] == (9, 0)
+    reason = None
+    if choice == "sm80":
+        reason = "NUMBATC_GEMM_KERNEL=sm80"
+    elif not hopper:
+        reason = f"compute capability {tuple(p.cc) if p.cc else '?'} is not 9.0"
+    elif p.epilogue is not None:
+        reason = "user epilogues run in sm80_gemm only"
+    elif p.k == 0:
+        reason = "K == 0"
+    elif _EMULATED and not choice:
+        # 384 Python threads per block: tests/emulation runs sm90_gemm directly, at tiny sizes
+        reason = "the CPU emulation runs sm80_gemm unless NUMBATC_GEMM_KERNEL=sm90"
+    elif p.m <= 64 and not choice:
+        # NOTE: one 128-row tile per CTA wastes most of each wgmma at decode sizes; until the
+        # small-M Hopper path exists the 64-row mma.sync tiles are the better choice there.
+        reason = "M <= 64: sm80_gemm's 64-row tiles"
+    if reason is None:
+        name = choice.partition(":")[2]
+        if not name:
+            name = "128x256x64_4s_c2" if p.n > 128 else "128x128x64_4s"
         if name not in sm90_gemm.CONFIGS:
             raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: no sm90 config {name!r}; choose "
                              f"from {sorted(sm90_gemm.CONFIGS)}")
         return sm90_gemm, sm90_gemm.CONFIGS[name]
+    if choice.startswith("sm90") and not hopper:
+        raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r} needs compute capability 9.0, this GPU "
+                         f"has {tuple(p.cc) if p.cc else '?'}")
+    if os.environ.get("NUMBATC_PRINT_CONFIG") and hopper:
+        print(f"numbatc.gemm: sm80_gemm, not sm90_gemm: {reason}", file=sys.stderr)
     return sm80_gemm, choose_sm80(p.m, p.n, p.k)
 
 

@@ -73,6 +73,7 @@ class Sm90Config:
     producer_regs: int = 40
     consumer_regs: int = 232
     inflight: int = 0  # wgmma groups left in flight when a stage is released (0 or 1)
+    cluster_m: int = 1  # CTAs along M sharing each B tile (2: each loads half, see the docstring)
 
     def __post_init__(self):
         problems = []
@@ -86,6 +87,15 @@ class Sm90Config:
                             f"bm={self.bm}, consumers={self.consumers}")
         if self.inflight not in (0, 1):
             problems.append(f"inflight must be 0 or 1, got {self.inflight}")
+        if self.cluster_m not in (1, 2):
+            problems.append(f"cluster_m must be 1 or 2, got {self.cluster_m}")
+        if self.cluster_m > 1 and self.stages < self.inflight + 3:
+            # NOTE: the forwarding thread sends k tile kt - 1 after its wait for stage kt's
+            # empty barrier; that wait needs tile kt - stages + inflight released, hence
+            # forwarded: stages >= inflight + 2 avoids the deadlock, one more keeps a stage of
+            # slack.
+            problems.append(f"a cluster needs stages >= inflight + 3, got stages={self.stages}, "
+                            f"inflight={self.inflight}")
         if self.stages < 2:
             problems.append(f"stages must be >= 2, got {self.stages}")
         regs = (self.producer_regs * _THREADS_PER_WG
@@ -112,6 +122,11 @@ class Sm90Config:
         return (self.bm + self.bn) * self.bk * 2
 
     @property
+    def b_part_bytes(self):
+        """Bytes of the B tile each CTA of a cluster loads from global memory (and forwards)."""
+        return self.bn * self.bk * 2 // self.cluster_m
+
+    @property
     def shared_bytes(self):
         """Dynamic shared memory: the stages (the mbarriers are a small static array)."""
         return self.stages * self.stage_bytes
@@ -126,6 +141,9 @@ CONFIGS = {
         # one wgmma group kept in flight across the next stage's wait
         Sm90Config("128x256x64_4s_w1", 256, 4, inflight=1),
         Sm90Config("128x128x64_4s_w1", 128, 4, inflight=1),
+        # pairs of CTAs along M share B: each loads half from global memory and forwards it
+        Sm90Config("128x256x64_4s_c2", 256, 4, cluster_m=2),
+        Sm90Config("128x256x64_4s_w1_c2", 256, 4, inflight=1, cluster_m=2),
     )
 }
 
@@ -156,7 +174,7 @@ def _layout(cfg, op, k_major):
     return SmemLayout("K" if k_major else "MN", _SWIZZLE, mn, cfg.bk, 2)
 
 
-def _loader(w, cfg, op, k_major):
+def _loader(w, cfg, op, k_major, part=1):
     """Emit ``load_<op>``: one producer thread's 16-byte cp.async copies of one tile.
 
     Tile rows run along the operand's non-contiguous dimension (K-major: mn rows of 128 bytes;
@@ -175,6 +193,7 @@ def _loader(w, cfg, op, k_major):
     k tile, in a few short-lived registers."""
     mn = cfg.bn if op == "b" else cfg.bm
     rows, cols = (mn, cfg.bk) if k_major else (cfg.bk, mn)
+    rows //= part  # a cluster's CTAs each load 1/part of the tile: leading rows, contiguous
     per_row = cols // 8
     step = _THREADS_PER_WG // per_row
     count = rows * per_row // _THREADS_PER_WG
@@ -252,11 +271,52 @@ def swz(o):
     return o ^ ((o >> 3) & 0x70)
 ''')
     w(_epilogue_helpers(var))
+    C = cfg.cluster_m
     a_per_row = _loader(w, cfg, "a", a_kmajor)
-    b_per_row = _loader(w, cfg, "b", b_kmajor)
+    b_per_row = _loader(w, cfg, "b", b_kmajor, part=C)
 
     a_start = "(m0 + p_ar0) * lda + p_ac0" if a_kmajor else "p_ar0 * lda + m0 + p_ac0"
     b_start = "(n0 + p_br0) * ldb + p_bc0" if b_kmajor else "p_br0 * ldb + n0 + p_bc0"
+    # With a cluster, CTA rank q loads part q of B: K-major B, rows (n) q * BN/C ..; MN-major B,
+    # k rows q * BK/C .. of every k tile.  Either way part q is bytes q * b_part_bytes .. of the
+    # tile in shared memory (whole 1024-byte swizzle repeats), which the bulk copy to the peer
+    # moves unchanged.
+    if C == 1:
+        b_part = dict(start=b_start, smem="0", n_lim="N - n0", k0="k0")
+    elif b_kmajor:
+        b_part = dict(start=f"(n0 + rank * {BN // C} + p_br0) * ldb + p_bc0",
+                      smem=f"rank * {cfg.b_part_bytes}", n_lim=f"N - n0 - rank * {BN // C}",
+                      k0="k0")
+    else:
+        b_part = dict(start=b_start, smem=f"rank * {cfg.b_part_bytes}", n_lim="N - n0",
+                      k0=f"k0 + rank * {BK // C}")
+    forward_loop = ""
+    if C > 1:
+        w(f"""
+
+@cuda.jit(device=True, forceinline=True)
+def forward(smem, bars, j, rank):
+    # k tile j: once this CTA's copies have landed (half[s] = bars[{2 * S} + s]), send its part
+    # of B ({cfg.b_part_bytes} bytes) to the same place in the peer CTA, completing there on
+    # full[s]; then arrive on this CTA's full[s], expecting the peer's part.
+    s = j % {S}
+    nt.mbarrier_wait_parity(bars, {2 * S} + s, (j // {S}) & 1)
+    # NOTE: the copies landed as generic-proxy writes; the bulk copy reads through the async
+    # proxy.
+    nt.fence_proxy_async_shared()
+    off = s * {cfg.stage_bytes} + {cfg.a_bytes} + rank * {cfg.b_part_bytes}
+    nt.bulk_copy_s2s_cluster(smem, off, smem, off, {cfg.b_part_bytes}, bars, s, 1 - rank)
+    nt.mbarrier_arrive_expect_tx(bars, s, {cfg.b_part_bytes})""")
+        # One thread forwards, one k tile behind its own copies: by the time it waits for tile
+        # kt - 1 those copies have had a whole stage to land.  The last tile after the loop.
+        forward_loop = """
+            if t == 0 and kt > 0:
+                forward(smem, bars, kt - 1, rank)
+        if t == 0 and k_tiles > 0:
+            forward(smem, bars, k_tiles - 1, rank)"""
+    release = f"nt.mbarrier_arrive(bars, {S} + {{s}})"
+    if C > 1:
+        release += f"\n{{pad}}nt.mbarrier_arrive_cluster(bars, {S} + {{s}}, 1 - rank)"
     # NOTE: a literal tuple of more than 30 values compiles (CPython 3.11) to BUILD_LIST +
     # LIST_TO_TUPLE, which numba's IR peephole rejects; a sum of 16-value tuples types as one
     # UniTuple and folds away.
@@ -271,7 +331,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     # empty[s] = bars[{S} + s]: one arrival per consumer warp ({4 * cfg.consumers}), made by
     # lane 0 after that warp's wgmma.wait_group retired the stage's reads.  (Per warp rather than
     # per warpgroup: each warp's own wait is what the arrival then vouches for.)
-    bars = cuda.shared.array({2 * S}, np.uint64, alignment=8)
+    bars = cuda.shared.array({(2 if C == 1 else 3) * S}, np.uint64, alignment=8)
     t = cuda.threadIdx.x
     wg = t // 128
 
@@ -281,9 +341,9 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     # every wgmma (C7509, "wgmma.mma_async instructions are serialized due to the presence of
     # Extern calls").  numba widens uint32 arithmetic to 64 bits; the truncations let LLVM narrow
     # the divisions back to div.u32.
-    pid = np.uint32(cuda.blockIdx.x)
+    pid = np.uint32(cuda.blockIdx.x // {C})
     gm = np.uint32(group_m)
-    tiles_m = np.uint32((M + {BM - 1}) // {BM})
+    tiles_m = np.uint32((M + {BM * C - 1}) // {BM * C})
     tiles_n = np.uint32((N + {BN - 1}) // {BN})
     in_group = np.uint32(gm * tiles_n)
     first_m = np.uint32(np.uint32(pid // in_group) * gm)
@@ -291,16 +351,18 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     in_pos = np.uint32(pid % in_group)
     tm = np.uint32(first_m + np.uint32(in_pos % size_m))
     tn = np.uint32(in_pos // size_m)
-    m0 = np.int64(tm) * {BM}
+    rank = {"np.int64(nt.cluster_ctarank())" if C > 1 else "0"}
+    m0 = (np.int64(tm) * {C} + rank) * {BM}
     n0 = np.int64(tn) * {BN}
     k_tiles = (K + {BK - 1}) // {BK}
 
     if t == 0:
         for s in range({S}):
-            nt.mbarrier_init(bars, s, 128)
-            nt.mbarrier_init(bars, {S} + s, {4 * cfg.consumers})
+            nt.mbarrier_init(bars, s, {128 if C == 1 else 1})
+            nt.mbarrier_init(bars, {S} + s, {4 * cfg.consumers * C})
+{"" if C == 1 else f"            nt.mbarrier_init(bars, {2 * S} + s, 128)"}
         nt.fence_mbarrier_init()
-    cuda.syncthreads()
+    {"cuda.syncthreads()" if C == 1 else "nt.cluster_sync()  # the peer's barriers are initialised before any remote use"}
 
     # Phase bookkeeping: k tile kt uses stage s = kt % {S} in round r = kt // {S}.  full[s]
     # completes phase r when fill r has landed: consumers wait with parity r & 1.  The producer
@@ -319,16 +381,18 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
         a_start = {a_start}
         b_start = {b_start}
         m_lim = M - m0
-        n_lim = N - n0
+        n_lim = {b_part["n_lim"]}
+        b_start = {b_part["start"]}
         for kt in range(k_tiles):
             s = kt % {S}
             nt.mbarrier_wait_parity(bars, {S} + s, ((kt // {S}) + 1) & 1)
             base = s * {cfg.stage_bytes}
             k0 = kt * {BK}
             load_a(smem, base, a, a_start, lda, p_ar0, p_ac0, m_lim, k0, K - k0)
-            load_b(smem, base + {cfg.a_bytes}, b, b_start, ldb, p_br0, p_bc0, n_lim, k0, K - k0)
+            kb = {b_part["k0"]}
+            load_b(smem, base + {cfg.a_bytes} + {b_part["smem"]}, b, b_start, ldb, p_br0, p_bc0, n_lim, kb, K - kb)
             # fires once this thread's copies (all of them so far) have landed
-            nt.cp_async_mbarrier_arrive_noinc(bars, s)
+            nt.cp_async_mbarrier_arrive_noinc(bars, {"s" if C == 1 else f"{2 * S} + s"}){forward_loop}
         nt.cp_async_wait_all()
     else:
         # ---- consumer warpgroups -----------------------------------------------------------
@@ -364,7 +428,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
             nt.wgmma_wait_group(0)
             acc = nt.wgmma_fence_operand(acc)
             if t % 32 == 0:
-                nt.mbarrier_arrive(bars, {S} + s)
+                {release.format(s="s", pad=" " * 16)}
 ''')
     else:
         w(f'''            nt.wgmma_commit_group()
@@ -374,7 +438,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
             nt.wgmma_wait_group(1)
             acc = nt.wgmma_fence_operand(acc)
             if kt > 0 and t % 32 == 0:
-                nt.mbarrier_arrive(bars, {S} + (kt - 1) % {S})
+                {release.format(s=f"(kt - 1) % {S}", pad=" " * 16)}
         nt.wgmma_wait_group(0)
         acc = nt.wgmma_fence_operand(acc)
 ''')
@@ -386,6 +450,9 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     for j in range(BN // 8):
         w(f"        store_tile(out, c, bias, (acc[{4 * j}], acc[{4 * j + 1}], acc[{4 * j + 2}], "
           f"acc[{4 * j + 3}]), row_base, col_base + {8 * j}, M, N, ldc, ldo, alpha, beta)")
+    if C > 1:
+        w("    # a CTA's shared memory and barriers must outlive its peer's last copy and arrival")
+        w("    nt.cluster_sync()")
     return "\n".join(lines) + "\n"
 
 
@@ -400,7 +467,10 @@ def kernel_for(cfg: Sm90Config, var: Sm90Variant):
 
 
 def grid_for(cfg: Sm90Config, m: int, n: int):
-    return ((m + cfg.bm - 1) // cfg.bm) * ((n + cfg.bn - 1) // cfg.bn)
+    """Blocks: clusters of cluster_m CTAs, each cluster covering cluster_m * BM rows (a CTA past
+    the last row still loads and forwards its part of B, and stores nothing)."""
+    bm = cfg.bm * cfg.cluster_m
+    return cfg.cluster_m * ((m + bm - 1) // bm) * ((n + cfg.bn - 1) // cfg.bn)
 
 
 def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
@@ -416,9 +486,10 @@ def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, 
 
     kernel = kernel_for(cfg, var)
     grid = grid_for(cfg, m, n)
+    cluster = (cfg.cluster_m, 1, 1) if cfg.cluster_m > 1 else None
     if prepare and not config.ENABLE_CUDASIM:
         prepared = launching.prepare(kernel, grid, cfg.threads, signature(var),
-                                     shared_bytes=cfg.shared_bytes)
+                                     shared_bytes=cfg.shared_bytes, cluster=cluster)
         if prepared is not None:
             def relaunch(a, b, c, bias, out, alpha, beta, stream):
                 prepared(stream, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta,
@@ -429,5 +500,5 @@ def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, 
     args = (a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, np.float32(alpha), np.float32(beta),
             group_m)
     launching.launch(kernel, grid, cfg.threads, args, shared_bytes=cfg.shared_bytes,
-                     stream=stream, signature=None if config.ENABLE_CUDASIM else signature(var))
+                     cluster=cluster, stream=stream, signature=None if config.ENABLE_CUDASIM else signature(var))
     return None

@@ -26,6 +26,11 @@ WRAP = sm90_gemm.Sm90Config("128x128x64_2s", 128, 2)
 # The same with one wgmma group left in flight: a stage released before its group retired, or
 # refilled while the tensor core may still read it, is an EmulationError.
 WRAP_W1 = sm90_gemm.Sm90Config("128x128x64_2s_w1", 128, 2, inflight=1)
+# Clusters of two CTAs along M sharing B (each loads half and forwards it to the other with a
+# DSMEM bulk copy), wrapping two stages: a forward into a stage the peer still reads, or a
+# barrier phase miscounted, is an EmulationError or a deadlock report.
+WRAP_C2 = sm90_gemm.Sm90Config("128x128x64_3s_c2", 128, 3, cluster_m=2)
+WRAP_C2_W1 = sm90_gemm.Sm90Config("128x128x64_4s_w1_c2", 128, 4, inflight=1, cluster_m=2)
 
 
 def _np_dtype(name):
@@ -56,6 +61,9 @@ CASES = [
     (40, 24, 33, "128x128x64_4s", "col", "row", "bfloat16", None),        # MN-major A
     (65, 136, 200, WRAP_W1, "row", "col", "bfloat16", "gelu"),            # in flight, wraps
     (130, 72, 136, "128x256x64_4s_w1", "col", "col", "float16", None),    # in flight, 3 tiles
+    (130, 136, 264, WRAP_C2, "row", "row", "bfloat16", None),             # cluster, B split by k
+    (72, 40, 328, WRAP_C2_W1, "col", "col", "float16", "gelu"),           # cluster, B split by n,
+                                                                          # rank 1 past M
 ]
 
 
@@ -109,5 +117,7 @@ def test_sm90_gemm_in_the_emulation(m, n, k, cfg, a_layout, b_layout, dtype, epi
 def test_bad_config_is_named():
     with pytest.raises(ValueError, match="bn must be"):
         sm90_gemm.Sm90Config("bad", 100, 3)
+    with pytest.raises(ValueError, match="stages >= inflight"):
+        sm90_gemm.Sm90Config("c2", 128, 3, inflight=1, cluster_m=2)
     with pytest.raises(ValueError, match="exceed 227 KB"):
         sm90_gemm.Sm90Config("big", 256, 5)

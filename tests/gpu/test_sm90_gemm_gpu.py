@@ -1,6 +1,7 @@
-"""The Hopper GEMM (numbatc/kernels/sm90_gemm.py, opt-in through NUMBATC_GEMM_KERNEL=sm90) on the
-GPU, through numbatc.gemm, with the same float64 checks as tests/gpu/test_gemm_gpu.py.  Not yet
-run on hardware when written (the lent H200's time was spent)."""
+"""The Hopper GEMM (numbatc/kernels/sm90_gemm.py) on the GPU, each configuration forced through
+NUMBATC_GEMM_KERNEL=sm90:<config>, through numbatc.gemm, with the same float64 checks as
+tests/gpu/test_gemm_gpu.py (which runs whatever the heuristic picks: sm90_gemm on an H100/H200 for
+M > 64)."""
 
 import pytest
 
@@ -9,7 +10,8 @@ from tests.gpu.test_gemm_gpu import check
 pytestmark = [pytest.mark.gpu(cc=(9, 0)), pytest.mark.hardware_only]
 
 
-@pytest.fixture(params=["sm90:128x256x64_4s", "sm90:128x128x64_4s", "sm90:128x256x64_4s_w1"])
+@pytest.fixture(params=["sm90:128x256x64_4s_c2", "sm90:128x256x64_4s_w1_c2", "sm90:128x128x64_4s",
+                        "sm90:128x256x64_4s_w1"])
 def sm90(request, monkeypatch):
     monkeypatch.setenv("NUMBATC_GEMM_KERNEL", request.param)
     return request.param
@@ -18,7 +20,8 @@ def sm90(request, monkeypatch):
 @pytest.mark.parametrize("layouts", [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")],
                          ids=lambda l: "".join(x[0] for x in l))
 def test_sm90_shapes(sm90, layouts):
-    for m, n, k in [(128, 256, 64), (130, 136, 72), (1, 8, 8), (1000, 1000, 1000), (257, 511, 129)]:
+    for m, n, k in [(128, 256, 64), (130, 136, 72), (1, 8, 8), (1000, 1000, 1000), (257, 511, 129),
+                    (385, 264, 1031)]:
         check(m, n, k, "bfloat16", *layouts)
         check(m, n, k, "float16", *layouts, out_dtype="float32")
 
