@@ -279,15 +279,33 @@ class PreparedLaunch:
     The kernel handle is a CUkernel (context-independent): with a non-NULL stream the launch
     runs in that stream's context, with a NULL one in the thread's current context."""
 
-    __slots__ = ("fmt", "grid", "block", "shared_bytes", "_f", "_buf", "_params", "_params_addr",
-                 "_pack", "_cu_launch", "_success", "_float_slots", "_keep")
+    __slots__ = ("fmt", "grid", "block", "shared_bytes", "cluster", "_f", "_buf", "_params",
+                 "_params_addr", "_pack", "_cu_launch", "_success", "_float_slots", "_keep",
+                 "_config", "_cu_launch_ex")
 
-    def __init__(self, kernel_handle, grid, block, shared_bytes, layout, keep=None):
+    def __init__(self, kernel_handle, grid, block, shared_bytes, layout, keep=None, cluster=None):
         from cuda.bindings import driver
 
         fmt, offsets = layout
         self.fmt = fmt
         self.grid, self.block, self.shared_bytes = grid, block, shared_bytes
+        self.cluster = cluster
+        self._config = None
+        if cluster is not None:
+            # cuLaunchKernelEx: the grid in blocks (a multiple of the cluster shape), the cluster
+            # shape as a launch attribute; only hStream changes from launch to launch.
+            config = driver.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = grid
+            config.blockDimX, config.blockDimY, config.blockDimZ = block
+            config.sharedMemBytes = shared_bytes
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            dim = attr.value.clusterDim
+            dim.x, dim.y, dim.z = cluster
+            config.attrs = [attr]
+            config.numAttrs = 1
+            self._config = config
+        self._cu_launch_ex = driver.cuLaunchKernelEx
         self._f = driver.CUfunction(int(kernel_handle))  # a CUkernel may stand for a CUfunction
         self._buf = ctypes.create_string_buffer(max(struct.calcsize(fmt), 8))
         base = ctypes.addressof(self._buf)
@@ -322,21 +340,26 @@ class PreparedLaunch:
             if len(_CUSTREAMS) > 256:
                 _CUSTREAMS.clear()
             stream = _CUSTREAMS[stream_handle] = driver.CUstream(stream_handle)
-        g, b = self.grid, self.block
-        (err,) = self._cu_launch(self._f, g[0], g[1], g[2], b[0], b[1], b[2], self.shared_bytes,
-                                 stream, self._params_addr, 0)
+        config = self._config
+        if config is None:
+            g, b = self.grid, self.block
+            (err,) = self._cu_launch(self._f, g[0], g[1], g[2], b[0], b[1], b[2],
+                                     self.shared_bytes, stream, self._params_addr, 0)
+        else:
+            config.hStream = stream
+            (err,) = self._cu_launch_ex(config, self._f, self._params_addr, 0)
         if err != self._success:
             raise LaunchError(f"cuLaunchKernel failed: {getattr(err, 'name', err)}")
 
 
 def prepare(kernel, grid, block, signature, shared_bytes=0, cluster=None, whole_program=None):
     """A :class:`PreparedLaunch` of ``kernel`` compiled for ``signature`` (on the current
-    device, as :func:`launch`), or None where one cannot be made: in numba's simulator, with a
-    cluster shape (cuLaunchKernel has none; use :func:`launch`), or when an argument type is not
-    one kernel parameter (see :func:`param_layout`)."""
+    device, as :func:`launch`; ``cluster`` in blocks, launched with cuLaunchKernelEx), or None
+    where one cannot be made: in numba's simulator, or when an argument type is not one kernel
+    parameter (see :func:`param_layout`)."""
     from numba import config as numba_config
 
-    if numba_config.ENABLE_CUDASIM or cluster is not None:
+    if numba_config.ENABLE_CUDASIM:
         return None
     layout = param_layout(signature)
     if layout is None:
@@ -345,8 +368,15 @@ def prepare(kernel, grid, block, signature, shared_bytes=0, cluster=None, whole_
     block = _dim3(block, "block")
     if block[0] * block[1] * block[2] > 1024:
         raise LaunchError(f"a block has at most 1024 threads, got {block}")
-    compiled, core_kernel = _plan_for(kernel, signature, shared_bytes, None, whole_program)
-    return PreparedLaunch(core_kernel.handle, grid, block, shared_bytes, layout, keep=compiled)
+    if cluster is not None:
+        cluster = _dim3(cluster, "cluster")
+        if any(g % c for g, c in zip(grid, cluster)):
+            raise LaunchError(f"the cluster shape {cluster} must divide the grid {grid}")
+        if cluster[0] * cluster[1] * cluster[2] > 16:
+            raise LaunchError(f"a cluster has at most 16 blocks, got {cluster}")
+    compiled, core_kernel = _plan_for(kernel, signature, shared_bytes, cluster, whole_program)
+    return PreparedLaunch(core_kernel.handle, grid, block, shared_bytes, layout, keep=compiled,
+                          cluster=cluster)
 
 
 # ---------------------------------------------------------------------------------------------

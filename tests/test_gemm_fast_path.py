@@ -361,3 +361,24 @@ def test_linear_scan_matches_numba():
     finally:
         lowering.Lower._find_singly_assigned_variable = original
     assert len(seen) >= 3 and max(seen) > 100
+
+
+def test_prepared_cluster_launch_config():
+    """A cluster launch (sm90_gemm's two-CTA clusters) goes through cuLaunchKernelEx with the grid
+    in blocks and the cluster shape as its one launch attribute."""
+    from cuda.bindings import driver
+
+    from intrinsics.launch import PreparedLaunch, param_layout
+    from numbatc.kernels import sm80_gemm
+
+    var = sm80_gemm.Sm80Variant("row", "row", "bfloat16", "bfloat16", None, None, None)
+    prep = PreparedLaunch(0, (8, 1, 1), (384, 1, 1), 200_000,
+                          param_layout(sm80_gemm.signature(var)), cluster=(2, 1, 1))
+    cfg = prep._config
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ) == (8, 1, 1)
+    assert (cfg.blockDimX, cfg.sharedMemBytes, cfg.numAttrs) == (384, 200_000, 1)
+    attr = cfg.attrs[0]
+    assert attr.id == driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    assert (attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z) == (2, 1, 1)
+    assert PreparedLaunch(0, (8, 1, 1), (128, 1, 1), 0,
+                          param_layout(sm80_gemm.signature(var)))._config is None
