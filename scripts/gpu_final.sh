@@ -1,22 +1,38 @@
 #!/usr/bin/env bash
-# The GEMM round on the lent H200: correctness subset, examples, benchmark (heuristic on every
-# shape, then every tile configuration on the two squares), and one Nsight Compute profile.
+# One closing round on the lent H200, most important first, every result written to $OUT as it
+# comes (a round cut short by the device budget still returns what finished):
+#   gemm.txt/.csv/.png   python -m numbatc.bench gemm --shapes all (the heuristic: sm90_gemm on
+#                        cc 9.0 for M > 64)
+#   attention.txt        the attention GPU tests, then python -m numbatc.bench attention --shapes quick
+#   fused.txt            softmax GPU tests, examples 04-06, bench epilogue and softmax (quick)
+#   extra.txt            the DSMEM lane test, an extra sm90 configuration, host overhead per stage
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_final.sh
 set -uo pipefail
 out=${OUT:-out}
 mkdir -p "$out"
 export NUMBATC_CACHE_DIR=${NUMBATC_CACHE_DIR:-/tmp/numbatc-cache}
-timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_gemm_gpu.py \
-  -k "epilogue or misaligned or torch or float32_output or rr-float16" 2>&1 | tee "$out/gemm-tests.txt" | tail -6
-timeout 60 python3 -m numbatc 2>&1 | grep -E "PASS|FAIL|ERROR|OK" | tee "$out/demo.txt"
-timeout 150 python3 -m numbatc.bench gemm --shapes all --csv "$out/bench.csv" --png "$out/bench.png" 2>/dev/null | tee "$out/bench.txt"
-timeout 80 python3 -m numbatc.bench gemm --shapes quick --configs --csv "$out/configs.csv" 2>/dev/null | tail -12
-ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ -n "$ncu" ]; then
-  timeout 60 "$ncu" --clock-control none -k regex:gemm_kernel -c 1 --section SpeedOfLight \
-    --section Occupancy --section WarpStateStats python3 -c "
-import torch, numbatc
-a = torch.randn(4096, 4096, device='cuda', dtype=torch.bfloat16); b = torch.randn(4096, 4096, device='cuda', dtype=torch.bfloat16)
-numbatc.gemm(a, b); torch.cuda.synchronize()" > "$out/ncu.txt" 2>&1
-  grep -E "Throughput|Occupancy|Registers|Stall|Warp Cycles|Issued" "$out/ncu.txt" | head -30
-fi
+py() { python3 -W ignore "$@"; }
+{
+  echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader)"
+  timeout 180 py -m numbatc.bench gemm --shapes all --csv "$out/gemm.csv" --png "$out/gemm.png" 2>/dev/null
+} > "$out/gemm.txt" 2>&1
+{
+  timeout 100 py -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_attention_gpu.py 2>&1 | tail -12
+  timeout 80 py -m numbatc.bench attention --shapes quick --csv "$out/attention.csv" 2>/dev/null
+} > "$out/attention.txt" 2>&1
+{
+  timeout 70 py -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_softmax_gpu.py 2>&1 | tail -8
+  for ex in examples/ex04_*.py examples/ex05_*.py examples/ex06_*.py; do
+    echo "== $ex"; timeout 60 py "$ex" 2>&1 | tail -2
+  done
+  timeout 60 py -m numbatc.bench epilogue --shapes quick 2>/dev/null
+  timeout 50 py -m numbatc.bench softmax --shapes quick 2>/dev/null
+} > "$out/fused.txt" 2>&1
+{
+  timeout 40 py -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_cluster_gpu.py 2>&1 | tail -2
+  for cfg in 128x128x64_6s_w1; do
+    echo "== sm90:$cfg"
+    NUMBATC_GEMM_KERNEL=sm90:$cfg timeout 50 py -m numbatc.bench gemm --shapes quick 2>/dev/null | tail -2
+  done
+  timeout 60 py scripts/host_overhead.py --shape 1024,1024,1024 2>&1 | tail -30
+} > "$out/extra.txt" 2>&1

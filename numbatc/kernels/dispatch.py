@@ -152,7 +152,10 @@ def _kernel_family(p):
     if reason is None:
         name = choice.partition(":")[2]
         if not name:
-            name = "128x256x64_4s_c2" if p.n > 128 else "128x128x64_4s"
+            # NOTE: measured on the H200 (docs/PERFORMANCE.md): 128x256x64_4s_w1 439 TFLOP/s at
+            # 8192^3 against 404 for the two-CTA cluster form (_c2), which halves B's L2
+            # traffic but did not need to: L2 throughput was 54 % with it.
+            name = "128x256x64_4s_w1" if p.n > 128 else "128x128x64_4s_w1"
         if name not in sm90_gemm.CONFIGS:
             raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: no sm90 config {name!r}; choose "
                              f"from {sorted(sm90_gemm.CONFIGS)}")

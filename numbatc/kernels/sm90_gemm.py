@@ -141,6 +141,7 @@ CONFIGS = {
         # one wgmma group kept in flight across the next stage's wait
         Sm90Config("128x256x64_4s_w1", 256, 4, inflight=1),
         Sm90Config("128x128x64_4s_w1", 128, 4, inflight=1),
+        Sm90Config("128x128x64_6s_w1", 128, 6, inflight=1),
         # pairs of CTAs along M share B: each loads half from global memory and forwards it
         Sm90Config("128x256x64_4s_c2", 256, 4, cluster_m=2),
         Sm90Config("128x256x64_4s_w1_c2", 256, 4, inflight=1, cluster_m=2),

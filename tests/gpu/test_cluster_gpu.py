@@ -250,6 +250,7 @@ def test_remote_mbarrier_arrive(n):
 # ---------------------------------------------------------------------------------------------
 
 S2S_BYTES = 2048
+S2S_INBOX = S2S_BYTES + 16  # NOTE: a shared array's shape must be one constant, not an expression
 
 
 @cuda.jit
@@ -259,7 +260,7 @@ def s2s_kernel(src, out, shift):
     barrier; every CTA waits for its own inbox and writes it out.  The inbox starts 16 bytes
     past a 1024-byte boundary, so the copy is checked away from the swizzle repeat too."""
     mine = cuda.shared.array(S2S_BYTES, np.uint8, alignment=1024)
-    inbox = cuda.shared.array(S2S_BYTES + 16, np.uint8, alignment=1024)
+    inbox = cuda.shared.array(S2S_INBOX, np.uint8, alignment=1024)
     bars = cuda.shared.array(1, np.uint64, alignment=8)
     t = cuda.threadIdx.x
     b = cuda.blockIdx.x
