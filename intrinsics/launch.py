@@ -212,9 +212,13 @@ def _plan(kernel, signature, shared_bytes, cluster, whole_program):
         whole_program = "setmaxnreg" in compiled._codelibrary.get_asm_str()
     core_kernel = _whole_program_kernel(compiled, cufunc.device) if whole_program else cufunc.kernel
 
-    if shared_bytes > _DEFAULT_DYNAMIC_LIMIT:
+    # NOTE: without the opt-in, dynamic shared memory is limited to 48 KB *minus the kernel's
+    # static shared memory*: 48 KB of dynamic plus one static byte fails at launch with
+    # CUDA_ERROR_INVALID_VALUE (seen on the H200 with sm80_gemm_softmax's 32x64 tile: 49152 B of
+    # stages plus its reduction array).
+    static = cufunc.attrs.shared if shared_bytes else 0
+    if shared_bytes + static > _DEFAULT_DYNAMIC_LIMIT:
         limit = max_dynamic_shared_bytes(cufunc.device)
-        static = cufunc.attrs.shared
         if shared_bytes + static > limit:
             raise LaunchError(
                 f"{shared_bytes} B of dynamic shared memory plus {static} B static exceeds the "

@@ -47,6 +47,28 @@ def _check_device(names, arrays, what):
     return device
 
 
+def _leading_stride(shape, strides, n):
+    """The row stride when dimensions ``shape`` (with ``strides``) flatten into rows of one
+    stride, else None."""
+    live = [(sh, st) for sh, st in zip(shape, strides) if sh > 1]
+    ld = live[-1][1] if live else n
+    expect = ld
+    for sh, st in reversed(live):
+        if st != expect:
+            return None
+        expect = st * sh
+    return ld
+
+
+def _outer_dims(ca):
+    """How many leading dimensions must be looped over so that the rest flatten into rows of one
+    stride (0: all of them flatten)."""
+    for split in range(max(ca.ndim - 1, 0)):
+        if _leading_stride(ca.shape[split:-1], ca.strides[split:-1], ca.shape[-1]) is not None:
+            return split
+    return max(ca.ndim - 1, 0)
+
+
 def _rows(name, ca):
     """(rows, n, ld) of an array seen as rows of its last dimension: the last dimension must have
     unit stride and the leading ones must flatten into one (no copies)."""
@@ -61,15 +83,11 @@ def _rows(name, ca):
     if n > 1 and ca.strides[-1] != 1:
         raise ValueError(f"{name} (shape {ca.shape}, strides {ca.strides} in elements) must have "
                          "unit stride on its last dimension: make it contiguous first")
-    live = [(sh, st) for sh, st in zip(ca.shape[:-1], ca.strides[:-1]) if sh > 1]
-    ld = live[-1][1] if live else n
-    expect = ld
-    for sh, st in reversed(live):
-        if st != expect:
-            raise ValueError(f"{name} (shape {ca.shape}, strides {ca.strides} in elements): its "
-                             "leading dimensions do not flatten into rows of one stride; make it "
-                             "contiguous first")
-        expect = st * sh
+    ld = _leading_stride(ca.shape[:-1], ca.strides[:-1], n)
+    if ld is None:
+        raise ValueError(f"{name} (shape {ca.shape}, strides {ca.strides} in elements): its "
+                         "leading dimensions do not flatten into rows of one stride, and it "
+                         "cannot be indexed to split them; make it contiguous first")
     if ld < n and rows > 1:
         raise ValueError(f"{name} (shape {ca.shape}, strides {ca.strides}) has overlapping rows")
     return rows, n, ld
@@ -104,8 +122,9 @@ def softmax(x, *, out=None):
     computed in float32.
 
     ``x``: a CUDA array (any library) of bfloat16, float16 or float32 with at least one dimension
-    and unit stride on the last; leading dimensions are flattened into rows (they must flatten
-    without a copy).  Returns an array of x's library and dtype, or writes ``out`` (x's shape,
+    and unit stride on the last; leading dimensions are flattened into rows without a copy (where
+    they do not flatten into one row stride, as in ``x[:, :, 2:]`` of a 4-D array, the outer ones
+    are looped over: one launch per outer index).  Returns an array of x's library and dtype, or writes ``out`` (x's shape,
     dtype bfloat16, float16 or float32; it may be x itself, but not overlap it otherwise).  Rows
     of any length: up to 32768 elements a row (16384 for float32 or rows not 8-byte aligned)
     stays in registers (one read, one write); longer rows take two reads.
@@ -113,6 +132,12 @@ def softmax(x, *, out=None):
     X = _interop.as_cuda_array(x, "x")
     if X.dtype not in SOFTMAX_DTYPES:
         raise TypeError(f"x has dtype {X.dtype}; numbatc.softmax takes {', '.join(SOFTMAX_DTYPES)}")
+    if X.ndim > 2 and X.size and hasattr(x, "__getitem__"):
+        split = _outer_dims(X)
+        if out is not None:
+            split = max(split, _outer_dims(_interop.as_cuda_array(out, "out")))
+        if split:
+            return _softmax_split(x, X, out, split)
     rows, n, ldx = _rows("x", X)
     OUT = None if out is None else _interop.as_cuda_array(out, "out")
     if OUT is not None:
@@ -133,6 +158,26 @@ def softmax(x, *, out=None):
         return result
     _launch_softmax(X, OUT, rows, n, ldx, ldo, device)
     return result
+
+
+def _softmax_split(x, X, out, split):
+    """softmax of a view whose leading dimensions do not flatten into rows of one stride (e.g.
+    x[:, :, 2:] of a 4-D array): one launch per index of the first ``split`` dimensions, on the
+    caller's own views x[i] and out[i] (every library indexes leading dimensions without a
+    copy)."""
+    import numpy as np
+
+    if out is None:
+        out = _interop.allocate_like(x, X.shape, X.dtype)
+    OUT = _interop.as_cuda_array(out, "out")
+    _check_out(OUT, X.shape, SOFTMAX_DTYPES, "numbatc.softmax")
+    same = (OUT.ptr, OUT.strides, OUT.dtype) == (X.ptr, X.strides, X.dtype)
+    if not same and OUT.shares_memory(X):
+        raise ValueError("out overlaps x in memory; it may be x itself (in place), but not "
+                         "part of it: pass a separate out")
+    for index in np.ndindex(*X.shape[:split]):
+        softmax(x[index], out=out[index])
+    return out
 
 
 def _vector_ok(ca, ld, rows):

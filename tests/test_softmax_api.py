@@ -54,6 +54,29 @@ def test_softmax_needs_unit_stride_and_flattenable_rows():
         numbatc.softmax(x)
 
 
+class IndexableFake(FakeCuda):
+    """A FakeCuda that indexes its leading dimensions into views, as torch, CuPy and Numba do."""
+
+    def __getitem__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        st = self._strides()
+        ptr = self.ptr + sum(i * s for i, s in zip(index, st)) * self.dtype.itemsize
+        return IndexableFake(self.shape[len(index):], self.dtype, st[len(index):], ptr=ptr,
+                             device=self.device)
+
+
+def test_softmax_splits_leading_dimensions_that_do_not_flatten(launched):
+    # (2, 3, 5, 8) with a gap after each (5, 8) block and each 3-block: one launch per (i, j)
+    x = IndexableFake((2, 3, 5, 8), "float16", strides=(1000, 100, 16, 1))
+    out = IndexableFake((2, 3, 5, 8), "float16")
+    numbatc.softmax(x, out=out)
+    calls = launched["softmax"]
+    assert [(rows, n, ldx, ldo) for _, _, rows, n, ldx, ldo in calls] == [(5, 8, 16, 8)] * 6
+    starts = [(X.ptr - x.ptr) // 2 for X, *_ in calls]
+    assert starts == [i * 1000 + j * 100 for i in range(2) for j in range(3)]
+    assert [(O.ptr - out.ptr) // 2 for _, O, *_ in calls] == [k * 40 for k in range(6)]
+
+
 def test_softmax_out_is_checked():
     x = FakeCuda((4, 8), "float16")
     with pytest.raises(ValueError, match=r"out must have shape \(4, 8\)"):

@@ -29,6 +29,30 @@ def test_large_dynamic_shared_memory():
     np.testing.assert_array_equal(out.copy_to_host(), np.broadcast_to(expected, (3, n)))
 
 
+@cuda.jit
+def _fill_shared_with_static(out, n):
+    smem = cuda.shared.array(0, np.float32)
+    flag = cuda.shared.array(64, np.int32)  # 256 B of static shared memory
+    t = cuda.threadIdx.x
+    if t < 64:
+        flag[t] = t
+    for i in range(t, n, cuda.blockDim.x):
+        smem[i] = i * 2.0
+    cuda.syncthreads()
+    for i in range(t, n, cuda.blockDim.x):
+        out[cuda.blockIdx.x, i] = smem[n - 1 - i] + flag[i % 64] - i % 64
+
+
+def test_exactly_48kb_dynamic_plus_static_shared_memory():
+    """48 KB of dynamic shared memory is over the default limit once the kernel has any static
+    shared memory: the launch must opt in (CUDA_ERROR_INVALID_VALUE otherwise)."""
+    n = 48 * 1024 // 4
+    out = cuda.to_device(np.full((2, n), np.nan, dtype=np.float32))
+    launch(_fill_shared_with_static, 2, 256, (out, n), shared_bytes=n * 4)
+    expected = (np.arange(n)[::-1] * 2.0).astype(np.float32)
+    np.testing.assert_array_equal(out.copy_to_host(), np.broadcast_to(expected, (2, n)))
+
+
 def test_too_much_shared_memory_is_named():
     out = cuda.to_device(np.zeros((1, 1), dtype=np.float32))
     with pytest.raises(LaunchError, match="exceeds the device's per-block limit"):
