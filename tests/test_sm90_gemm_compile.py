@@ -89,3 +89,26 @@ def test_unsupported_variants_and_configs_are_named():
         sm90_gemm.Sm90Config("bad", 128, 3, bk=32)
     with pytest.raises(ValueError, match="65536"):
         sm90_gemm.Sm90Config("regs", 128, 3, producer_regs=80, consumer_regs=232)
+
+
+def test_user_epilogue_variant_keeps_wgmma_unserialised(tmp_path):
+    """A user epilogue (here a per-column scale and a residual add) fused into the Hopper kernel:
+    no local memory, no spills in the whole-program build with setmaxnreg, and no C7509 (a call
+    left in the kernel would serialise every wgmma)."""
+    from numba import cuda, types
+
+    @cuda.jit(device=True)
+    def residual_scale(v, r, c, residual, scale):
+        return v * scale[c] + residual[r, c]
+
+    var = sm90_gemm.Sm90Variant("row", "row", "bfloat16", "bfloat16", None, "bfloat16", "gelu",
+                                epilogue=residual_scale, epilogue_args=2)
+    cfg = sm90_gemm.CONFIGS["128x256x64_4s_w1"]
+    sig = sm90_gemm.signature(var) + (types.Tuple([types.Array(types.float32, 2, "C"),
+                                                   types.Array(types.float32, 1, "C")]),)
+    ptx = compile_ptx(sm90_gemm.kernel_for(cfg, var), sig, "sm_90a", launch_bounds=(cfg.threads, 1))
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert "call.uni" not in ptx and "call " not in ptx
+    log = whole_program_ptxas(ptx, tmp_path)
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+    assert "C7509" not in log, log

@@ -138,8 +138,6 @@ def _kernel_family(p):
         reason = "NUMBATC_GEMM_KERNEL=sm80"
     elif not hopper:
         reason = f"compute capability {tuple(p.cc) if p.cc else '?'} is not 9.0"
-    elif p.epilogue is not None:
-        reason = "user epilogues run in sm80_gemm only"
     elif p.k == 0:
         reason = "K == 0"
     elif _EMULATED and not choice:

@@ -153,8 +153,6 @@ def check_variant(var: Sm90Variant):
     """ValueError naming the valid values for a variant this kernel does not implement."""
     if var.in_dtype not in ("bfloat16", "float16"):
         raise ValueError(f"sm90_gemm takes bfloat16 or float16 inputs, got {var.in_dtype!r}")
-    if var.epilogue is not None:
-        raise ValueError("sm90_gemm does not take user epilogues yet; sm80_gemm does")
     for name, layout in (("a_layout", var.a_layout), ("b_layout", var.b_layout)):
         if layout not in ("row", "col"):
             raise ValueError(f"sm90_gemm {name} must be 'row' or 'col', got {layout!r}")
@@ -291,6 +289,7 @@ def swz(o):
     else:
         b_part = dict(start=b_start, smem=f"rank * {cfg.b_part_bytes}", n_lim="N - n0",
                       k0=f"k0 + rank * {BK // C}")
+    ea = ", eargs" if var.epilogue is not None else ""  # a user epilogue's extra arrays
     forward_loop = ""
     if C > 1:
         w(f"""
@@ -324,8 +323,8 @@ def forward(smem, bars, j, rank):
     zeros = " + ".join(["(" + "z, " * 16 + ")"] * (BN // 32))
     w(f'''
 
-@cuda.jit(cache=True, launch_bounds=({cfg.threads}, 1))
-def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m):
+@cuda.jit(cache={var.epilogue is None}, launch_bounds=({cfg.threads}, 1))
+def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m{ea}):
     # {S} stages of [A (BM={BM}, BK={BK}) | B (BN={BN}, BK={BK})], {cfg.stage_bytes} bytes each
     smem = cuda.shared.array(0, np.uint8, alignment=1024)
     # full[s] = bars[s]: the producer's 128 cp.async arrivals (.noinc) complete its phase.
@@ -450,7 +449,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
         col_base = n0 + (lane % 4) * 2''')
     for j in range(BN // 8):
         w(f"        store_tile(out, c, bias, (acc[{4 * j}], acc[{4 * j + 1}], acc[{4 * j + 2}], "
-          f"acc[{4 * j + 3}]), row_base, col_base + {8 * j}, M, N, ldc, ldo, alpha, beta)")
+          f"acc[{4 * j + 3}]), row_base, col_base + {8 * j}, M, N, ldc, ldo, alpha, beta{ea})")
     if C > 1:
         w("    # a CTA's shared memory and barriers must outlive its peer's last copy and arrival")
         w("    nt.cluster_sync()")
@@ -463,8 +462,10 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
 
 @functools.cache
 def kernel_for(cfg: Sm90Config, var: Sm90Variant):
-    """The compiled-on-demand kernel for (cfg, var) (see sm80_gemm.load_generated)."""
-    return sm80_gemm.load_generated("sm90_gemm", kernel_source(cfg, var))
+    """The compiled-on-demand kernel for (cfg, var) (see sm80_gemm.load_generated); a variant
+    with a user epilogue is compiled in this process only, as in sm80_gemm."""
+    extra = {} if var.epilogue is None else {"USER_EPILOGUE": var.epilogue}
+    return sm80_gemm.load_generated("sm90_gemm", kernel_source(cfg, var), **extra)
 
 
 def grid_for(cfg: Sm90Config, m: int, n: int):
@@ -475,7 +476,7 @@ def grid_for(cfg: Sm90Config, m: int, n: int):
 
 
 def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
-           alpha, beta, stream=0, group_m=8, prepare=False):
+           alpha, beta, stream=0, group_m=8, epilogue_args=(), prepare=False):
     """Launch the kernel (arguments as sm80_gemm.launch, ``prepare`` too).  Operands are flat:
     device pointers (ints) on the GPU, 1-d arrays in the emulation; A's and B's start and
     leading dimension must be 16-byte aligned.  The kernel uses setmaxnreg, so intrinsics.launch
@@ -488,7 +489,7 @@ def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, 
     kernel = kernel_for(cfg, var)
     grid = grid_for(cfg, m, n)
     cluster = (cfg.cluster_m, 1, 1) if cfg.cluster_m > 1 else None
-    if prepare and not config.ENABLE_CUDASIM:
+    if prepare and var.epilogue is None and not config.ENABLE_CUDASIM:
         prepared = launching.prepare(kernel, grid, cfg.threads, signature(var),
                                      shared_bytes=cfg.shared_bytes, cluster=cluster)
         if prepared is not None:
@@ -500,6 +501,13 @@ def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, 
             return relaunch
     args = (a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, np.float32(alpha), np.float32(beta),
             group_m)
+    sig = None if config.ENABLE_CUDASIM else signature(var)
+    if var.epilogue is not None:
+        args += (tuple(epilogue_args),)
+        if sig is not None:
+            from numba import types
+
+            sig += (types.Tuple([kernel.typeof_pyval(x) for x in epilogue_args]),)
     launching.launch(kernel, grid, cfg.threads, args, shared_bytes=cfg.shared_bytes,
-                     cluster=cluster, stream=stream, signature=None if config.ENABLE_CUDASIM else signature(var))
+                     cluster=cluster, stream=stream, signature=sig)
     return None

@@ -46,3 +46,25 @@ def test_a_plain_python_function_is_refused():
         numbatc.gemm(a, a, epilogue=lambda v, r, c: v)
     with pytest.raises(ValueError, match="epilogue_args given without an epilogue"):
         numbatc.gemm(a, a, epilogue_args=(a,))
+
+
+def test_user_epilogue_in_the_hopper_kernel(monkeypatch):
+    """The same fused epilogue through sm90_gemm (forced: the emulation's default is sm80_gemm),
+    with ragged M, N and K, bf16 output and the built-in bias and activation before it."""
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:128x128x64_4s_w1")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    gen = np.random.default_rng()
+    m, n, k = 70, 40, 72
+    a = gen.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    b = gen.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
+    bias = gen.standard_normal(n).astype(ml_dtypes.bfloat16)
+    res = gen.standard_normal((m, n)).astype(np.float32)
+    scale = gen.standard_normal(n).astype(np.float32)
+    bf16 = numbatc.bfloat16
+    out = numbatc.gemm(bf16(cuda.to_device(a.view(np.uint16))), bf16(cuda.to_device(b.view(np.uint16))),
+                       bias=bf16(cuda.to_device(bias.view(np.uint16))), out_dtype="float32",
+                       activation="relu", epilogue=residual_scale,
+                       epilogue_args=(cuda.to_device(res), cuda.to_device(scale)))
+    acc = a.astype(np.float64) @ b.astype(np.float64) + bias.astype(np.float64)
+    ref = np.maximum(acc, 0) * scale + res
+    np.testing.assert_allclose(out.copy_to_host(), ref, rtol=1e-5, atol=1e-3)
