@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import threading
 
 from numbatc import _interop
 
@@ -129,6 +130,19 @@ def softmax(x, *, out=None):
     of any length: up to 32768 elements a row (16384 for float32 or rows not 8-byte aligned)
     stays in registers (one read, one write); longer rows take two reads.
     A row holding NaN gives NaN; a row of -inf gives NaN (as torch)."""
+    if _FAST:
+        try:
+            px = _interop.probe(x)
+            po = _ABSENT if out is None else _interop.probe(out)
+            warm = None
+            if px is not None and po is not None:
+                warm = _FAST.get((px[1], po[1], px[0] & 15, po[0] & 15, threading.get_ident()))
+        except Exception:  # anything odd: the checks say what
+            warm = None
+        if warm is not None:
+            result = warm(px[0], po[0], x, out)
+            if result is not _MISS:
+                return result
     X = _interop.as_cuda_array(x, "x")
     if X.dtype not in SOFTMAX_DTYPES:
         raise TypeError(f"x has dtype {X.dtype}; numbatc.softmax takes {', '.join(SOFTMAX_DTYPES)}")
@@ -156,8 +170,65 @@ def softmax(x, *, out=None):
         result = out
     if rows == 0 or n == 0:
         return result
-    _launch_softmax(X, OUT, rows, n, ldx, ldo, device)
+    relaunch = _launch_softmax(X, OUT, rows, n, ldx, ldo, device)
+    if relaunch is not None:
+        _remember(x, out, X, OUT, relaunch)
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# warm calls (as numbatc.gemm's): a call whose arrays differ from a checked one only in their
+# pointers reuses its decision -- config, grid, prepared launch -- and costs two probes, a dict
+# lookup, an overlap test and one cuLaunchKernel.  The key: each array's probe key (library,
+# shape, strides, dtype, device ...; _ABSENT's for no out), both pointers modulo 16 (the
+# vector-load decision reads their alignment) and the thread.
+# ---------------------------------------------------------------------------------------------
+
+_FAST: dict = {}
+_FAST_LIMIT = 1024
+_MISS = object()
+_ABSENT = (0, None)
+
+
+class _Warm:
+    __slots__ = ("relaunch", "stream", "alloc", "span", "out_span")
+
+    def __call__(self, x_ptr, out_ptr, x, out):
+        if out is None:
+            result = self.alloc(x)
+            probed = _interop.probe(result)
+            if probed is None:
+                return _MISS
+            out_ptr = probed[0]
+        else:
+            result = out
+            if out_ptr != x_ptr and x_ptr < out_ptr + self.out_span and out_ptr < x_ptr + self.span:
+                return _MISS  # partial overlap: the checked path names it
+        self.relaunch(x_ptr, out_ptr, self.stream())
+        return result
+
+
+def _remember(x, out, X, OUT, relaunch):
+    try:
+        px = _interop.probe(x)
+        po = _ABSENT if out is None else _interop.probe(out)
+    except Exception:
+        return
+    if px is None or po is None:
+        return
+    if out is not None and OUT.ptr != X.ptr and OUT.shares_memory(X):
+        return
+    w = _Warm()
+    w.relaunch = relaunch
+    w.stream = _interop.stream_getter(X)
+    w.alloc = _interop.allocator(X, X.shape, X.dtype) if out is None else None
+    lo, hi = X.byte_range()
+    w.span = hi - lo
+    lo, hi = OUT.byte_range()
+    w.out_span = hi - lo
+    if len(_FAST) >= _FAST_LIMIT:
+        _FAST.clear()
+    _FAST[(px[1], po[1], px[0] & 15, po[0] & 15, threading.get_ident())] = w
 
 
 def _softmax_split(x, X, out, split):
@@ -197,7 +268,8 @@ def _launch_softmax(X, OUT, rows, n, ldx, ldo, device):
     out = _flat(OUT, keep, words and OUT.dtype != "float32")
     handle = 0 if _emulated() else _interop.stream_handle(X.obj)
     with _interop._device_scope(device):
-        row_softmax.launch(cfg, x, out, rows, n, ldx, ldo, stream=handle)
+        return row_softmax.launch(cfg, x, out, rows, n, ldx, ldo, stream=handle,
+                                  prepare=not _emulated() and not os.environ.get("NUMBATC_PRINT_CONFIG"))
 
 
 def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):

@@ -161,3 +161,42 @@ def test_gemm_softmax_wider_rows_run_unfused(launched, monkeypatch, capsys):
 def test_gemm_softmax_empty(launched):
     numbatc.gemm_softmax(FakeCuda((0, 4), "float16"), FakeCuda((4, 8), "float16"))
     assert launched["fused"] == [] and launched["softmax"] == []
+
+
+# --- warm calls -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def warm_rec(monkeypatch):
+    """_launch_softmax replaced by a recorder returning a recording relaunch function."""
+    rec = {"checked": [], "relaunched": []}
+
+    def launch(X, OUT, rows, n, ldx, ldo, device):
+        rec["checked"].append((X.ptr, OUT.ptr, rows, n, ldx, ldo))
+        return lambda x, out, stream: rec["relaunched"].append((x, out, stream))
+
+    monkeypatch.setattr(softmax_mod, "_launch_softmax", launch)
+    softmax_mod._FAST.clear()
+    yield rec
+    softmax_mod._FAST.clear()
+
+
+def test_softmax_second_call_is_warm(warm_rec, monkeypatch):
+    from tests.test_gemm_api import _fake_torch
+    from tests.test_gemm_fast_path import T, _value_devices
+
+    torch = _value_devices(_fake_torch(monkeypatch, current_stream=0x77))
+    x, out = T(torch, (64, 48)), T(torch, (64, 48))
+    assert numbatc.softmax(x, out=out) is out
+    assert len(warm_rec["checked"]) == 1 and len(softmax_mod._FAST) == 1
+    x2, out2 = T(torch, (64, 48)), T(torch, (64, 48))
+    assert numbatc.softmax(x2, out=out2) is out2
+    assert len(warm_rec["checked"]) == 1  # no checks
+    assert warm_rec["relaunched"] == [(x2.ptr, out2.ptr, 0x77)]
+    assert numbatc.softmax(x2, out=x2) is x2  # in place: the same decision, still warm
+    assert warm_rec["relaunched"][-1] == (x2.ptr, x2.ptr, 0x77)
+    # another shape or a partial overlap goes through the checks
+    numbatc.softmax(T(torch, (64, 40)))
+    assert len(warm_rec["checked"]) == 2
+    with pytest.raises(ValueError, match="out overlaps x"):
+        numbatc.softmax(x2, out=T(torch, (64, 48), ptr=x2.ptr + 2))

@@ -291,14 +291,27 @@ def signature(cfg: RowSoftmaxConfig):
             types.CPointer(getattr(types, _word(cfg.out_dtype, cfg.vec))), i64, i64, i64, i64)
 
 
-def launch(cfg: RowSoftmaxConfig, x, out, m, n, ldx, ldo, stream=0):
+def launch(cfg: RowSoftmaxConfig, x, out, m, n, ldx, ldo, stream=0, prepare=False):
     """``x`` and ``out``: device pointers (ints) on the GPU, flat 1-d arrays in the emulation
-    (as 64-bit words where ``cfg.vec`` is 4 and the dtype 16-bit)."""
+    (as 64-bit words where ``cfg.vec`` is 4 and the dtype 16-bit).
+
+    ``prepare=True``: launch through an ``intrinsics.launch.PreparedLaunch`` and return a
+    relaunch function ``fn(x, out, stream)`` for the same shape and strides (numbatc.softmax's
+    warm calls); None where there is none (the emulation)."""
     from numba import config
 
-    from intrinsics.launch import launch as launch_kernel
+    from intrinsics import launch as launching
 
     grid = -(-m // cfg.rows_per_block)
+    if prepare and not config.ENABLE_CUDASIM:
+        prepared = launching.prepare(kernel_for(cfg), grid, cfg.threads, signature(cfg))
+        if prepared is not None:
+            def relaunch(x, out, stream):
+                prepared(stream, x, out, m, n, ldx, ldo)
+
+            relaunch(x, out, stream)
+            return relaunch
     sig = None if config.ENABLE_CUDASIM else signature(cfg)
-    launch_kernel(kernel_for(cfg), grid, cfg.threads, (x, out, m, n, ldx, ldo), stream=stream,
-                  signature=sig)
+    launching.launch(kernel_for(cfg), grid, cfg.threads, (x, out, m, n, ldx, ldo), stream=stream,
+                     signature=sig)
+    return None
