@@ -41,8 +41,9 @@ def test_assembles_for_sm90a_without_local_memory(name, var):
     mma = [line for line in ptx.splitlines() if "wgmma.mma_async" in line]
     assert len(mma) == cfg.bk // 16
     assert all(f".m64n{cfg.bn}k16.f32." in line and trans in line for line in mma), mma[0]
+    publish = "cp.async.wait_group 1;" if cfg.pfence else "cp.async.mbarrier.arrive.noinc.shared::cta.b64"
     for text in ("setmaxnreg.dec.sync.aligned.u32 40;", "setmaxnreg.inc.sync.aligned.u32 232;",
-                 "cp.async.mbarrier.arrive.noinc.shared::cta.b64", "fence.proxy.async.shared::cta",
+                 publish, "fence.proxy.async.shared::cta",
                  f"wgmma.wait_group.sync.aligned {cfg.inflight};", ".maxntid 384, 1, 1",
                  ".extern .shared .align 1024"):
         assert text in ptx, text

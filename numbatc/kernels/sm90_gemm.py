@@ -74,6 +74,12 @@ class Sm90Config:
     consumer_regs: int = 232
     inflight: int = 0  # wgmma groups left in flight when a stage is released (0 or 1)
     cluster_m: int = 1  # CTAs along M sharing each B tile (2: each loads half, see the docstring)
+    # The fence.proxy.async between cp.async's generic-proxy writes and wgmma's async-proxy
+    # reads: False, by each consumer after its full-barrier wait; True, by each producer thread
+    # after its own copies of the tile landed (cp.async.wait_group 1: one tile behind), before a
+    # plain arrival on the full barrier -- the writer-side pattern CUTLASS uses for generic
+    # stores read by the async proxy; keeps the consumers' loop free of MEMBAR.
+    pfence: bool = False
 
     def __post_init__(self):
         problems = []
@@ -89,6 +95,12 @@ class Sm90Config:
             problems.append(f"inflight must be 0 or 1, got {self.inflight}")
         if self.cluster_m not in (1, 2):
             problems.append(f"cluster_m must be 1 or 2, got {self.cluster_m}")
+        if self.pfence and self.cluster_m > 1:
+            problems.append("pfence is implemented for cluster_m = 1 only")
+        if self.pfence and self.stages < self.inflight + 2:
+            # the arrival for tile kt comes after the wait for tile kt + 1's stage
+            problems.append(f"pfence needs stages >= inflight + 2, got stages={self.stages}, "
+                            f"inflight={self.inflight}")
         if self.cluster_m > 1 and self.stages < self.inflight + 3:
             # NOTE: the forwarding thread sends k tile kt - 1 after its wait for stage kt's
             # empty barrier; that wait needs tile kt - stages + inflight released, hence
@@ -142,6 +154,9 @@ CONFIGS = {
         Sm90Config("128x256x64_4s_w1", 256, 4, inflight=1),
         Sm90Config("128x128x64_4s_w1", 128, 4, inflight=1),
         Sm90Config("128x128x64_6s_w1", 128, 6, inflight=1),
+        # the proxy fence on the producer side (see Sm90Config.pfence)
+        Sm90Config("128x256x64_4s_w1_pf", 256, 4, inflight=1, pfence=True),
+        Sm90Config("128x128x64_4s_w1_pf", 128, 4, inflight=1, pfence=True),
         # pairs of CTAs along M share B: each loads half from global memory and forwards it
         Sm90Config("128x256x64_4s_c2", 256, 4, cluster_m=2),
         Sm90Config("128x256x64_4s_w1_c2", 256, 4, inflight=1, cluster_m=2),
@@ -314,6 +329,22 @@ def forward(smem, bars, j, rank):
                 forward(smem, bars, kt - 1, rank)
         if t == 0 and k_tiles > 0:
             forward(smem, bars, k_tiles - 1, rank)"""
+    if cfg.pfence:
+        publish = f"""            nt.cp_async_commit_group()
+            if kt > 0:
+                # this thread's copies of tile kt - 1 have landed: fence them into the async
+                # proxy, then publish them (a plain arrival: full[s] counts 128)
+                nt.cp_async_wait_group(1)
+                nt.fence_proxy_async_shared()
+                nt.mbarrier_arrive(bars, (kt - 1) % {S})
+        if k_tiles > 0:
+            nt.cp_async_wait_group(0)
+            nt.fence_proxy_async_shared()
+            nt.mbarrier_arrive(bars, (k_tiles - 1) % {S})"""
+    else:
+        publish = f"""            # fires once this thread's copies (all of them so far) have landed
+            nt.cp_async_mbarrier_arrive_noinc(bars, {"s" if C == 1 else f"{2 * S} + s"})"""
+    consumer_fence = "" if cfg.pfence else "\n            nt.fence_proxy_async_shared()"
     release = f"nt.mbarrier_arrive(bars, {S} + {{s}})"
     if C > 1:
         release += f"\n{{pad}}nt.mbarrier_arrive_cluster(bars, {S} + {{s}}, 1 - rank)"
@@ -391,8 +422,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
             load_a(smem, base, a, a_start, lda, p_ar0, p_ac0, m_lim, k0, K - k0)
             kb = {b_part["k0"]}
             load_b(smem, base + {cfg.a_bytes} + {b_part["smem"]}, b, b_start, ldb, p_br0, p_bc0, n_lim, kb, K - kb)
-            # fires once this thread's copies (all of them so far) have landed
-            nt.cp_async_mbarrier_arrive_noinc(bars, {"s" if C == 1 else f"{2 * S} + s"}){forward_loop}
+{publish}{forward_loop}
         nt.cp_async_wait_all()
     else:
         # ---- consumer warpgroups -----------------------------------------------------------
@@ -415,7 +445,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
             # copies land (only the mbarrier sees that), so the reader fences, after the
             # full-barrier wait (an acquire) made the copies visible to it.  Not yet confirmed
             # on hardware; the CPU emulation tracks ordinary stores only, not cp.async landings.
-            nt.fence_proxy_async_shared()
+            # (With pfence the producer fenced instead.){consumer_fence}
             st = np.uint64(s * {cfg.stage_bytes // 16})
             nt.wgmma_fence()''')
     for ks in range(BK // 16):

@@ -26,6 +26,10 @@ WRAP = sm90_gemm.Sm90Config("128x128x64_2s", 128, 2)
 # The same with one wgmma group left in flight: a stage released before its group retired, or
 # refilled while the tensor core may still read it, is an EmulationError.
 WRAP_W1 = sm90_gemm.Sm90Config("128x128x64_2s_w1", 128, 2, inflight=1)
+# The proxy fence on the producer side (each thread waits for its own copies of the previous
+# tile, fences, arrives): wrapping two stages, and three with a group in flight.
+WRAP_PF = sm90_gemm.Sm90Config("128x128x64_2s_pf", 128, 2, pfence=True)
+WRAP_PF_W1 = sm90_gemm.Sm90Config("128x128x64_3s_w1_pf", 128, 3, inflight=1, pfence=True)
 # Clusters of two CTAs along M sharing B (each loads half and forwards it to the other with a
 # DSMEM bulk copy), wrapping two stages: a forward into a stage the peer still reads, or a
 # barrier phase miscounted, is an EmulationError or a deadlock report.
@@ -61,6 +65,8 @@ CASES = [
     (40, 24, 33, "128x128x64_4s", "col", "row", "bfloat16", None),        # MN-major A
     (65, 136, 200, WRAP_W1, "row", "col", "bfloat16", "gelu"),            # in flight, wraps
     (130, 72, 136, "128x256x64_4s_w1", "col", "col", "float16", None),    # in flight, 3 tiles
+    (72, 40, 200, WRAP_PF, "col", "row", "bfloat16", "gelu"),             # producer fence
+    (65, 136, 264, WRAP_PF_W1, "row", "col", "float16", None),            # ... with a group in flight
     (130, 136, 264, WRAP_C2, "row", "row", "bfloat16", None),             # cluster, B split by k
     (72, 40, 328, WRAP_C2_W1, "col", "col", "float16", "gelu"),           # cluster, B split by n,
                                                                           # rank 1 past M
@@ -119,5 +125,7 @@ def test_bad_config_is_named():
         sm90_gemm.Sm90Config("bad", 100, 3)
     with pytest.raises(ValueError, match="stages >= inflight"):
         sm90_gemm.Sm90Config("c2", 128, 3, inflight=1, cluster_m=2)
+    with pytest.raises(ValueError, match="pfence needs stages >= inflight"):
+        sm90_gemm.Sm90Config("pf", 128, 2, inflight=1, pfence=True)
     with pytest.raises(ValueError, match="exceed 227 KB"):
         sm90_gemm.Sm90Config("big", 256, 5)

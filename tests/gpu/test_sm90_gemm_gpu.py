@@ -10,7 +10,7 @@ from tests.gpu.test_gemm_gpu import check
 pytestmark = [pytest.mark.gpu(cc=(9, 0)), pytest.mark.hardware_only]
 
 
-@pytest.fixture(params=["sm90:128x256x64_4s_c2", "sm90:128x256x64_4s_w1_c2", "sm90:128x128x64_4s",
+@pytest.fixture(params=["sm90:128x256x64_4s_c2", "sm90:128x256x64_4s_w1_pf", "sm90:128x128x64_4s",
                         "sm90:128x256x64_4s_w1"])
 def sm90(request, monkeypatch):
     monkeypatch.setenv("NUMBATC_GEMM_KERNEL", request.param)
