@@ -317,9 +317,59 @@ def epilogue_source(var: Sm80Variant) -> str:
     return _CONVERSIONS + _epilogue_source(var)
 
 
+def mainloop_source(w, cfg: Sm80Config, var: Sm80Variant):
+    """Emit (through ``w``) the main loop that sm80 kernels share, inside a kernel whose
+    ``smem``, ``t``, ``wm``/``wn``, ``m0``/``n0`` limits, ``k_tiles``, the copy starts
+    (``a_start``, ``b_start``, ``a_r0`` ...) and ``load_a``/``load_b`` are defined: zeroed
+    accumulators ``acc_i_j``, the ldmatrix offsets, the cp.async prologue (STAGES-1 tiles in
+    flight) and the k loop (wait, refill, ldmatrix + mma.sync on every k step)."""
+    BK, S = cfg.bk, cfg.stages
+    MI, NJ = cfg.warp_m // 16, cfg.warp_n // 8
+    a_kmajor, b_kmajor = var.a_layout == "row", var.b_layout == "col"
+    a_rowb = (BK if a_kmajor else cfg.bm) * 2
+    b_rowb = (BK if b_kmajor else cfg.bn) * 2
+    a_elems = cfg.bm * BK
+    for i in range(MI):
+        for j in range(NJ):
+            w(f"    acc_{i}_{j} = (np.float32(0), np.float32(0), np.float32(0), np.float32(0))")
+    _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems)
+    w(f'''
+    # Prologue: the first STAGES-1 tiles in flight.
+    for s in range({S - 1}):
+        if s < k_tiles:
+            load_a(smem, s, a, a_start, lda, a_r0, a_c0, m_lim, s * {BK}, K - s * {BK})
+            load_b(smem, s, b, b_start, ldb, b_r0, b_c0, n_lim, s * {BK}, K - s * {BK})
+        nt.cp_async_commit_group()
+
+    # Main loop: wait for tile kt, refill the stage tile kt-1 used, compute on tile kt.
+    for kt in range(k_tiles):
+        nt.cp_async_wait_group({S - 2})
+        cuda.syncthreads()
+        nxt = kt + {S - 1}
+        if nxt < k_tiles:
+            st_next = nxt % {S}
+            load_a(smem, st_next, a, a_start, lda, a_r0, a_c0, m_lim, nxt * {BK}, K - nxt * {BK})
+            load_b(smem, st_next, b, b_start, ldb, b_r0, b_c0, n_lim, nxt * {BK}, K - nxt * {BK})
+        nt.cp_async_commit_group()
+        st = np.int32((kt % {S}) * {cfg.stage_elems})''')
+    for ks in range(BK // 16):
+        w(f"        # k step {ks}")
+        for i in range(MI):
+            op = "ldmatrix_x4" if a_kmajor else "ldmatrix_x4_trans"
+            w(f"        fa_{i} = nt.{op}(smem, st + a_off_{ks}_{i})")
+        for j in range(0, NJ, 2):
+            op = "ldmatrix_x4" if b_kmajor else "ldmatrix_x4_trans"
+            w(f"        fb = nt.{op}(smem, st + b_off_{ks}_{j})")
+            w(f"        fb_{j} = (fb[0], fb[1])")
+            w(f"        fb_{j + 1} = (fb[2], fb[3])")
+        for i in range(MI):
+            for j in range(NJ):
+                w(f"        acc_{i}_{j} = MMA(fa_{i}, fb_{j}, acc_{i}_{j})")
+
+
 def kernel_source(cfg: Sm80Config, var: Sm80Variant) -> str:
     """Python source of the kernel for one configuration and variant."""
-    BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages
+    BM, BN, BK = cfg.bm, cfg.bn, cfg.bk
     WM, WN = cfg.warp_m, cfg.warp_n
     MI, NJ = WM // 16, WN // 8  # mma tiles per warp
     ptx_in = _PTX_TYPE[var.in_dtype]
@@ -393,42 +443,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     a_start = {a_start}
     b_start = {b_start}
 ''')
-    for i in range(MI):
-        for j in range(NJ):
-            w(f"    acc_{i}_{j} = (np.float32(0), np.float32(0), np.float32(0), np.float32(0))")
-    _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems)
-    w(f'''
-    # Prologue: the first STAGES-1 tiles in flight.
-    for s in range({S - 1}):
-        if s < k_tiles:
-            load_a(smem, s, a, a_start, lda, a_r0, a_c0, m_lim, s * {BK}, K - s * {BK})
-            load_b(smem, s, b, b_start, ldb, b_r0, b_c0, n_lim, s * {BK}, K - s * {BK})
-        nt.cp_async_commit_group()
-
-    # Main loop: wait for tile kt, refill the stage tile kt-1 used, compute on tile kt.
-    for kt in range(k_tiles):
-        nt.cp_async_wait_group({S - 2})
-        cuda.syncthreads()
-        nxt = kt + {S - 1}
-        if nxt < k_tiles:
-            st_next = nxt % {S}
-            load_a(smem, st_next, a, a_start, lda, a_r0, a_c0, m_lim, nxt * {BK}, K - nxt * {BK})
-            load_b(smem, st_next, b, b_start, ldb, b_r0, b_c0, n_lim, nxt * {BK}, K - nxt * {BK})
-        nt.cp_async_commit_group()
-        st = np.int32((kt % {S}) * {cfg.stage_elems})''')
-    for ks in range(BK // 16):
-        w(f"        # k step {ks}")
-        for i in range(MI):
-            op = "ldmatrix_x4" if a_kmajor else "ldmatrix_x4_trans"
-            w(f"        fa_{i} = nt.{op}(smem, st + a_off_{ks}_{i})")
-        for j in range(0, NJ, 2):
-            op = "ldmatrix_x4" if b_kmajor else "ldmatrix_x4_trans"
-            w(f"        fb = nt.{op}(smem, st + b_off_{ks}_{j})")
-            w(f"        fb_{j} = (fb[0], fb[1])")
-            w(f"        fb_{j + 1} = (fb[2], fb[3])")
-        for i in range(MI):
-            for j in range(NJ):
-                w(f"        acc_{i}_{j} = MMA(fa_{i}, fb_{j}, acc_{i}_{j})")
+    mainloop_source(w, cfg, var)
     w(f'''
     nt.cp_async_wait_all()
 

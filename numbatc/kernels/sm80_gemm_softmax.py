@@ -21,7 +21,7 @@ import math
 from numbatc.kernels.sm80_gemm import (  # the shared main loop's pieces
     _CONVERSIONS,
     _PTX_TYPE,
-    _fragment_offsets,
+    mainloop_source,
     _load_from,
     _loader,
     _swizzle_expr,
@@ -63,7 +63,7 @@ def choose(m, n):
 def kernel_source(cfg: Sm80Config, var: Sm80Variant) -> str:
     """Python source of the kernel.  ``var``: operand layouts, in/out/bias dtypes (c and the
     activation unused)."""
-    BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages
+    BM, BN, BK = cfg.bm, cfg.bn, cfg.bk
     WM, WN, WARPS_N = cfg.warp_m, cfg.warp_n, cfg.warps_n
     MI, NJ = WM // 16, WN // 8
     a_kmajor, b_kmajor = var.a_layout == "row", var.b_layout == "col"
@@ -172,42 +172,7 @@ def gemm_kernel(a, b, bias, out, M, N, K, lda, ldb, ldo, scale):
     a_start = {a_start}
     b_start = {b_start}
 ''')
-    for i in range(MI):
-        for j in range(NJ):
-            w(f"    acc_{i}_{j} = (np.float32(0), np.float32(0), np.float32(0), np.float32(0))")
-    _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems)
-    w(f'''
-    # Prologue: the first STAGES-1 k tiles in flight.
-    for s in range({S - 1}):
-        if s < k_tiles:
-            load_a(smem, s, a, a_start, lda, a_r0, a_c0, m_lim, s * {BK}, K - s * {BK})
-            load_b(smem, s, b, b_start, ldb, b_r0, b_c0, n_lim, s * {BK}, K - s * {BK})
-        nt.cp_async_commit_group()
-
-    # Main loop (as sm80_gemm): wait for tile kt, refill the stage tile kt-1 used, compute.
-    for kt in range(k_tiles):
-        nt.cp_async_wait_group({S - 2})
-        cuda.syncthreads()
-        nxt = kt + {S - 1}
-        if nxt < k_tiles:
-            st_next = nxt % {S}
-            load_a(smem, st_next, a, a_start, lda, a_r0, a_c0, m_lim, nxt * {BK}, K - nxt * {BK})
-            load_b(smem, st_next, b, b_start, ldb, b_r0, b_c0, n_lim, nxt * {BK}, K - nxt * {BK})
-        nt.cp_async_commit_group()
-        st = np.int32((kt % {S}) * {cfg.stage_elems})''')
-    for ks in range(BK // 16):
-        w(f"        # k step {ks}")
-        for i in range(MI):
-            op = "ldmatrix_x4" if a_kmajor else "ldmatrix_x4_trans"
-            w(f"        fa_{i} = nt.{op}(smem, st + a_off_{ks}_{i})")
-        for j in range(0, NJ, 2):
-            op = "ldmatrix_x4" if b_kmajor else "ldmatrix_x4_trans"
-            w(f"        fb = nt.{op}(smem, st + b_off_{ks}_{j})")
-            w(f"        fb_{j} = (fb[0], fb[1])")
-            w(f"        fb_{j + 1} = (fb[2], fb[3])")
-        for i in range(MI):
-            for j in range(NJ):
-                w(f"        acc_{i}_{j} = MMA(fa_{i}, fb_{j}, acc_{i}_{j})")
+    mainloop_source(w, cfg, var)  # sm80_gemm's: accumulators, prologue, k loop
 
     # --- epilogue: the fused softmax ----------------------------------------------------------
     w(f'''
