@@ -17,7 +17,7 @@ import intrinsics.cp_async as ca
 import intrinsics.ldmatrix as lm
 import intrinsics.tcgen05 as tc
 from intrinsics._core import SM75, SM80, SM89
-from intrinsics.mma import mma_specs, mma_sync
+from intrinsics.mma import mma_block_scale_specs, mma_specs, mma_sync, mma_sync_block_scale
 
 __all__ = ["Probe", "probes"]
 
@@ -74,6 +74,28 @@ def _mma_probes():
         kernel, sig = _mma_probe(spec)
         name = f"{spec.shape}.{spec.acc}.{spec.a}.{spec.b}"
         yield Probe("mma.sync", name, kernel, sig, spec.arch, (spec.ptx,))
+
+
+def _mma_block_scale_probe(spec):
+    mma = mma_sync_block_scale(spec.shape, spec.kind, spec.scale_vec, spec.a, spec.b, spec.acc,
+                               spec.scale_type)
+    zero = np.float32(0)
+
+    def kernel(out, a):
+        d = mma((a[0], a[1], a[2], a[3]), (a[4], a[5]), (zero, zero, zero, zero), a[6], a[7],
+                0, 0, 0, 0)
+        for i in range(4):
+            out[i] = d[i]
+
+    return kernel, (types.float32[:], types.uint32[:])
+
+
+def _mma_block_scale_probes():
+    for spec in mma_block_scale_specs():
+        kernel, sig = _mma_block_scale_probe(spec)
+        name = f"{spec.shape}.{spec.kind}.{spec.scale_vec}.{spec.a}.{spec.b}.{spec.scale_type}"
+        yield Probe("mma.sync.block_scale", name, kernel, sig, spec.arch,
+                    (spec.ptx + " {", ", {0, 0}, "))
 
 
 def _ldmatrix_probe(op, num, trans):
@@ -397,7 +419,7 @@ def _tcgen05_probes():
 
 _TC_MMA = _TC_LD = _TC_ST = _TC_CP = None
 
-_FAMILIES = [_mma_probes, _ldmatrix_probes, _cp_async_probes, _cp_async_mbarrier_probes,
+_FAMILIES = [_mma_probes, _mma_block_scale_probes, _ldmatrix_probes, _cp_async_probes, _cp_async_mbarrier_probes,
              _convert_probes, _mbarrier_probes, _cluster_probes, _setmaxnreg_probes, _tma_probes,
              _wgmma_probes, _tcgen05_probes]
 

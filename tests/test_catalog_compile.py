@@ -19,9 +19,10 @@ def test_probe(probe, arch):
 def test_catalog_covers_every_form():
     from intrinsics.cp_async import CP_ASYNC_FORMS
     from intrinsics.ldmatrix import LDMATRIX_FORMS
-    from intrinsics.mma import mma_specs
+    from intrinsics.mma import mma_block_scale_specs, mma_specs
 
     families = [p.family for p in PROBES]
     assert families.count("mma.sync") == len(mma_specs())
+    assert families.count("mma.sync.block_scale") == len(mma_block_scale_specs())
     assert families.count("ldmatrix") + families.count("stmatrix") == len(LDMATRIX_FORMS)
     assert families.count("cp.async") == 2 * len(CP_ASYNC_FORMS) + 2  # + the mbarrier arrives
