@@ -547,15 +547,24 @@ def launch(cfg: Sm80Config, var: Sm80Variant, a, b, c, bias, out, m, n, k, lda, 
     relaunch function ``fn(a, b, c, bias, out, alpha, beta, stream)`` for the same shape and
     leading dimensions (the host cost of a warm ``numbatc.gemm``); None, after launching the
     ordinary way, where there is none (the emulation, a user epilogue)."""
+    return launch_gemm_kernel(kernel_for(cfg, var), var, grid_for(cfg, m, n), cfg.threads,
+                              cfg.shared_bytes, None, a, b, c, bias, out, m, n, k, lda, ldb, ldc,
+                              ldo, alpha, beta, stream, group_m, epilogue_args, prepare)
+
+
+def launch_gemm_kernel(kernel, var, grid, threads, shared_bytes, cluster, a, b, c, bias, out, m,
+                       n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m, epilogue_args,
+                       prepare):
+    """Launch a generated GEMM kernel with sm80_gemm's arguments (sm90_gemm's too): prepared
+    (returning the relaunch function, see :func:`launch`) where it can be, else through
+    ``intrinsics.launch.launch`` with a user epilogue's arrays as a final tuple argument."""
     from numba import config
 
     from intrinsics import launch as launching
 
-    kernel = kernel_for(cfg, var)
-    grid = grid_for(cfg, m, n)
     if prepare and var.epilogue is None and not config.ENABLE_CUDASIM:
-        prepared = launching.prepare(kernel, grid, cfg.threads, signature(var),
-                                     shared_bytes=cfg.shared_bytes)
+        prepared = launching.prepare(kernel, grid, threads, signature(var),
+                                     shared_bytes=shared_bytes, cluster=cluster)
         if prepared is not None:
             def relaunch(a, b, c, bias, out, alpha, beta, stream):
                 prepared(stream, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta,
@@ -572,6 +581,6 @@ def launch(cfg: Sm80Config, var: Sm80Variant, a, b, c, bias, out, m, n, k, lda, 
             from numba import types
 
             sig += (types.Tuple([kernel.typeof_pyval(x) for x in epilogue_args]),)
-    launching.launch(kernel, grid, cfg.threads, args, shared_bytes=cfg.shared_bytes,
+    launching.launch(kernel, grid, threads, args, shared_bytes=shared_bytes, cluster=cluster,
                      stream=stream, signature=sig)
     return None

@@ -39,8 +39,6 @@ with 16-byte stores.
 import functools
 from dataclasses import dataclass
 
-import numpy as np
-
 from numbatc.kernels import sm80_gemm
 
 __all__ = ["Sm90Config", "Sm90Variant", "CONFIGS", "kernel_for", "kernel_source", "launch",
@@ -472,7 +470,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
         nt.wgmma_wait_group(0)
         acc = nt.wgmma_fence_operand(acc)
 ''')
-    w(f'''        # ---- epilogue: thread (warp w, lane l) of the warpgroup holds rows 16w + l/4 (+8) and
+    w('''        # ---- epilogue: thread (warp w, lane l) of the warpgroup holds rows 16w + l/4 (+8) and
         # columns 8j + 2(l%4) (+1) in registers 4j..4j+3 (intrinsics.wgmma.accumulator_coords)
         lane = t % 32
         row_base = m0 + cw * 64 + ((t % 128) // 32) * 16 + lane // 4
@@ -512,32 +510,8 @@ def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, 
     leading dimension must be 16-byte aligned.  The kernel uses setmaxnreg, so intrinsics.launch
     loads it through the driver's whole-program JIT (nvJitLink's relocatable compilation would
     drop the instruction)."""
-    from numba import config
-
-    from intrinsics import launch as launching
-
-    kernel = kernel_for(cfg, var)
-    grid = grid_for(cfg, m, n)
     cluster = (cfg.cluster_m, 1, 1) if cfg.cluster_m > 1 else None
-    if prepare and var.epilogue is None and not config.ENABLE_CUDASIM:
-        prepared = launching.prepare(kernel, grid, cfg.threads, signature(var),
-                                     shared_bytes=cfg.shared_bytes, cluster=cluster)
-        if prepared is not None:
-            def relaunch(a, b, c, bias, out, alpha, beta, stream):
-                prepared(stream, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta,
-                         group_m)
-
-            relaunch(a, b, c, bias, out, alpha, beta, stream)
-            return relaunch
-    args = (a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, np.float32(alpha), np.float32(beta),
-            group_m)
-    sig = None if config.ENABLE_CUDASIM else signature(var)
-    if var.epilogue is not None:
-        args += (tuple(epilogue_args),)
-        if sig is not None:
-            from numba import types
-
-            sig += (types.Tuple([kernel.typeof_pyval(x) for x in epilogue_args]),)
-    launching.launch(kernel, grid, cfg.threads, args, shared_bytes=cfg.shared_bytes,
-                     cluster=cluster, stream=stream, signature=sig)
-    return None
+    return sm80_gemm.launch_gemm_kernel(
+        kernel_for(cfg, var), var, grid_for(cfg, m, n), cfg.threads, cfg.shared_bytes, cluster,
+        a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m,
+        epilogue_args, prepare)
