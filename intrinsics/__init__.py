@@ -14,7 +14,9 @@ from intrinsics.emulate import install as _install_emulation
 # their CPU emulations before the names below are re-exported.
 _install_emulation()
 from intrinsics.convert import (
+    bits_from_f32,
     cvt_tf32,
+    f32_from_bits,
     pack_bf16x2,
     pack_e4m3x4,
     pack_e5m2x4,

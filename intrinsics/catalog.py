@@ -200,7 +200,8 @@ def _convert_probes():
         out[2] = cv.cvt_tf32(f[2])
         a, b = cv.unpack_bf16x2(out[3])
         c, d = cv.unpack_f16x2(out[4])
-        f[0] = a + b + c + d
+        f[0] = a + b + c + d + cv.f32_from_bits(out[5])
+        out[6] = cv.bits_from_f32(f[3])
 
     def fp8(out, f):
         out[0] = cv.pack_e4m3x4(f[0], f[1], f[2], f[3])

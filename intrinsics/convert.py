@@ -8,6 +8,7 @@ intrinsics build and split such registers from float32 values::
     lo, hi = unpack_bf16x2(r)
     r = pack_e4m3x4(x0, x1, x2, x3)  # x0 in the lowest byte
     t = cvt_tf32(x)                  # cvt.rna.tf32.f32
+    x = f32_from_bits(r)             # the same 32 bits seen as float32 (tcgen05.ld results)
 """
 
 from llvmlite import ir
@@ -16,7 +17,9 @@ from numba import types
 from intrinsics._core import SM80, SM89, asm, check_type, intrinsic, require_arch, I32
 
 __all__ = [
+    "bits_from_f32",
     "cvt_tf32",
+    "f32_from_bits",
     "pack_bf16x2",
     "pack_e4m3x4",
     "pack_e5m2x4",
@@ -146,5 +149,36 @@ def cvt_tf32(typingctx, x):
         (value,) = _as_f32(context, builder, sig, args)
         (out,) = asm(builder, "cvt.rna.tf32.f32 $0, $1;", ["=r", "f"], [I32], [value], volatile=False)
         return out
+
+    return sig, codegen
+
+
+@intrinsic
+def f32_from_bits(typingctx, bits):
+    """The 32 bits of ``bits`` (a 32-bit integer) reinterpreted as float32: a register move,
+    no conversion (LLVM ``bitcast``; PTX ``mov.b32``).  tcgen05.ld returns accumulator cells as
+    uint32 registers; this reads an f32 accumulator from them.  All architectures."""
+    if not isinstance(bits, types.Integer) or bits.bitwidth != 32:
+        from numba.cuda.core.errors import NumbaTypeError
+
+        raise NumbaTypeError(f"f32_from_bits takes a 32-bit integer, got {bits}")
+    sig = types.float32(bits)
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], F32)
+
+    return sig, codegen
+
+
+@intrinsic
+def bits_from_f32(typingctx, x):
+    """The 32 bits of float32 ``x`` as a uint32 (the inverse of :func:`f32_from_bits`).  All
+    architectures."""
+    _check_floats("bits_from_f32", (x,))
+    sig = types.uint32(x)
+
+    def codegen(context, builder, sig, args):
+        (value,) = _as_f32(context, builder, sig, args)
+        return builder.bitcast(value, I32)
 
     return sig, codegen

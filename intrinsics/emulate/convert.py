@@ -35,7 +35,17 @@ def cvt_tf32(x):
     return np.uint32(encode(np.array([x], dtype=np.float32), "tf32", rounding="rna")[0])
 
 
+def f32_from_bits(bits):
+    return np.array([int(bits) & 0xFFFFFFFF], dtype=np.uint32).view(np.float32)[0]
+
+
+def bits_from_f32(x):
+    return np.array([x], dtype=np.float32).view(np.uint32)[0]
+
+
 EMULATIONS = {
+    "f32_from_bits": f32_from_bits,
+    "bits_from_f32": bits_from_f32,
     "pack_bf16x2": _pair("bf16"),
     "pack_f16x2": _pair("f16"),
     "unpack_bf16x2": _unpack("bf16"),
