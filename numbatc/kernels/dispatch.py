@@ -85,6 +85,13 @@ def _operand(operand, stream, keep):
     kernel then needs no slow path (see sm80_gemm)."""
     if operand.alignment == 16 and not _EMULATED:
         return operand.ptr, operand.ld
+    view, ld = _aligned_view(operand, stream)
+    return _flat(view, keep), ld
+
+
+def _aligned_view(operand, stream):
+    """(2-D view, leading dimension): the operand itself when 16-byte aligned, else the packed
+    copy described in :func:`_operand`."""
     view, ld = operand.view, operand.ld
     if operand.alignment != 16:
         from numbatc._interop import transpose_view
@@ -97,7 +104,7 @@ def _operand(operand, stream, keep):
         packed = padded[:, :cols]
         _pack[((rows + 15) // 16, (cols + 15) // 16), (16, 16), stream](view, packed)
         view = transpose_view(packed) if operand.layout == "col" else packed
-    return _flat(view, keep), ld
+    return view, ld
 
 
 def _flat(view, keep):
@@ -130,8 +137,14 @@ def _kernel_family(p):
     from numbatc.kernels import sm90_gemm
 
     choice = os.environ.get("NUMBATC_GEMM_KERNEL", "")
-    if choice and choice.partition(":")[0] not in ("sm80", "sm90"):
-        raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: choose sm80 or sm90[:<config>]")
+    if choice and choice.partition(":")[0] not in ("sm80", "sm90", "sm100"):
+        raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: choose sm80, sm90[:<config>] or "
+                         "sm100[:<config>]")
+    blackwell = p.cc is not None and tuple(p.cc)[0] == 10
+    if choice.startswith("sm100") or (blackwell and not choice):
+        found = _sm100_family(p, choice)
+        if found is not None:
+            return found
     hopper = p.cc is not None and tuple(p.cc)[:2] == (9, 0)
     reason = None
     if choice == "sm80":
@@ -166,6 +179,58 @@ def _kernel_family(p):
     return sm80_gemm, choose_sm80(p.m, p.n, p.k)
 
 
+def _sm100_family(p, choice):
+    """(sm100_gemm, config) where the Blackwell kernel implements the problem, else None (the
+    reason printed under NUMBATC_PRINT_CONFIG).  NOTE: never run on Blackwell hardware; see
+    sm100_gemm."""
+    from numbatc.kernels import sm100_gemm
+
+    if choice.startswith("sm100") and not _EMULATED and (p.cc is None or tuple(p.cc)[0] != 10):
+        raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r} needs compute capability 10.x, this "
+                         f"GPU has {tuple(p.cc) if p.cc else '?'}")
+    reason = None
+    try:
+        sm100_gemm.check_variant(_variant(p))
+    except ValueError as exc:
+        reason = str(exc)
+    if reason is None and p.k == 0:
+        reason = "K == 0"
+    if reason is not None:
+        if os.environ.get("NUMBATC_PRINT_CONFIG"):
+            print(f"numbatc.gemm: sm80_gemm, not sm100_gemm: {reason}", file=sys.stderr)
+        return None
+    name = choice.partition(":")[2] or ("128x256x64_4s" if p.n > 128 else "128x128x64_4s")
+    if name not in sm100_gemm.CONFIGS:
+        raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: no sm100 config {name!r}; choose "
+                         f"from {sorted(sm100_gemm.CONFIGS)}")
+    return sm100_gemm, sm100_gemm.CONFIGS[name]
+
+
+def _launch_sm100(p, cfg, var):
+    """sm100_gemm's launch: tensor maps of A and B (packed first where not 16-byte aligned),
+    c, bias and out as for the other kernels.  No warm relaunch yet (the maps hold pointers)."""
+    from numbatc.kernels import sm100_gemm
+
+    keep = []
+    out = _pointer(p.out, keep)
+    a_view, _ = _aligned_view(p.a, p.stream)
+    b_view, _ = _aligned_view(p.b, p.stream)
+    ta, tb = sm100_gemm.tensor_maps(cfg, var, a_view, b_view)
+    keep += [ta, tb, a_view, b_view]
+    c = _pointer(p.c, keep) if p.c is not None else out
+    bias = _pointer(p.bias, keep) if p.bias is not None else out
+    extra = {}
+    if p.epilogue is not None:
+        from numbatc._interop import CudaArray, kernel_view
+
+        extra["epilogue_args"] = tuple(kernel_view(x) if isinstance(x, CudaArray) else x
+                                       for x in p.epilogue_args)
+    sm100_gemm.launch(cfg, var, ta.device, tb.device, c, bias, out, p.m, p.n, p.k,
+                      p.c.ld if p.c is not None else 0, p.out.ld, p.alpha, p.beta,
+                      stream=p.stream if _EMULATED else p.stream_handle, **extra)
+    return None
+
+
 def launch_gemm(p):
     """Launch the GEMM for problem ``p`` (m, n >= 1; k >= 1, or 0 with a user epilogue: the
     kernel's main loop then runs no k tile) on its stream.
@@ -189,6 +254,8 @@ def launch_gemm(p):
               f"{var.in_dtype}->{var.out_dtype}"
               f"{' +c' if var.c_dtype else ''}{' +bias' if var.bias_dtype else ''}"
               f"{' ' + var.activation if var.activation else ''}", file=sys.stderr)
+    if family.__name__.endswith("sm100_gemm"):
+        return _launch_sm100(p, cfg, var)
     keep = []
     out = _pointer(p.out, keep)
     if p.k == 0:  # a and b are never read
