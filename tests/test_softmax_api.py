@@ -200,3 +200,35 @@ def test_softmax_second_call_is_warm(warm_rec, monkeypatch):
     assert len(warm_rec["checked"]) == 2
     with pytest.raises(ValueError, match="out overlaps x"):
         numbatc.softmax(x2, out=T(torch, (64, 48), ptr=x2.ptr + 2))
+
+
+def test_gemm_softmax_second_call_is_warm(monkeypatch):
+    import contextlib
+
+    from numbatc.kernels import dispatch, sm80_gemm_softmax
+    from tests.test_gemm_api import _fake_torch
+    from tests.test_gemm_fast_path import T, _value_devices
+
+    calls = {"checked": [], "relaunched": []}
+
+    def launch(cfg, var, a, b, bias, out, m, n, k, lda, ldb, ldo, scale, stream=0, prepare=False):
+        calls["checked"].append((a, b, bias, out, scale))
+        return lambda *args: calls["relaunched"].append(args)
+
+    monkeypatch.setattr(sm80_gemm_softmax, "launch", launch)
+    monkeypatch.setattr(softmax_mod, "_emulated", lambda: False)
+    monkeypatch.setattr(softmax_mod._interop, "numba_stream", lambda handle, device=None: None)
+    monkeypatch.setattr(softmax_mod._interop, "_device_scope", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(dispatch, "_operand", lambda op, stream, keep: (op.ptr, op.ld))
+    softmax_mod._FAST.clear()
+    torch = _value_devices(_fake_torch(monkeypatch, current_stream=0x99))
+    a, b, out = T(torch, (64, 32)), T(torch, (32, 48)), T(torch, (64, 48))
+    numbatc.gemm_softmax(a, b, out=out, scale=0.5)
+    assert len(calls["checked"]) == 1
+    a2, b2, out2 = T(torch, (64, 32)), T(torch, (32, 48)), T(torch, (64, 48))
+    assert numbatc.gemm_softmax(a2, b2, out=out2, scale=0.25) is out2
+    assert len(calls["checked"]) == 1
+    assert calls["relaunched"] == [(a2.ptr, b2.ptr, out2.ptr, out2.ptr, 0.25, 0x99)]
+    with pytest.raises(ValueError, match="out overlaps a"):  # not warm: the checks name it
+        numbatc.gemm_softmax(a2, b2, out=T(torch, (64, 48), ptr=a2.ptr))
+    softmax_mod._FAST.clear()

@@ -252,15 +252,30 @@ def signature(var: Sm80Variant):
             ptr(var.out_dtype), i64, i64, i64, i64, i64, i64, types.float32)
 
 
-def launch(cfg, var, a, b, bias, out, m, n, k, lda, ldb, ldo, scale, stream=0):
+def launch(cfg, var, a, b, bias, out, m, n, k, lda, ldb, ldo, scale, stream=0, prepare=False):
     """Operands flat (device pointers on the GPU, 1-d arrays in the emulation); a and b 16-byte
-    aligned with 16-byte aligned leading dimensions (the caller packs them otherwise)."""
+    aligned with 16-byte aligned leading dimensions (the caller packs them otherwise).
+
+    ``prepare=True``: launch through an ``intrinsics.launch.PreparedLaunch`` and return a
+    relaunch function ``fn(a, b, bias, out, scale, stream)`` for the same shapes and leading
+    dimensions (numbatc.gemm_softmax's warm calls); None where there is none (the emulation)."""
     import numpy as np
     from numba import config
 
-    from intrinsics.launch import launch as launch_kernel
+    from intrinsics import launch as launching
 
+    grid = -(-m // cfg.bm)
+    if prepare and not config.ENABLE_CUDASIM:
+        prepared = launching.prepare(kernel_for(cfg, var), grid, cfg.threads, signature(var),
+                                     shared_bytes=cfg.shared_bytes)
+        if prepared is not None:
+            def relaunch(a, b, bias, out, scale, stream):
+                prepared(stream, a, b, bias, out, m, n, k, lda, ldb, ldo, scale)
+
+            relaunch(a, b, bias, out, float(scale), stream)
+            return relaunch
     sig = None if config.ENABLE_CUDASIM else signature(var)
-    launch_kernel(kernel_for(cfg, var), -(-m // cfg.bm), cfg.threads,
-                  (a, b, bias, out, m, n, k, lda, ldb, ldo, np.float32(scale)),
-                  shared_bytes=cfg.shared_bytes, stream=stream, signature=sig)
+    launching.launch(kernel_for(cfg, var), grid, cfg.threads,
+                     (a, b, bias, out, m, n, k, lda, ldb, ldo, np.float32(scale)),
+                     shared_bytes=cfg.shared_bytes, stream=stream, signature=sig)
+    return None
