@@ -47,8 +47,10 @@ from intrinsics._core import (
 
 __all__ = [
     "MMA_BLOCK_SCALE_FORMS",
+    "MMA_BLOCK_SCALE_SELECTORS",
     "MMA_SHAPES",
     "MmaBlockScaleSpec",
+    "MmaSelectorError",
     "MmaSpec",
     "mma_block_scale_specs",
     "mma_sync",
