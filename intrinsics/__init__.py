@@ -94,7 +94,7 @@ from intrinsics.mbarrier import (
     mbarrier_try_wait_parity,
     mbarrier_wait_parity,
 )
-from intrinsics.mma import MmaSpec, mma_specs, mma_sync
+from intrinsics.mma import MmaSpec, mma_specs, mma_sync, mma_sync_block_scale
 from intrinsics.setmaxnreg import setmaxnreg_dec, setmaxnreg_inc
 from intrinsics.shfl import shfl_bfly, shfl_down, shfl_idx, shfl_op, shfl_up
 from intrinsics.smem import shared_address, swizzle, swizzle_offset
