@@ -56,6 +56,9 @@ __all__ = [
     "transpose_view",
     "dtype_name",
     "bfloat16",
+    "float8_e4m3",
+    "float8_e5m2",
+    "float4_e2m1",
     "ACCEPTED",
 ]
 
@@ -80,6 +83,8 @@ EXOTIC_STORAGE = {
     "bfloat16": "uint16",
     "float8_e4m3fn": "uint8",
     "float8_e5m2": "uint8",
+    "float8_e8m0fnu": "uint8",  # ue8m0 block scales (MXFP8)
+    "float4_e2m1fn_x2": "uint8",  # two e2m1 per byte, the lower index in the low nibble (NVFP4)
 }
 
 _ALIASES = {
@@ -94,6 +99,7 @@ _ALIASES = {
     "e4m3": "float8_e4m3fn",
     "fp8_e5m2": "float8_e5m2",
     "e5m2": "float8_e5m2",
+    "e8m0": "float8_e8m0fnu",
 }
 
 
@@ -289,7 +295,7 @@ class DTypeView:
         host = _copy_to_host(self.data)
         try:
             return host.view(_ml_dtype(self.dtype))
-        except ImportError:
+        except (ImportError, AttributeError):  # no ml_dtypes, or no such type (packed fp4)
             return host
 
     def __repr__(self) -> str:
@@ -303,13 +309,37 @@ def bfloat16(x):
     ``numbatc.bfloat16`` view around a uint16 array of the caller's library. An array that already
     has dtype bfloat16 (a torch.bfloat16 tensor, an ml_dtypes.bfloat16 CuPy/Numba array) is returned
     unchanged."""
+    return _mark(x, "bfloat16", "bfloat16")
+
+
+def _mark(x, dtype, pyname):
     if isinstance(x, DTypeView):
-        if x.dtype == "bfloat16":
+        if x.dtype == dtype:
             return x
-        raise TypeError(f"numbatc.bfloat16 got an array already marked as {x.dtype}")
-    if as_cuda_array(x, name="the array given to numbatc.bfloat16").dtype == "bfloat16":
+        raise TypeError(f"numbatc.{pyname} got an array already marked as {x.dtype}")
+    if as_cuda_array(x, name=f"the array given to numbatc.{pyname}").dtype == dtype:
         return x
-    return DTypeView(x, "bfloat16")
+    return DTypeView(x, dtype)
+
+
+def float8_e4m3(x):
+    """Mark a CUDA uint8 array (any library) as holding float8_e4m3fn bit patterns (OCP e4m3:
+    bias 7, no infinities, 0x7F/0xFF NaN), without a copy: MXFP8 operands of numbatc.gemm.
+    An array that already has that dtype (torch.float8_e4m3fn ...) is returned unchanged."""
+    return _mark(x, "float8_e4m3fn", "float8_e4m3")
+
+
+def float8_e5m2(x):
+    """Mark a CUDA uint8 array as holding float8_e5m2 bit patterns (bias 15, IEEE-like), without
+    a copy: MXFP8 operands of numbatc.gemm."""
+    return _mark(x, "float8_e5m2", "float8_e5m2")
+
+
+def float4_e2m1(x):
+    """Mark a CUDA uint8 array as holding packed e2m1 values, two per byte (element 2i in the
+    low nibble, 2i + 1 in the high one; torch.float4_e2m1fn_x2's layout), without a copy: NVFP4
+    operands of numbatc.gemm, whose K is then twice the array's last dimension."""
+    return _mark(x, "float4_e2m1fn_x2", "float4_e2m1")
 
 
 def transpose_view(x):

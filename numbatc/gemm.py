@@ -23,7 +23,8 @@ import numpy as np
 from numbatc import _interop
 from numbatc._interop import CudaArray, dtype_name
 
-__all__ = ["gemm", "GemmProblem", "Operand", "DTypeRule", "DTYPE_RULES", "ACTIVATIONS"]
+__all__ = ["gemm", "GemmProblem", "Operand", "DTypeRule", "DTYPE_RULES", "ACTIVATIONS",
+           "BlockScaledFormat", "BLOCK_SCALED"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,6 +55,44 @@ DTYPE_RULES = {
                   bias=("float16", "float32"), min_cc=(8, 0)),
         DTypeRule("bfloat16", "bfloat16", outputs=("bfloat16", "float32"),
                   bias=("bfloat16", "float32"), min_cc=(8, 0)),
+    )
+}
+
+
+
+@dataclass(frozen=True)
+class BlockScaledFormat:
+    """A block-scaled input format (sm_100, tcgen05.mma block_scale): the a/b dtypes it takes
+    with their PTX element types, the K values one scale covers, the values a byte of a/b holds,
+    the scale dtypes (and the scale format they hold). Output and bias dtypes: bfloat16 (the
+    default output), float16, float32."""
+
+    name: str
+    inputs: tuple  # ((dtype, PTX element type), ...)
+    block: int
+    per_byte: int
+    scales: tuple
+    scale_format: str
+
+    def element_type(self, dtype):
+        return dict(self.inputs).get(dtype)
+
+    def rule(self, a_dtype, b_dtype) -> DTypeRule:
+        outs = ("bfloat16", "float16", "float32")
+        return DTypeRule(a_dtype, b_dtype, outputs=outs, bias=outs, min_cc=(10, 0))
+
+
+#: MXFP8: a, b float8_e4m3fn or float8_e5m2 (each its own), one ue8m0 scale (uint8 exponent
+#: e: 2**(e - 127), or float8_e8m0fnu) per 32 values of K. NVFP4: a, b packed e2m1, two values a
+#: byte (float4_e2m1fn_x2, numbatc.float4_e2m1), one ue4m3 scale (float8_e4m3fn, sign clear)
+#: per 16 values of K.
+BLOCK_SCALED = {
+    f.name: f
+    for f in (
+        BlockScaledFormat("mxfp8", (("float8_e4m3fn", "e4m3"), ("float8_e5m2", "e5m2")), 32, 1,
+                          ("uint8", "float8_e8m0fnu"), "ue8m0"),
+        BlockScaledFormat("nvfp4", (("float4_e2m1fn_x2", "e2m1"),), 16, 2, ("float8_e4m3fn",),
+                          "ue4m3"),
     )
 }
 
@@ -143,7 +182,11 @@ class GemmProblem:
     capability (major, minor). ``stream_handle`` is the raw CUstream the caller's library is
     using (0: Numba's default stream); ``stream`` the Numba stream object for it.
     ``launch_gemm`` is only called with m, n >= 1, and k >= 1 unless there is a user epilogue
-    (which a kernel must run: K == 0 then gives fn(activation(beta * c + bias)))."""
+    (which a kernel must run: K == 0 then gives fn(activation(beta * c + bias))).
+
+    Block-scaled problems (``block_scaled`` set, see :data:`BLOCK_SCALED`): ``k`` counts values
+    (NVFP4: twice a's bytes per row), a is row-major and b column-major (both K-major), and
+    ``scale_a`` (m, k / block) and ``scale_b`` (n, k / block) hold one byte per scale."""
 
     m: int
     n: int
@@ -166,6 +209,9 @@ class GemmProblem:
     stream_handle: int
     epilogue: object = None
     epilogue_args: tuple = ()
+    block_scaled: BlockScaledFormat | None = None
+    scale_a: Operand | None = None
+    scale_b: Operand | None = None
 
     @cached_property
     def stream(self):
@@ -261,6 +307,101 @@ def _rule_for(A: CudaArray, B: CudaArray) -> DTypeRule:
     )
 
 
+def _block_format(ca: CudaArray):
+    for f in BLOCK_SCALED.values():
+        if f.element_type(ca.dtype) is not None:
+            return f
+    return None
+
+
+def _block_scaled_format(A, B, scale_a, scale_b):
+    """The BlockScaledFormat of (a, b, scale_a, scale_b), or None for an ordinary call."""
+    for nm, x in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool):
+            raise NotImplementedError(
+                f"{nm} = {x!r}: per-tensor FP8 scales are not implemented yet; numbatc.gemm "
+                "takes block scales (MXFP8: (rows, K/32) ue8m0, NVFP4: (rows, K/16) ue4m3) for "
+                "float8 / packed float4 inputs on sm_100"
+            )
+    fa, fb = _block_format(A), _block_format(B)
+    if fa is None and fb is None:
+        if scale_a is not None or scale_b is not None:
+            raise TypeError(
+                f"scale_a/scale_b are block scales for MXFP8 (float8_e4m3fn / float8_e5m2) or "
+                f"NVFP4 (float4_e2m1fn_x2, numbatc.float4_e2m1) inputs; a is {A.dtype} and b is "
+                f"{B.dtype}"
+            )
+        return None
+    if fa is not fb:
+        raise TypeError(
+            f"a is {A.dtype} but b is {B.dtype}: block-scaled inputs are both MXFP8 "
+            "(float8_e4m3fn or float8_e5m2, either mix) or both NVFP4 (float4_e2m1fn_x2)"
+        )
+    if scale_a is None or scale_b is None:
+        raise TypeError(
+            f"{fa.name.upper()} inputs ({A.dtype} x {B.dtype}) need block scales: scale_a "
+            f"(M, K/{fa.block}) and scale_b (N, K/{fa.block}), {fa.scale_format}; per-tensor "
+            "FP8 scaling is not implemented yet"
+        )
+    return fa
+
+
+def _check_scales(fmt, SA, SB, m, n, k):
+    """Shapes and dtypes of block scales for an (m, n, k) problem (k in values)."""
+    if k % 32:
+        what = f"K = 2 * a.shape[1] = {k}" if fmt.per_byte == 2 else f"K = {k}"
+        raise ValueError(
+            f"{fmt.name.upper()} needs K to be a multiple of 32 (the {fmt.block}-value scale "
+            f"blocks and 16-byte rows for TMA); {what}"
+        )
+    blocks = k // fmt.block
+    for nm, ca, rows, what in (("scale_a", SA, m, "M"), ("scale_b", SB, n, "N")):
+        if ca.shape != (rows, blocks):
+            extra = (" (per-tensor scales are not implemented yet)"
+                     if ca.ndim == 0 or ca.size == 1 else "")
+            raise ValueError(
+                f"{nm} must have shape ({what}, K/{fmt.block}) = ({rows}, {blocks}) for "
+                f"{fmt.name.upper()}, got {ca.shape}{extra}"
+            )
+        if ca.dtype not in fmt.scales:
+            if fmt.name == "mxfp8":
+                want = ("ue8m0 exponents: uint8 (e means 2**(e - 127)) or float8_e8m0fnu")
+            else:
+                want = ("ue4m3: float8_e4m3fn (torch, ml_dtypes, or numbatc.float8_e4m3(<uint8 "
+                        "array>)), sign bit clear")
+            raise TypeError(f"{nm} has dtype {ca.dtype}; {fmt.name.upper()} scales are {want}")
+
+
+def _check_block_scaled_gpu(fmt, cc):
+    """ValueError unless the GPU is compute capability 10.x (or the emulation is told to run
+    the sm100 kernels with NUMBATC_GEMM_KERNEL=sm100)."""
+    if cc is None or tuple(cc)[0] == 10:
+        return
+    import os
+
+    from numba import config
+
+    if config.ENABLE_CUDASIM and os.environ.get("NUMBATC_GEMM_KERNEL", "").startswith("sm100"):
+        return
+    raise ValueError(
+        f"block-scaled GEMM ({fmt.name.upper()}) needs sm_100 (Blackwell, compute capability "
+        f"10.x); this GPU is sm_{cc[0]}{cc[1]}"
+    )
+
+
+def _check_k_major(fmt, op_a, op_b):
+    if op_a.layout != "row":
+        raise ValueError(
+            f"{fmt.name.upper()} GEMM reads a K-major: a (M, K) row-major; a is column-major "
+            "(make it contiguous first)"
+        )
+    if op_b.layout != "col":
+        raise ValueError(
+            f"{fmt.name.upper()} GEMM reads b K-major: (K, N) column-major, e.g. w.T of a "
+            "row-major (N, K) weight; b is row-major (pass w.T, or b.T.contiguous().T)"
+        )
+
+
 def _check_activation(activation):
     if activation is None or (isinstance(activation, str) and activation in ACTIVATIONS):
         return activation
@@ -298,7 +439,7 @@ def _check_epilogue(epilogue, epilogue_args):
 
 
 def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=None,
-         out_dtype=None, epilogue=None, epilogue_args=()):
+         out_dtype=None, epilogue=None, epilogue_args=(), scale_a=None, scale_b=None):
     """``activation(alpha * (a @ b) + beta * c + bias)``, accumulated in float32.
 
     a (M, K) and b (K, N): CUDA arrays of any library (Numba, CuPy, PyTorch, anything with
@@ -314,13 +455,28 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
     is compiled for it (once per process).  ``epilogue_args`` are extra CUDA arrays (or numbers)
     it receives, e.g. a residual to add: ``fn(v, r, c, res): return v + res[r, c]``.
 
+    Block-scaled inputs (sm_100 / Blackwell only, compute capability 10.x; see BLOCK_SCALED):
+    MXFP8 -- a (M, K), b (K, N) float8_e4m3fn or float8_e5m2 (torch or ml_dtypes dtypes, or
+    ``numbatc.float8_e4m3(<uint8 array>)`` / ``numbatc.float8_e5m2(...)``), ``scale_a``
+    (M, K/32) and ``scale_b`` (N, K/32) ue8m0 exponents (uint8 e meaning 2**(e - 127), or
+    float8_e8m0fnu); NVFP4 -- a (M, K/2), b (K/2, N) bytes of packed e2m1, two values a byte,
+    the lower K index in the low nibble (torch.float4_e2m1fn_x2 or
+    ``numbatc.float4_e2m1(<uint8 array>)``), K = 2 * a.shape[1], ``scale_a`` (M, K/16) and
+    ``scale_b`` (N, K/16) ue4m3 (float8_e4m3fn, sign clear). Then a @ b is
+    sum_k a[m, k] * scale_a[m, k // block] * b[k, n] * scale_b[n, k // block]; a must be
+    row-major and b column-major (K-major: ``w.T`` of a row-major (N, K) weight), K a multiple
+    of 32; the output is bfloat16 (default), float16 or float32 with the same c, bias,
+    activation and epilogue. NOTE: never run on Blackwell hardware (checked by assembling for
+    sm_100a and in the CPU emulation). Per-tensor FP8 scales are not implemented.
+
     Returns an array of a's library (a ``numbatc.bfloat16`` view for marked inputs) of dtype
     ``out_dtype`` (default: the input dtype; 'float32' on request), or ``out`` written in place
     (it must not overlap a, b or bias; it may be c itself). Runs on the caller's current stream
     (torch's or CuPy's, else Numba's default). M or N == 0 gives an empty result; K == 0 gives
     activation(beta * c + bias) (zeros without c and bias).
     """
-    if _FAST and epilogue is None and type(epilogue_args) is tuple and not epilogue_args:
+    if (_FAST and epilogue is None and type(epilogue_args) is tuple and not epilogue_args
+            and scale_a is None and scale_b is None):
         try:
             key, ptrs = _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype)
             warm = None if key is None else _FAST.get(key)
@@ -331,14 +487,15 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
             if result is not _MISS:
                 return result
     result, problem, relaunch = _gemm_checked(
-        a, b, c, alpha, beta, bias, activation, out, out_dtype, epilogue, epilogue_args)
+        a, b, c, alpha, beta, bias, activation, out, out_dtype, epilogue, epilogue_args,
+        scale_a, scale_b)
     if relaunch is not None:
         _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, problem, relaunch)
     return result
 
 
 def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilogue,
-                  epilogue_args):
+                  epilogue_args, scale_a=None, scale_b=None):
     """The whole call: check -> allocate -> launch; (result, GemmProblem or None, the relaunch
     function launch_gemm returned or None)."""
     # --- operands: library, dtype, shape -----------------------------------------------------
@@ -352,7 +509,16 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
             f"inner dimensions differ: a is (M, K) = {A.shape} but b is (K, N) = {B.shape}; "
             "a.shape[1] must equal b.shape[0]"
         )
-    rule = _rule_for(A, B)
+    fmt = _block_scaled_format(A, B, scale_a, scale_b)
+    SA = SB = None
+    if fmt is None:
+        rule = _rule_for(A, B)
+    else:
+        k *= fmt.per_byte  # NVFP4: two values a byte
+        rule = fmt.rule(A.dtype, B.dtype)
+        SA = _interop.as_cuda_array(scale_a, "scale_a")
+        SB = _interop.as_cuda_array(scale_b, "scale_b")
+        _check_scales(fmt, SA, SB, m, n, k)
     activation = _check_activation(activation)
     epilogue, eargs = _check_epilogue(epilogue, epilogue_args)
     alpha = _real("alpha", alpha)
@@ -400,13 +566,15 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
 
     # --- device -------------------------------------------------------------------------------
     arrays = [x for x in eargs if isinstance(x, _interop.CudaArray)]
-    device = _interop.same_device(A, B, C, BIAS, OUT, *arrays,
-                                  names=("a", "b", "c", "bias", "out",
+    device = _interop.same_device(A, B, C, BIAS, OUT, SA, SB, *arrays,
+                                  names=("a", "b", "c", "bias", "out", "scale_a", "scale_b",
                                          *(f"epilogue_args[{i}]" for i in range(len(arrays)))))
     cc = None
     if device is not None:
         cc = _device_capability(device)
-        if tuple(cc) < rule.min_cc:
+        if fmt is not None:
+            _check_block_scaled_gpu(fmt, cc)
+        elif tuple(cc) < rule.min_cc:
             need = "%d.%d" % rule.min_cc
             raise ValueError(
                 f"numbatc.gemm needs a GPU of compute capability {need} (sm_{need.replace('.', '')}, "
@@ -414,13 +582,19 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
             )
 
     # --- layouts and aliasing -------------------------------------------------------------------
-    op_a = _matrix("a", A, m, k)
-    op_b = _matrix("b", B, k, n)
+    op_a = _matrix("a", A, m, A.shape[1])  # NVFP4: bytes
+    op_b = _matrix("b", B, B.shape[0], n)
+    op_sa = op_sb = None
+    if fmt is not None:
+        _check_k_major(fmt, op_a, op_b)
+        op_sa = _matrix("scale_a", SA, m, SA.shape[1])
+        op_sb = _matrix("scale_b", SB, n, SB.shape[1])
     op_c = _matrix("c", C, m, n) if C is not None else None
     op_bias = _vector("bias", BIAS) if BIAS is not None else None
     if OUT is not None:
         op_out = _matrix("out", OUT, m, n, writable=True)
-        for nm, other in (("a", A), ("b", B), ("bias", BIAS), ("c", C if beta != 0.0 else None)):
+        for nm, other in (("a", A), ("b", B), ("bias", BIAS), ("c", C if beta != 0.0 else None),
+                          ("scale_a", SA), ("scale_b", SB)):
             if other is None or not OUT.shares_memory(other):
                 continue
             if nm == "c" and (C.ptr, C.strides) == (OUT.ptr, OUT.strides):
@@ -447,6 +621,7 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
         b_dtype=B.dtype, out_dtype=odt, bias_dtype=None if BIAS is None else BIAS.dtype,
         acc_dtype=rule.acc, device=device if device is not None else OUT.device, cc=cc,
         stream_handle=_interop.stream_handle(A), epilogue=epilogue, epilogue_args=eargs,
+        block_scaled=fmt, scale_a=op_sa, scale_b=op_sb,
     )
     if k == 0 and epilogue is None:
         _epilogue_without_product(problem)

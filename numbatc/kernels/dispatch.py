@@ -231,6 +231,73 @@ def _launch_sm100(p, cfg, var):
     return None
 
 
+def _scaled_config(p, choice):
+    """The sm100_scaled_gemm config for a block-scaled problem: ``NUMBATC_GEMM_KERNEL=sm100:<name>``
+    or 128x256 tiles when N > 128, else 128x128.  Block-scaled problems have no other kernel:
+    anything but compute capability 10.x (or the emulation forced with =sm100) is refused."""
+    from numbatc.kernels import sm100_scaled_gemm
+
+    fmt = p.block_scaled.name
+    family, _, name = choice.partition(":")
+    blackwell = p.cc is not None and tuple(p.cc)[0] == 10
+    if not blackwell and not (_EMULATED and family == "sm100"):
+        cc = f"sm_{p.cc[0]}{p.cc[1]}" if p.cc else "unknown"
+        raise ValueError(f"block-scaled GEMM ({fmt.upper()}) needs sm_100 (Blackwell); this GPU "
+                         f"is {cc}")
+    if family and family != "sm100":
+        raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: block-scaled ({fmt.upper()}) GEMM runs "
+                         "on sm100 only")
+    names = sorted(n for n, c in sm100_scaled_gemm.CONFIGS.items() if c.fmt == fmt)
+    name = name or f"{fmt}_128x{256 if p.n > 128 else 128}_{4 if p.n > 128 else 6}s"
+    if name not in names:
+        raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: no sm100 {fmt.upper()} config {name!r}; "
+                         f"choose from {names}")
+    return sm100_scaled_gemm.CONFIGS[name]
+
+
+def _launch_block_scaled(p):
+    """sm100_scaled_gemm's launch (NOTE: never run on Blackwell hardware): tensor maps of A and
+    B (packed first where not 16-byte aligned), the scales rearranged into their chunk buffers,
+    c, bias and out as for the other kernels.  No warm relaunch."""
+    from numbatc.kernels import sm100_scaled_gemm as sg
+
+    cfg = _scaled_config(p, os.environ.get("NUMBATC_GEMM_KERNEL", ""))
+    fmt = p.block_scaled
+    if p.k == 0:
+        raise NotImplementedError("block-scaled GEMM with K == 0 and a user epilogue")
+    var = sg.ScaledVariant(
+        fmt.name, fmt.element_type(p.in_dtype), fmt.element_type(p.b_dtype), p.out_dtype,
+        p.c.dtype if p.c is not None else None, p.bias_dtype, p.activation, p.out.layout,
+        p.c.layout if p.c is not None else "row", p.epilogue, len(p.epilogue_args))
+    if os.environ.get("NUMBATC_PRINT_CONFIG"):
+        print(f"numbatc.gemm M={p.m} N={p.n} K={p.k}: sm100_scaled_gemm {cfg.name} "
+              f"{p.in_dtype} x {p.b_dtype} ({fmt.name}) -> {p.out_dtype}"
+              f"{' +c' if var.c_dtype else ''}{' +bias' if var.bias_dtype else ''}"
+              f"{' ' + var.activation if var.activation else ''}", file=sys.stderr)
+    keep = []
+    out = _pointer(p.out, keep)
+    a_view, _ = _aligned_view(p.a, p.stream)
+    b_view, _ = _aligned_view(p.b, p.stream)
+    ta, tb = sg.tensor_maps(cfg, a_view, b_view)
+    groups_a, groups_b = sg.chunk_groups(cfg, p.m, p.n)
+    k_tiles = (p.k + cfg.bk - 1) // cfg.bk
+    sfa = sg.scale_chunks(p.scale_a.view, groups_a, k_tiles, cfg.chunks, stream=p.stream)
+    sfb = sg.scale_chunks(p.scale_b.view, groups_b, k_tiles, cfg.chunks, stream=p.stream)
+    keep += [ta, tb, a_view, b_view, sfa, sfb]
+    c = _pointer(p.c, keep) if p.c is not None else out
+    bias = _pointer(p.bias, keep) if p.bias is not None else out
+    extra = {}
+    if p.epilogue is not None:
+        from numbatc._interop import CudaArray, kernel_view
+
+        extra["epilogue_args"] = tuple(kernel_view(x) if isinstance(x, CudaArray) else x
+                                       for x in p.epilogue_args)
+    sg.launch(cfg, var, ta.device, tb.device, sfa, sfb, c, bias, out, p.m, p.n, p.k,
+              p.c.ld if p.c is not None else 0, p.out.ld, p.alpha, p.beta,
+              stream=p.stream if _EMULATED else p.stream_handle, **extra)
+    return None
+
+
 def launch_gemm(p):
     """Launch the GEMM for problem ``p`` (m, n >= 1; k >= 1, or 0 with a user epilogue: the
     kernel's main loop then runs no k tile) on its stream.
@@ -240,7 +307,10 @@ def launch_gemm(p):
     those equal (shapes, strides, dtypes, layouts, flags, device; c_ptr and bias_ptr are out_ptr
     when absent), or None where there is none: the emulation, a user epilogue, K == 0, an
     operand that had to be packed (not 16-byte aligned), ``NUMBATC_PRINT_CONFIG`` set (each call
-    prints).  numbatc.gemm caches it (see gemm._FAST)."""
+    prints).  numbatc.gemm caches it (see gemm._FAST).  Block-scaled problems run
+    sm100_scaled_gemm (compute capability 10.x only) and return None."""
+    if p.block_scaled is not None:
+        return _launch_block_scaled(p)
     family, cfg = _kernel_family(p)
     var = _variant(p)
     printing = bool(os.environ.get("NUMBATC_PRINT_CONFIG"))

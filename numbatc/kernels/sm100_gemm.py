@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from numbatc.kernels import sm80_gemm
 
 __all__ = ["Sm100Config", "CONFIGS", "check_variant", "kernel_for", "kernel_source", "launch",
-           "grid_for", "signature"]
+           "grid_for", "signature", "prologue_source", "epilogue_warps_source"]
 
 _THREADS = 192
 _EPILOGUE_WARPS = 4
@@ -144,46 +144,9 @@ IDESC = np.uint32({idesc:#x})  # kind::f16, {ptx} x {ptx} -> f32, M={BM}, N={BN}
 @cuda.jit(cache={var.epilogue is None}, launch_bounds=({_THREADS}, 1))
 def gemm_kernel(tma_a, tma_b, c, bias, out, M, N, K, ldc, ldo, alpha, beta, group_m{ea}):
     # {S} stages of [A ({BM}, {BK}) | B ({BN}, {BK})] {var.in_dtype}, K-major, 128B swizzle,
-    # {cfg.stage_bytes} bytes each ({words} words)
-    smem = cuda.shared.array(0, np.uint32, alignment=1024)
-    # full[s] = bars[s] (the TMA bytes), empty[s] = bars[{S} + s] (tcgen05.commit after the
-    # stage's MMAs), acc = bars[{2 * S}] (tcgen05.commit after the last MMA)
-    bars = cuda.shared.array({2 * S + 1}, np.uint64, alignment=8)
-    slot = cuda.shared.array(1, np.uint32)  # the TMEM address tcgen05.alloc writes
-    t = cuda.threadIdx.x
-    warp = t // 32
-    lane = t % 32
-
-    # Rasterisation: blocks walk GROUP_M tile-rows at a time so that neighbours share B in L2.
-    pid = cuda.blockIdx.x
-    tiles_m = (M + {BM - 1}) // {BM}
-    tiles_n = (N + {BN - 1}) // {BN}
-    in_group = group_m * tiles_n
-    first_m = (pid // in_group) * group_m
-    size_m = min(tiles_m - first_m, group_m)
-    m0 = (first_m + (pid % in_group) % size_m) * {BM}
-    n0 = ((pid % in_group) // size_m) * {BN}
-    k_tiles = (K + {BK - 1}) // {BK}
-
-    # ---- prologue: barriers, tensor memory -------------------------------------------------
-    if t == 0:
-        for s in range({S}):
-            nt.mbarrier_init(bars, s, 1)
-            nt.mbarrier_init(bars, {S} + s, 1)
-        nt.mbarrier_init(bars, {2 * S}, 1)
-        nt.fence_mbarrier_init()
-    if warp == 0:
-        nt.tcgen05_alloc(slot, 0, {BN})  # 128 lanes x {BN} f32 columns: the accumulator
-        nt.tcgen05_relinquish_alloc_permit()
-    nt.tcgen05_fence_before_thread_sync()
-    cuda.syncthreads()
-    nt.tcgen05_fence_after_thread_sync()
-    d = slot[0]
-
-    # Phase bookkeeping as sm90_gemm: k tile kt uses stage s = kt % {S} in round r = kt // {S};
-    # the producer waits for empty[s] with parity (r + 1) & 1 (a fresh barrier passes at once),
-    # the MMA thread for full[s] with parity r & 1.
-    if warp == {_PRODUCER_WARP}:
+    # {cfg.stage_bytes} bytes each ({words} words)''')
+    prologue_source(w, cfg, BK, BN, f"128 lanes x {BN} f32 columns: the accumulator")
+    w(f'''    if warp == {_PRODUCER_WARP}:
         # ---- producer: one thread issues the TMA loads ---------------------------------------
         if lane == 0:
             for kt in range(k_tiles):
@@ -207,6 +170,61 @@ def gemm_kernel(tma_a, tma_b, c, bias, out, M, N, K, ldc, ldo, alpha, beta, grou
         w(f"                MMA(d, nt.umma_smem_desc(smem, base + {a_off}, {la.lbo}, {la.sbo}, "
           f"{_SWIZZLE}), nt.umma_smem_desc(smem, base + {b_off}, {lb.lbo}, {lb.sbo}, "
           f"{_SWIZZLE}), IDESC, {acc})")
+    epilogue_warps_source(w, cfg, BN, ea)
+    return "\n".join(lines) + "\n"
+
+
+def prologue_source(w, cfg, bk, tmem_cols, what):
+    """Emit (through ``w``) the first part of a warp-specialised sm100 kernel's body, shared by
+    sm100_gemm and sm100_scaled_gemm: shared memory and barriers, the tile's (m0, n0) after
+    GROUP_M rasterisation, ``k_tiles`` for a K tile of ``bk`` elements, barrier init and the
+    allocation of ``tmem_cols`` TMEM columns (``what``: the comment saying what they hold)."""
+    BM, BN, S = cfg.bm, cfg.bn, cfg.stages
+    w(f'''    smem = cuda.shared.array(0, np.uint32, alignment=1024)
+    # full[s] = bars[s] (the TMA bytes), empty[s] = bars[{S} + s] (tcgen05.commit after the
+    # stage's MMAs), acc = bars[{2 * S}] (tcgen05.commit after the last MMA)
+    bars = cuda.shared.array({2 * S + 1}, np.uint64, alignment=8)
+    slot = cuda.shared.array(1, np.uint32)  # the TMEM address tcgen05.alloc writes
+    t = cuda.threadIdx.x
+    warp = t // 32
+    lane = t % 32
+
+    # Rasterisation: blocks walk GROUP_M tile-rows at a time so that neighbours share B in L2.
+    pid = cuda.blockIdx.x
+    tiles_m = (M + {BM - 1}) // {BM}
+    tiles_n = (N + {BN - 1}) // {BN}
+    in_group = group_m * tiles_n
+    first_m = (pid // in_group) * group_m
+    size_m = min(tiles_m - first_m, group_m)
+    m0 = (first_m + (pid % in_group) % size_m) * {BM}
+    n0 = ((pid % in_group) // size_m) * {BN}
+    k_tiles = (K + {bk - 1}) // {bk}
+
+    # ---- prologue: barriers, tensor memory -------------------------------------------------
+    if t == 0:
+        for s in range({S}):
+            nt.mbarrier_init(bars, s, 1)
+            nt.mbarrier_init(bars, {S} + s, 1)
+        nt.mbarrier_init(bars, {2 * S}, 1)
+        nt.fence_mbarrier_init()
+    if warp == 0:
+        nt.tcgen05_alloc(slot, 0, {tmem_cols})  # {what}
+        nt.tcgen05_relinquish_alloc_permit()
+    nt.tcgen05_fence_before_thread_sync()
+    cuda.syncthreads()
+    nt.tcgen05_fence_after_thread_sync()
+    d = slot[0]
+
+    # Phase bookkeeping as sm90_gemm: k tile kt uses stage s = kt % {S} in round r = kt // {S};
+    # the producer waits for empty[s] with parity (r + 1) & 1 (a fresh barrier passes at once),
+    # the MMA thread for full[s] with parity r & 1.''')
+
+
+def epilogue_warps_source(w, cfg, tmem_cols, ea):
+    """Emit the end of the kernel body after the MMA thread's k loop (inside ``if lane == 0``
+    of the MMA warp): the accumulator commit, the epilogue warps (tcgen05.ld 32x32b of the
+    BN accumulator columns, sm80_gemm's store_pair) and the TMEM teardown."""
+    BN, S = cfg.bn, cfg.stages
     w(f'''                nt.tcgen05_commit(bars, {S} + s)  # stage s free once these MMAs have read it
             nt.tcgen05_commit(bars, {2 * S})  # the accumulator is complete
     else:
@@ -227,9 +245,8 @@ def gemm_kernel(tma_a, tma_b, c, bias, out, M, N, K, ldc, ldo, alpha, beta, grou
     nt.tcgen05_fence_before_thread_sync()
     cuda.syncthreads()
     if warp == 0:
-        nt.tcgen05_dealloc(d, {BN})
+        nt.tcgen05_dealloc(d, {tmem_cols})
 ''')
-    return "\n".join(lines) + "\n"
 
 
 @functools.cache
