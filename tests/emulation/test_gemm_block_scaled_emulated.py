@@ -123,16 +123,23 @@ def test_numbatc_gemm_mxfp8_mixed_with_the_fused_epilogue(monkeypatch, capsys):
     check(got, ref, 1.5 * mag + 1, "bfloat16")
 
 
-def test_numbatc_gemm_nvfp4_float16_out(monkeypatch):
+@cuda.jit(device=True)
+def residual(v, r, c, res):
+    return v + res[r, c]
+
+
+def test_numbatc_gemm_nvfp4_float16_out_with_a_user_epilogue(monkeypatch):
     monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm100")
     gen = np.random.default_rng()
     m, n, k = 1, 24, 96  # one row; K = 96: a partial k tile of 256
     a, w, sa, sb, ref, mag = problem(gen, "nvfp4", m, n, k)
+    res = gen.standard_normal((m, n)).astype(np.float32)
     out = numbatc.gemm(numbatc.float4_e2m1(cuda.to_device(a)),
                        numbatc.float4_e2m1(transpose_view(cuda.to_device(w))),
                        scale_a=numbatc.float8_e4m3(cuda.to_device(sa)),
-                       scale_b=numbatc.float8_e4m3(cuda.to_device(sb)), out_dtype="float16")
-    check(out.copy_to_host().astype(np.float64), ref, mag, "float16")
+                       scale_b=numbatc.float8_e4m3(cuda.to_device(sb)), out_dtype="float16",
+                       epilogue=residual, epilogue_args=(cuda.to_device(res),))
+    check(out.copy_to_host().astype(np.float64), ref + res, mag + 1, "float16")
 
 
 def test_ml_dtypes_arrays_and_e8m0_scales(monkeypatch):
