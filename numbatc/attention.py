@@ -218,7 +218,47 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
         dtype=Q.dtype, device=device if device is not None else OUT.device, cc=cc,
         stream_handle=_interop.stream_handle(q),
     )
-    from numbatc.kernels.sm80_attention import launch_attention
-
-    launch_attention(problem)
+    _launch(problem)
     return done
+
+
+def _launch(p: AttentionProblem):
+    """Pick the kernel family and launch.
+
+    ``NUMBATC_ATTN_KERNEL=sm90[:<config>]`` opts in to the Hopper kernel (sm90_attention: wgmma,
+    warp-specialised, FlashAttention-3 style) on compute capability 9.0 for head_dim 64 and 128
+    (and in the CPU emulation, which stands in for sm_90a); every other problem, and every
+    problem without the opt-in, runs the portable kernel (sm80_attention).  ``=sm80`` forces
+    that.  ``NUMBATC_PRINT_CONFIG=1`` prints the choice (and why sm90 was not taken).
+    NOTE: opt-in until the kernel has run on the H200; it then becomes the Hopper default."""
+    import os
+    import sys
+
+    from numbatc.kernels import sm80_attention, sm90_attention
+
+    choice = os.environ.get("NUMBATC_ATTN_KERNEL", "")
+    family, _, name = choice.partition(":")
+    if choice and family not in ("sm80", "sm90") or family == "sm80" and name:
+        raise ValueError(f"NUMBATC_ATTN_KERNEL={choice!r}: choose sm80 or sm90[:<config>]")
+    if name and name not in sm90_attention.CONFIGS:
+        raise ValueError(f"NUMBATC_ATTN_KERNEL={choice!r}: no sm90 config {name!r}; choose from "
+                         f"{sorted(sm90_attention.CONFIGS)}")
+    printing = bool(os.environ.get("NUMBATC_PRINT_CONFIG"))
+    hopper = p.cc is not None and tuple(p.cc)[:2] == (9, 0)
+    if family != "sm90":
+        reason = "NUMBATC_ATTN_KERNEL=sm80" if family == "sm80" else "opt-in: NUMBATC_ATTN_KERNEL=sm90"
+    elif not hopper:
+        reason = f"compute capability {tuple(p.cc) if p.cc else '?'} is not 9.0"
+    else:
+        reason = sm90_attention.unsupported(p)
+    if reason is None:
+        cfg = sm90_attention.CONFIGS[name] if name else sm90_attention.choose_config(p.head_dim)
+        if printing:
+            print(f"numbatc.attention B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k} Hq={p.heads_q} "
+                  f"Hkv={p.heads_kv} D={p.head_dim}{' causal' if p.causal else ''}: sm90_attention "
+                  f"{cfg.name} {p.dtype}{' +lse' if p.lse is not None else ''}", file=sys.stderr)
+        sm90_attention.launch_attention(p, cfg)
+        return
+    if printing and hopper:
+        print(f"numbatc.attention: sm80_attention, not sm90_attention: {reason}", file=sys.stderr)
+    sm80_attention.launch_attention(p)

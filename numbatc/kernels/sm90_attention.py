@@ -1,0 +1,676 @@
+"""The Hopper attention forward kernel (sm_90a), FlashAttention-3 style: warp-specialised, a
+cp.async producer warpgroup feeding two wgmma consumer warpgroups through mbarriers; S = Q K^T
+and O += P V on the tensor core with the fp32 accumulators in registers; P = softmax(S) never
+leaves the registers (it is the A operand of the second wgmma, RS form).
+
+    block = 384 threads = 3 warpgroups, launch_bounds (384, 1); BLOCK_M = 128 query rows
+      WG0  producer  setmaxnreg.dec 56   Q once, then per key tile: wait k_empty[s] -> cp.async K
+                                         -> arrive k_full[s]; wait v_empty[s] -> V -> v_full[s]
+      WG1  consumer  setmaxnreg.inc 224  rows 0..63 of the block, WG2 rows 64..127; per key tile:
+      WG2  consumer                      S = Q K^T   wgmma SS m64n{BLOCK_N}k16 (Q, K K-major)
+                                         mask, online softmax (fp32, log2 domain, quad shuffles)
+                                         O += P V    wgmma RS m64n{head_dim}k16 (V MN-major)
+
+Why cp.async and not TMA: as in sm90_gemm, the tensor form of the bulk copy faults on the H200
+this project tests on; each producer thread issues 16-byte ``cp.async`` copies straight into
+their 128B-swizzled places and signals the stage's full barrier with
+``cp.async.mbarrier.arrive.noinc`` (fires once all of its earlier copies have landed).  Rows past
+the end of the sequence are zero-filled (0 source bytes): a zero K row gives a score that the mask
+replaces with -inf, a zero V row contributes 0 * 0.
+
+Shared memory (dynamic, 1024-byte aligned; every tile on a 1024-byte boundary, so descriptors
+have base offset 0), with D = head_dim (64 or 128) and BN = BLOCK_N:
+
+    Q    2 parts (one per consumer) of (64, D) K-major, 128B swizzle      2 x 64 * D * 2 bytes
+    K    ``stages`` x (BN, D) K-major (keys = the wgmma N index)            BN * D * 2 each
+    V    ``stages`` x (BN keys, D) MN-major (D = the wgmma N index,        BN * D * 2 each
+         contiguous): 8-key atoms of 8 x 128 B along D, trans-b 1
+
+(intrinsics.wgmma.SmemLayout gives the byte layouts, the descriptors' LBO/SBO and K steps; for
+D = 64 both K and V tiles are simply 128-byte rows, swizzled.)
+
+Register fragments: the m64nBN f32 accumulator of S holds, in thread (warp w, lane l), rows
+16w + l/4 (+8) and columns 8j + 2(l%4) (+1) in registers 4j..4j+3
+(intrinsics.wgmma.accumulator_coords); the RS A fragment of k16 step c
+(intrinsics.wgmma.a_fragment_coords) holds the same rows and columns 16c + 2(l%4) (+1, +8, +9),
+so packing S registers 8c..8c+7 pairwise to bf16/f16 (low half = even column) *is* the A operand
+of keys 16c..16c+15: no shuffle, no shared memory.
+
+Scheduling: ``overlap=False`` configurations run each tile's two GEMMs and softmax in order.
+``overlap=True`` ones (``_ov``) are FlashAttention-3's intra-warpgroup pipeline: the wgmma of
+S(n) = Q K(n)^T and that of O += P(n-1) V(n-1) are issued back to back, the consumer waits for
+S(n) only (``wgmma_wait_group(1)``) and computes softmax(S(n)) while P(n-1) V(n-1) runs on the
+tensor core; O is rescaled once that group retired.  (The inter-warpgroup ping-pong of FA3, where
+named barriers make WG1's softmax overlap WG2's GEMMs, needs a ``bar.sync id, count``
+intrinsic this project does not have yet.)
+
+Causal (bottom-right aligned, query i sees keys j <= i + Sk - Sq): a block loads the key tiles
+its last row sees; each consumer computes the tiles its own rows see and only waits for and
+releases the others; only tiles that cross the diagonal or the end of the keys run the masks.
+GQA: query head h reads key/value head h // group.  The kernel is generated Python source per
+(configuration, variant), cached on disk like sm80_gemm's, launched through intrinsics.launch
+(setmaxnreg: whole-program JIT).
+"""
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from numbatc.kernels import sm80_attention
+from numbatc.kernels.sm80_gemm import load_generated
+
+__all__ = ["Sm90AttnConfig", "CONFIGS", "HEAD_DIMS", "choose_config", "kernel_for",
+           "kernel_source", "launch", "launch_attention", "shared_bytes", "signature",
+           "unsupported"]
+
+AttnVariant = sm80_attention.AttnVariant
+LOG2E = sm80_attention.LOG2E
+#: head dims this kernel implements (others stay on sm80_attention)
+HEAD_DIMS = (64, 128)
+
+_THREADS_PER_WG = 128
+_SWIZZLE = 128
+_BM = 128  # query rows per block: 64 per consumer warpgroup
+# NOTE: ptxas puts the 1024-aligned dynamic window after the static mbarriers, at 1024.
+_STATIC_SHARED = 1024
+_POOL = 65536 // 384 // 8 * 8 * 384  # registers a (384, 1)-bounded block is launched with
+
+
+@dataclass(frozen=True)
+class Sm90AttnConfig:
+    """BLOCK_N keys per tile, the depth of the K and V rings, whether softmax overlaps the P V
+    wgmma of the previous tile (see the module docstring), and the setmaxnreg register counts."""
+
+    name: str
+    block_n: int
+    stages: int = 2
+    overlap: bool = False
+    # NOTE: sm90_gemm's 40/232 split spilled 8-16 bytes in this producer (it keeps K's and V's
+    # pointers, strides and positions across the key loop); 56/224 spills nothing in the
+    # overlapped kernel, whose consumers use up to R206 at head_dim 128 (ptxas, whole-program).
+    producer_regs: int = 56
+    consumer_regs: int = 224
+
+    def __post_init__(self):
+        problems = []
+        if self.block_n not in (64, 128, 192):
+            problems.append(f"block_n must be 64, 128 or 192, got {self.block_n}")
+        if self.stages < 2:
+            problems.append(f"stages must be >= 2, got {self.stages}")
+        # NOTE: the pool setmaxnreg redistributes is what the block was launched with: 65536 /
+        # 384 rounded down to a multiple of 8 = 168 per thread, 64512 in all (not 65536); an
+        # .inc that asks for more than the pool holds waits forever.
+        regs = (self.producer_regs + 2 * self.consumer_regs) * _THREADS_PER_WG
+        if regs > _POOL:
+            problems.append(f"setmaxnreg {self.producer_regs}/{self.consumer_regs} needs {regs} "
+                            f"registers, more than the block's {_POOL} (168 per thread)")
+        if problems:
+            raise ValueError(f"invalid sm90 attention config {self.name}: " + "; ".join(problems))
+
+    @property
+    def threads(self):
+        return 3 * _THREADS_PER_WG
+
+    @property
+    def block_m(self):
+        return _BM
+
+
+def shared_bytes(cfg: Sm90AttnConfig, head_dim: int) -> int:
+    """Dynamic shared memory: Q, then K x stages, then V x stages."""
+    return (_BM + 2 * cfg.stages * cfg.block_n) * head_dim * 2
+
+
+CONFIGS = {
+    c.name: c
+    for c in (
+        # NOTE: ptxas's producer allocation is fickle: the in-order kernel at head_dim 128
+        # spills 8 bytes in the producer with 56/224 (and 4 with 72/216) but none with 64/216;
+        # tests/test_sm90_attention_compile.py holds every config to 0.
+        Sm90AttnConfig("n128_2s", 128, producer_regs=64, consumer_regs=216),
+        Sm90AttnConfig("n128_2s_ov", 128, overlap=True),
+        Sm90AttnConfig("n64_2s", 64, producer_regs=64, consumer_regs=216),
+        Sm90AttnConfig("n64_2s_ov", 64, overlap=True),
+        Sm90AttnConfig("n128_3s_ov", 128, stages=3, overlap=True),
+    )
+}
+
+
+def check_fits(cfg: Sm90AttnConfig, head_dim: int):
+    nbytes = shared_bytes(cfg, head_dim) + _STATIC_SHARED
+    if nbytes > 227 * 1024:
+        raise ValueError(f"sm90 attention config {cfg.name} at head_dim {head_dim} needs "
+                         f"{nbytes} bytes of shared memory, more than 227 KB")
+
+
+def choose_config(head_dim: int) -> Sm90AttnConfig:
+    """The configuration for a head dim (``NUMBATC_ATTN_KERNEL=sm90:<name>`` forces one).
+
+    BLOCK_N = 128 for both head dims (FA3's tile for 64 and 128): the consumers hold O (D / 2
+    registers), S (64) and P (32), which fits 232 registers (see tests/test_sm90_attention_compile
+    for ptxas's counts).  Unmeasured on the GPU: the overlapped schedule is the default because
+    it is FA3's, not because it was timed here."""
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"sm90_attention implements head_dim {HEAD_DIMS}, got {head_dim}")
+    return CONFIGS["n128_2s_ov"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Source generation
+# ---------------------------------------------------------------------------------------------
+
+_PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
+
+
+def _tup(items):
+    """Source of a tuple of ``items``.  NOTE: a literal tuple of more than 30 values compiles
+    (CPython 3.11) to BUILD_LIST + LIST_TO_TUPLE, which numba's IR peephole rejects; a sum of
+    16-value tuples types as one UniTuple and folds away."""
+    parts = [items[i:i + 16] for i in range(0, len(items), 16)]
+    return " + ".join("(" + ", ".join(p) + ",)" for p in parts)
+
+
+def _tree(op, terms):
+    """Source of a balanced reduction (shorter dependency chains than a left fold)."""
+    terms = list(terms)
+    while len(terms) > 1:
+        nxt = [f"{op}({terms[i]}, {terms[i + 1]})" if op != "+" else f"({terms[i]} + {terms[i + 1]})"
+               for i in range(0, len(terms) - 1, 2)]
+        if len(terms) % 2:
+            nxt.append(terms[-1])
+        terms = nxt
+    return terms[0]
+
+
+def _layouts(cfg, D):
+    from intrinsics.wgmma import SmemLayout
+
+    return (SmemLayout("K", _SWIZZLE, 64, D, 2),             # Q part of one consumer
+            SmemLayout("K", _SWIZZLE, cfg.block_n, D, 2),    # K stage
+            SmemLayout("MN", _SWIZZLE, D, cfg.block_n, 2))   # V stage (mn = D, k = keys)
+
+
+def _loader(w, name, rows, D, delta):
+    """Emit ``load_<name>``: one producer thread's 16-byte cp.async copies of a (rows, D) tile.
+
+    Thread p copies chunk j = p % (D/8) of rows r0 + i * STEP (r0 = p // (D/8) < STEP = 128 /
+    (D/8), a multiple of 8): in every layout here the shared offset of copy i is the thread's
+    swizzled base ``d`` plus a constant ``delta(i * STEP)`` (the 128B swizzle depends on the row
+    mod 8 only), and the global index advances by STEP rows per copy.
+
+    NOTE: as in sm90_gemm's loaders, the producer runs in few registers and LLVM's LICM would
+    hoist per-copy invariants out of the key loop (and spill them): STEP * ld and the rows left
+    pass through ``wgmma_fence_operand`` (an empty volatile asm, opaque to LLVM) so that
+    everything derived from them is computed per tile."""
+    cpr = D // 8
+    step = _THREADS_PER_WG // cpr
+    count = rows // step
+    assert step % 8 == 0 and rows % step == 0, (step, rows)
+    w(f"""
+@cuda.jit(device=True, forceinline=True)
+def load_{name}(smem, d, src, g, ld, rows_left):
+    # ({rows}, {D}) tile: {count} copies of 16 bytes per thread, rows r0 + {step} i; rows at or
+    # past rows_left (counted from r0) are zero-filled
+    row_ld = np.int64(nt.wgmma_fence_operand(np.int32({step} * ld)))
+    left = np.int64(nt.wgmma_fence_operand(np.int32(max(min(rows_left, {rows}), -1))))""")
+    for i in range(count):
+        if i:
+            w("    g += row_ld")
+        w(f"""    if {i * step} < left:
+        CP(smem, d + {delta(i * step)}, src, g, 16)
+    else:
+        CP(smem, d + {delta(i * step)}, src, 0, 0)""")
+
+
+def kernel_source(cfg: Sm90AttnConfig, var: AttnVariant) -> str:
+    """Python source of the kernel for one configuration and variant."""
+    D = var.head_dim
+    if D not in HEAD_DIMS:
+        raise ValueError(f"sm90_attention implements head_dim {HEAD_DIMS}, got {D}")
+    if var.dtype not in _PTX_TYPE:
+        raise ValueError(f"sm90_attention takes bfloat16 or float16, got {var.dtype!r}")
+    check_fits(cfg, D)
+    BN, S = cfg.block_n, cfg.stages
+    ptx = _PTX_TYPE[var.dtype]
+    pack = "nt.pack_bf16x2" if var.dtype == "bfloat16" else "nt.pack_f16x2"
+    q_lay, k_lay, v_lay = _layouts(cfg, D)
+    QPB = q_lay.nbytes  # one consumer's Q part
+    QB = 2 * QPB
+    KB = k_lay.nbytes  # one K (or V) stage
+    VB0 = QB + S * KB  # first V stage
+    NS, NO, KK = BN // 2, D // 2, BN // 16  # S registers, O registers, k16 steps of P V
+    # barrier indices: q_full, k_full[s], v_full[s], k_empty[s], v_empty[s]
+    KF, VF, KE, VE = 1, 1 + S, 1 + 2 * S, 1 + 3 * S
+    lines = []
+    w = lines.append
+    w(f'''"""Generated by numbatc.kernels.sm90_attention for {cfg.name}, {var}. Do not edit."""
+import math
+import numpy as np
+from numba import cuda
+import intrinsics as nt
+
+QK = nt.wgmma_mma_async({BN}, "{ptx}", acc="f32", trans_a=0, trans_b=0)
+PV = nt.wgmma_mma_async({D}, "{ptx}", acc="f32", a_from="reg", trans_b=1)
+CP = nt.cp_async_op(16, zfill=True)
+NEG_INF = np.float32(-np.inf)
+ZERO = np.float32(0)
+LN2 = np.float32({math.log(2.0)!r})
+
+
+@cuda.jit(device=True, forceinline=True)
+def quad_max(x):
+    x = max(x, nt.shfl_bfly(x, 1))
+    return max(x, nt.shfl_bfly(x, 2))
+
+
+@cuda.jit(device=True, forceinline=True)
+def quad_sum(x):
+    x = x + nt.shfl_bfly(x, 1)
+    return x + nt.shfl_bfly(x, 2)
+
+
+@cuda.jit(device=True, forceinline=True)
+def keep(x, col, row, Sk, off):
+    # -inf outside the keys this query sees: col < Sk{" and col <= row + off (causal)" if var.causal else ""}
+    if col >= Sk{" or col > row + off" if var.causal else ""}:
+        return NEG_INF
+    return x
+
+
+@cuda.jit(device=True, forceinline=True)
+def store_pair(out, base, v0, v1):
+    p = {pack}(v0, v1)
+    out[base] = np.uint16(p & 0xFFFF)
+    out[base + 1] = np.uint16(p >> 16)
+''')
+    # Loaders.  Q part p = row // 64 of the block, row % 64 within it; K rows 128 B apart inside
+    # each 64-column half; V: 8-key atoms of D * 16 bytes.
+    _loader(w, "q", _BM, D, lambda r: (r // 64) * QPB + (r % 64) * 128)
+    _loader(w, "k", BN, D, lambda r: r * 128)
+    _loader(w, "v", BN, D, lambda r: (r // 8) * D * 16)
+
+    def softmax(ind, masked_cond, pack_p=True):
+        """Source: mask S (when masked_cond holds), update the running max and sum, P (p_<v>,
+        fp32) and, with pack_p, P as RS A fragments pa_0..; leaves alpha_0, alpha_1 (O's
+        rescale factors for rows g, g + 8)."""
+        out = []
+        o = out.append
+        o(f"{ind}if {masked_cond}:")
+        cols = [f"n0 + tq + {8 * (v // 4) + v % 2}" for v in range(NS)]
+        o(f"{ind}    sacc = " + _tup([f"keep(sacc[{v}], {cols[v]}, row0 + {8 * ((v // 2) % 2)}, "
+                                      "Sk, off)" for v in range(NS)]))
+        for h in range(2):
+            regs = [f"sacc[{v}]" for v in range(NS) if (v // 2) % 2 == h]
+            o(f"{ind}mx = quad_max({_tree('max', regs)}) * scale_log2")
+            o(f"{ind}m_new = max(m_{h}, mx)")
+            o(f"{ind}base_{h} = m_new if m_new != NEG_INF else ZERO  # a row with no key yet")
+            o(f"{ind}alpha_{h} = math.exp2(m_{h} - base_{h})")
+            o(f"{ind}m_{h} = m_new")
+        for v in range(NS):
+            o(f"{ind}p_{v} = math.exp2(sacc[{v}] * scale_log2 - base_{(v // 2) % 2})")
+        for h in range(2):
+            terms = [f"p_{v}" for v in range(NS) if (v // 2) % 2 == h]
+            o(f"{ind}l_{h} = l_{h} * alpha_{h} + {_tree('+', terms)}")
+        if pack_p:
+            out.append(pack_p_source(ind))
+        return "\n".join(out)
+
+    def pack_p_source(ind):
+        """Source: P as RS A fragments (S registers 8c..8c+7 are keys 16c..16c+15)."""
+        out = []
+        for c in range(KK):
+            b = 8 * c
+            out.append(f"{ind}pa_{c} = ({pack}(p_{b}, p_{b + 1}), {pack}(p_{b + 2}, p_{b + 3}), "
+                       f"{pack}(p_{b + 4}, p_{b + 5}), {pack}(p_{b + 6}, p_{b + 7}))")
+        return "\n".join(out)
+
+    def pin(ind, names):
+        """Source: pin registers that ordinary code wrote above the next wgmma_fence.  NOTE:
+        wgmma.fence is a volatile asm, but plain arithmetic (O's rescale, P's conversions, S's
+        mask) is free to sink below it, next to the wgmma that reads it; ptxas then serialises
+        the wgmma (C7513, with C7519 "warpgroup.arrive is injected").  An operand fence is
+        volatile too, so the values are computed above it."""
+        return "\n".join(f"{ind}{x} = nt.wgmma_fence_operand({x})" for x in names)
+
+    P_REGS = [f"pa_{c}" for c in range(KK)]
+
+    def wait_full(ind, bar, stage, parity):
+        return (f"{ind}nt.mbarrier_wait_parity(bars, {bar} + {stage}, {parity})\n"
+                f"{ind}nt.fence_proxy_async_shared()  # cp.async (generic proxy) -> wgmma (async)")
+
+    def qk_mmas(ind):
+        """Source: the wgmmas of S = Q K(n)^T on K stage s (scale-d 0 first: S starts at 0)."""
+        out = [f"{ind}kst = np.uint64(s * {KB // 16})"]
+        for kk in range(D // 16):
+            qo, ko = q_lay.k_offset(16 * kk) // 16, k_lay.k_offset(16 * kk) // 16
+            out.append(f"{ind}sacc = QK(sacc, dq + np.uint64({qo}), dk + kst + np.uint64({ko}), "
+                       f"{0 if kk == 0 else 1})")
+        return "\n".join(out)
+
+    def pv_mmas(ind, stage):
+        """Source: the wgmmas of O += P V on V stage ``stage`` (P: the RS A fragments pa_c)."""
+        out = [f"{ind}vst = np.uint64({stage} * {KB // 16})"]
+        for c in range(KK):
+            vo = v_lay.k_offset(16 * c) // 16
+            out.append(f"{ind}o = PV(o, pa_{c}, dv + vst + np.uint64({vo}), 1)")
+        return "\n".join(out)
+
+    def group(ind, *parts):
+        return "\n".join([*parts, f"{ind}nt.wgmma_commit_group()"])
+
+    def fenced(ind, names):
+        return pin(ind, names) + f"\n{ind}nt.wgmma_fence()"
+
+    def fence_p(ind):
+        # P(n-1)'s registers stay live (unreused) until its wgmma group retired
+        return "\n".join(f"{ind}pa_{c} = nt.wgmma_fence_operand(pa_{c})" for c in range(KK))
+
+    rescale = "o = " + _tup([f"o[{v}] * alpha_{(v // 2) % 2}" for v in range(NO)])
+    mask_cond = f"n0 + {BN} > Sk"
+    if var.causal:
+        mask_cond += f" or n0 + {BN - 1} > wrow0 + off"
+    zeros_s = _tup(["z"] * NS)
+    zeros_o = _tup(["z"] * NO)
+    zeros_p = "(np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0))"
+
+    w(f'''
+
+@cuda.jit(cache=True, launch_bounds=({cfg.threads}, 1))
+def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss, q_sh, k_sb,
+                     k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh, scale_log2):
+    # Q ({_BM}, {D}) as 2 parts of {QPB} bytes | K {S} x ({BN}, {D}) | V {S} x ({BN}, {D}): {shared_bytes(cfg, D)} bytes
+    smem = cuda.shared.array(0, np.uint8, alignment=1024)
+    # q_full = bars[0], k_full[s] = bars[{KF} + s], v_full[s] = bars[{VF} + s]: the producer's 128
+    # cp.async arrivals (.noinc); k_empty[s] = bars[{KE} + s], v_empty[s] = bars[{VE} + s]: one
+    # arrival per consumer warp (8), by lane 0 after its warp's wgmma.wait_group retired the reads
+    bars = cuda.shared.array({1 + 4 * S}, np.uint64, alignment=8)
+    t = cuda.threadIdx.x
+    wg = t // 128
+
+    # Blocks of one (batch, head) are neighbours (they share K and V in L2); the last query
+    # blocks, which see the most keys under a causal mask, start first.
+    # NOTE: 32-bit unsigned arithmetic: a 64-bit division by a run-time value is a subroutine
+    # call in SASS, and a call anywhere in the kernel makes ptxas serialize every wgmma (C7509).
+    pid = np.uint32(cuda.blockIdx.x)
+    mb = np.uint32(m_blocks)
+    bh = np.uint32(pid // mb)
+    m0 = np.int64(np.uint32(np.uint32(mb - np.uint32(1)) - np.uint32(pid % mb))) * {_BM}
+    b = np.int64(np.uint32(bh // np.uint32(Hq)))
+    h = np.int64(np.uint32(bh % np.uint32(Hq)))
+    hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))
+    off = Sk - Sq  # causal: query i sees keys j <= i + off
+    n_tiles = (Sk + {BN - 1}) // {BN}''')
+    if var.causal:
+        w(f'''    last = m0 + {_BM - 1} + off  # the last key the block's last query sees
+    if last < 0:
+        n_tiles = 0
+    else:
+        n_tiles = min(n_tiles, last // {BN} + 1)''')
+    w(f'''
+    if t == 0:
+        nt.mbarrier_init(bars, 0, 128)
+        for s in range({S}):
+            nt.mbarrier_init(bars, {KF} + s, 128)
+            nt.mbarrier_init(bars, {VF} + s, 128)
+            nt.mbarrier_init(bars, {KE} + s, 8)
+            nt.mbarrier_init(bars, {VE} + s, 8)
+        nt.fence_mbarrier_init()
+    cuda.syncthreads()
+
+    # Phase bookkeeping (as sm90_gemm): tile n uses stage s = n % {S} in round r = n // {S};
+    # consumers wait for a full barrier with parity r & 1, the producer for an empty one with
+    # parity (r + 1) & 1 (on a fresh barrier parity 1 reads as complete).
+    if wg == 0:
+        # ---- producer warpgroup --------------------------------------------------------------
+        nt.setmaxnreg_dec({cfg.producer_regs})
+        j = t % {D // 8}
+        r0 = t // {D // 8}
+        swz = ((j % 8) ^ (r0 % 8)) * 16
+        q_d = (j // 8) * {64 * 128} + r0 * 128 + swz
+        k_d = {QB} + (j // 8) * {BN * 128} + r0 * 128 + swz
+        v_d = {VB0} + (r0 // 8) * {D * 16} + (j // 8) * 1024 + (r0 % 8) * 128 + swz
+        load_q(smem, q_d, q, b * q_sb + h * q_sh + (m0 + r0) * q_ss + j * 8, q_ss, Sq - m0 - r0)
+        nt.cp_async_mbarrier_arrive_noinc(bars, 0)
+        # this thread's first copy of key tile n: k_g, v_g; rows of the tile left: left
+        k_g = b * k_sb + hk * k_sh + r0 * k_ss + j * 8
+        v_g = b * v_sb + hk * v_sh + r0 * v_ss + j * 8
+        left = Sk - r0
+        for n in range(n_tiles):
+            s = n % {S}
+            ph = ((n // {S}) + 1) & 1
+            nt.mbarrier_wait_parity(bars, {KE} + s, ph)
+            load_k(smem, k_d + s * {KB}, k, k_g, k_ss, left)
+            nt.cp_async_mbarrier_arrive_noinc(bars, {KF} + s)
+            nt.mbarrier_wait_parity(bars, {VE} + s, ph)
+            load_v(smem, v_d + s * {KB}, v, v_g, v_ss, left)
+            nt.cp_async_mbarrier_arrive_noinc(bars, {VF} + s)
+            k_g += {BN} * k_ss
+            v_g += {BN} * v_ss
+            left -= {BN}
+        nt.cp_async_wait_all()
+    else:
+        # ---- consumer warpgroups ---------------------------------------------------------------
+        nt.setmaxnreg_inc({cfg.consumer_regs})
+        cw = wg - 1
+        lane = t % 32
+        tq = (lane % 4) * 2
+        wrow0 = m0 + cw * 64  # the warpgroup's first query row
+        row0 = wrow0 + ((t % 128) // 32) * 16 + lane // 4  # this thread's rows: row0, row0 + 8
+        # the key tiles this warpgroup's rows see (the block loads those of its last row)
+        n_wg = n_tiles''')
+    if var.causal:
+        w(f'''        wlast = wrow0 + 63 + off
+        if wlast < 0:
+            n_wg = 0
+        else:
+            n_wg = min(n_tiles, wlast // {BN} + 1)''')
+    w(f'''        # descriptors: this warpgroup's Q part; K and V stage 0 (stage s: + s * {KB} bytes)
+        dq = nt.smem_desc(smem, cw * {QPB}, {q_lay.lbo}, {q_lay.sbo}, {_SWIZZLE})
+        dk = nt.smem_desc(smem, {QB}, {k_lay.lbo}, {k_lay.sbo}, {_SWIZZLE})
+        dv = nt.smem_desc(smem, {VB0}, {v_lay.lbo}, {v_lay.sbo}, {_SWIZZLE})
+        z = ZERO
+        m_0 = NEG_INF
+        m_1 = NEG_INF
+        l_0 = ZERO
+        l_1 = ZERO
+        sacc = nt.wgmma_fence_operand({zeros_s})
+        o = nt.wgmma_fence_operand({zeros_o})''')
+    for c in range(KK):
+        w(f"        pa_{c} = {zeros_p}")
+    w("        nt.mbarrier_wait_parity(bars, 0, 0)  # Q landed")
+    I = " " * 12
+    if not cfg.overlap:
+        w(f'''
+        # ---- main loop: S = Q K^T, softmax, O += P V, in order ----
+        for n in range(n_wg):
+            s = n % {S}
+            ph = (n // {S}) & 1
+            n0 = n * {BN}
+{wait_full(I, KF, "s", "ph")}
+{group(I, fenced(I, ["sacc"]), qk_mmas(I))}
+            nt.wgmma_wait_group(0)
+            sacc = nt.wgmma_fence_operand(sacc)
+            if lane == 0:
+                nt.mbarrier_arrive(bars, {KE} + s)
+{softmax(I, mask_cond)}
+            {rescale}
+{wait_full(I, VF, "s", "ph")}
+{group(I, fenced(I, ["o"] + P_REGS), pv_mmas(I, "s"))}
+            nt.wgmma_wait_group(0)
+            o = nt.wgmma_fence_operand(o)
+            if lane == 0:
+                nt.mbarrier_arrive(bars, {VE} + s)''')
+    else:
+        w(f'''
+        # ---- main loop, FA3's intra-warpgroup overlap: S(n) and P(n-1) V(n-1) issued back to
+        # back; softmax(S(n)) runs while P(n-1) V(n-1) is on the tensor core ----
+        if n_wg > 0:
+            s = 0
+            ph = 0
+            n0 = 0
+{wait_full(I, KF, "s", "ph")}
+{group(I, fenced(I, ["sacc"]), qk_mmas(I))}
+            nt.wgmma_wait_group(0)
+            sacc = nt.wgmma_fence_operand(sacc)
+            if lane == 0:
+                nt.mbarrier_arrive(bars, {KE})
+{softmax(I, mask_cond)}
+        for n in range(1, n_wg):
+            s = n % {S}
+            ph = (n // {S}) & 1
+            sp = (n - 1) % {S}  # the previous tile's stage and parity
+            n0 = n * {BN}
+            # NOTE: both waits before the first wgmma: a wait (a branch loop) between the two
+            # groups made ptxas serialise every wgmma of the kernel (C7513).  V(n-1) has been
+            # in flight a whole tile longer than K(n), so waiting for it early costs nothing.
+{wait_full(I, KF, "s", "ph")}
+{wait_full(I, VF, "sp", f"((n - 1) // {S}) & 1")}
+{fenced(I, ["sacc", "o"] + P_REGS)}
+{group(I, qk_mmas(I))}
+{group(I, pv_mmas(I, "sp"))}
+            nt.wgmma_wait_group(1)  # S(n) done; P(n-1) V(n-1) may still run
+            sacc = nt.wgmma_fence_operand(sacc)
+            if lane == 0:
+                nt.mbarrier_arrive(bars, {KE} + s)
+{softmax(I, mask_cond, pack_p=False)}
+            nt.wgmma_wait_group(0)
+            o = nt.wgmma_fence_operand(o)
+{fence_p(I)}
+            if lane == 0:
+                nt.mbarrier_arrive(bars, {VE} + sp)
+            {rescale}
+            # NOTE: P(n) is converted into the A registers only now that P(n-1) V(n-1) retired
+            # (as FA3 does): converting during that wgmma made ptxas serialise every wgmma of
+            # the kernel (C7513, "non wgmma instructions defining input registers of a wgmma
+            # between start and end of the pipeline stage").
+{pack_p_source(I)}
+        if n_wg > 0:
+            sp = (n_wg - 1) % {S}
+{wait_full(I, VF, "sp", f"((n_wg - 1) // {S}) & 1")}
+{group(I, fenced(I, ["o"] + P_REGS), pv_mmas(I, "sp"))}
+            nt.wgmma_wait_group(0)
+            o = nt.wgmma_fence_operand(o)
+            if lane == 0:
+                nt.mbarrier_arrive(bars, {VE} + sp)''')
+    w(f'''
+        # tiles the block loaded that this warpgroup's rows do not see (causal): wait, release
+        for n in range(n_wg, n_tiles):
+            s = n % {S}
+            ph = (n // {S}) & 1
+            nt.mbarrier_wait_parity(bars, {KF} + s, ph)
+            nt.mbarrier_wait_parity(bars, {VF} + s, ph)
+            if lane == 0:
+                nt.mbarrier_arrive(bars, {KE} + s)
+                nt.mbarrier_arrive(bars, {VE} + s)
+
+        # ---- epilogue: O / l per row (0 for a row that saw no key), stored as {var.dtype} ----
+        o_start = b * o_sb + h * o_sh''')
+    for hh in range(2):
+        w(f"        l = quad_sum(l_{hh})")
+        w(f"        inv_{hh} = np.float32(1) / l if l > ZERO else ZERO")
+        if var.with_lse:
+            w(f"        row = row0 + {8 * hh}")
+            w(f"        if tq == 0 and row < Sq:")
+            w(f"            lse[np.int64(bh) * Sq + row] = (m_{hh} + math.log2(l)) * LN2 if l > ZERO else NEG_INF")
+    # NOTE (sm80_attention): scaled in place before any store, so that LLVM cannot hoist the
+    # scaled values above the row checks and double O's registers.
+    w("        o = " + _tup([f"o[{v}] * inv_{(v // 2) % 2}" for v in range(NO)]))
+    for hh in range(2):
+        w(f"        row = row0 + {8 * hh}")
+        w(f"        if row < Sq:")
+        w(f"            ob = o_start + row * o_ss + tq")
+        for jj in range(D // 8):
+            w(f"            store_pair(out, ob + {8 * jj}, o[{4 * jj + 2 * hh}], o[{4 * jj + 2 * hh + 1}])")
+    w("\n\ngemm_kernel = attention_kernel  # the entry point sm80_gemm.load_generated returns")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation and launch
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def kernel_for(cfg: Sm90AttnConfig, var: AttnVariant):
+    """The compiled-on-demand kernel for (cfg, var), cached on disk (sm80_gemm.load_generated)."""
+    return load_generated("sm90_attention", kernel_source(cfg, var))
+
+
+def signature(var: AttnVariant):
+    """The kernel's argument types on the GPU: sm80_attention's (typed device pointers, int64
+    sizes and strides, the float32 scale)."""
+    return sm80_attention.signature(var)
+
+
+def grid_for(batch, heads_q, seqlen_q):
+    return (-(-seqlen_q // _BM)) * heads_q * batch
+
+
+def launch(cfg: Sm90AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seqlen_q, seqlen_k,
+           heads_q, group, q_strides, k_strides, v_strides, o_strides, scale, stream=0):
+    """Launch the kernel (arguments as sm80_attention.launch).  q, k, v, out, lse are flat:
+    device pointers (ints) on the GPU, 1-d arrays in the emulation; strides (batch, seq, head)
+    in elements, multiples of 8 for q, k, v, whose starts are 16-byte aligned; 16 * seq stride
+    must fit in int32 (see :func:`unsupported`).  The kernel uses setmaxnreg, so
+    intrinsics.launch loads it through the driver's whole-program JIT."""
+    from numba import config
+
+    from intrinsics.launch import launch as launch_kernel
+
+    kernel = kernel_for(cfg, var)
+    m_blocks = -(-seqlen_q // _BM)
+    args = (q, k, v, out, lse, seqlen_q, seqlen_k, heads_q, group, m_blocks, *q_strides,
+            *k_strides, *v_strides, *o_strides, np.float32(scale * LOG2E))
+    sig = None if config.ENABLE_CUDASIM else signature(var)
+    launch_kernel(kernel, grid_for(batch, heads_q, seqlen_q), cfg.threads, args,
+                  shared_bytes=shared_bytes(cfg, var.head_dim), stream=stream, signature=sig)
+
+
+# ---------------------------------------------------------------------------------------------
+# From a numbatc.attention problem to a launch
+# ---------------------------------------------------------------------------------------------
+
+
+def unsupported(p):
+    """Why this kernel cannot run problem ``p`` (a numbatc.attention.AttentionProblem), or None."""
+    if p.head_dim not in HEAD_DIMS:
+        return f"head_dim {p.head_dim} is not one of {HEAD_DIMS}"
+    if p.dtype not in _PTX_TYPE:
+        return f"dtype {p.dtype}"
+    # the loaders step 16 rows (head_dim 64) or 8 (128) at a time with an int32 increment
+    for name, ca in (("q", p.q), ("k", p.k), ("v", p.v)):
+        if ca.shape[1] > 1 and 16 * abs(ca.strides[1]) >= 2**31:
+            return f"{name}'s sequence stride {ca.strides[1]} is too large for 32-bit steps"
+    if p.batch * p.heads_q * (-(-p.seqlen_q // _BM)) >= 2**31:
+        return "more than 2**31 blocks"
+    return None
+
+
+def launch_attention(p, cfg=None):
+    """Launch the kernel for a :class:`numbatc.attention.AttentionProblem` on its stream (the
+    caller checked :func:`unsupported`); ``cfg`` defaults to :func:`choose_config`."""
+    from numba import config
+
+    from numbatc._interop import kernel_view
+    from numbatc.kernels.dispatch import _flat
+    from numbatc.kernels.sm80_attention import _operand, _strides3
+
+    emulated = bool(config.ENABLE_CUDASIM)
+    cfg = cfg or choose_config(p.head_dim)
+    var = AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None)
+    keep = []
+    stream = p.stream
+    q, q_st = _operand(p.q, stream, keep)
+    k, k_st = _operand(p.k, stream, keep)
+    v, v_st = _operand(p.v, stream, keep)
+    if emulated:
+        out = _flat(kernel_view(p.out), keep)
+        lse = _flat(kernel_view(p.lse), keep) if p.lse is not None else np.zeros(1, np.float32)
+    else:
+        out = p.out.ptr
+        lse = p.lse.ptr if p.lse is not None else 0
+    launch(cfg, var, q, k, v, out, lse, p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.group,
+           q_st, k_st, v_st, _strides3(p.out), p.scale,
+           stream=stream if emulated else p.stream_handle)

@@ -1,0 +1,73 @@
+"""numbatc.kernels.sm90_attention in the CPU emulation (the same kernel source as on the GPU),
+through numbatc.attention with ``NUMBATC_ATTN_KERNEL=sm90:<config>``: the warp-specialised
+cp.async -> mbarrier -> wgmma pipeline (SS for Q K^T, RS for P V), the online softmax in the
+accumulator's registers, masks for ragged key tiles and the causal diagonal, rows that see no
+key, GQA, head_dim 64 and 128, bf16 and f16, lse; both schedules (in order, and the overlapped
+one with a wgmma group in flight during the softmax), rings of 2 and 3 stages that wrap.
+
+Each case checks against tests/gpu/test_attention_gpu.py's float64 reference (outputs poisoned
+with NaN first, fresh random data) and that the sm90 kernel, not the fallback, ran.  384 threads
+per block are 384 Python threads here: one or two blocks per case."""
+
+import pytest
+from numba import config
+
+from numbatc.kernels import sm90_attention
+
+pytestmark = [pytest.mark.emulation,
+              pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="needs NUMBA_ENABLE_CUDASIM=1")]
+pytest.importorskip("ml_dtypes")
+
+from tests.gpu.test_attention_gpu import check  # noqa: E402
+
+
+@pytest.fixture
+def sm90_runs(monkeypatch):
+    """Force a config; return the list of configs sm90_attention launched with."""
+    used = []
+    real = sm90_attention.launch_attention
+
+    def recording(p, cfg=None):
+        used.append(cfg.name)
+        return real(p, cfg)
+
+    monkeypatch.setattr(sm90_attention, "launch_attention", recording)
+
+    def force(name):
+        monkeypatch.setenv("NUMBATC_ATTN_KERNEL", f"sm90:{name}")
+        return used
+
+    return force
+
+
+CASES = [
+    # b, sq,  sk, hq, hkv, d, causal, dtype,   config
+    (1, 1, 1, 1, 1, 64, False, "bfloat16", "n128_2s_ov"),      # one query, one key
+    (1, 70, 70, 2, 1, 64, True, "float16", "n128_2s_ov"),      # GQA, ragged tile, diagonal
+    (1, 130, 70, 1, 1, 128, True, "bfloat16", "n128_2s"),      # 2 blocks; 60 rows see no key
+    (1, 40, 300, 1, 1, 128, False, "float16", "n128_2s_ov"),   # 3 key tiles wrap 2 stages
+    (1, 33, 200, 3, 1, 64, True, "bfloat16", "n64_2s_ov"),     # 4 tiles of 64, causal, MQA
+    (1, 64, 129, 1, 1, 128, True, "float16", "n64_2s"),        # in order, 3 tiles, 1 ragged key
+    (1, 20, 400, 2, 2, 64, False, "bfloat16", "n128_3s_ov"),   # 3 stages, 4 tiles
+]
+
+
+@pytest.mark.parametrize("b, sq, sk, hq, hkv, d, causal, dtype, cfg", CASES)
+def test_sm90_attention_in_the_emulation(sm90_runs, b, sq, sk, hq, hkv, d, causal, dtype, cfg):
+    used = sm90_runs(cfg)
+    check(b, sq, sk, hq, hkv, d, causal, dtype)
+    assert used == [cfg]
+
+
+def test_no_keys(sm90_runs):
+    used = sm90_runs("n128_2s_ov")
+    check(1, 5, 0, 2, 2, 64, False)
+    assert used == ["n128_2s_ov"]
+
+
+def test_other_head_dims_stay_on_sm80(sm90_runs, capsys, monkeypatch):
+    used = sm90_runs("n128_2s_ov")
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    check(1, 3, 5, 1, 1, 32, False)
+    assert used == []
+    assert "sm80_attention, not sm90_attention: head_dim 32" in capsys.readouterr().err
