@@ -235,7 +235,7 @@ def epilogue_warps_source(w, cfg, tmem_cols, ea):
         lanes = (32 * warp) << 16''')
     for ch in range(BN // 32):
         w(f"        v = nt.tcgen05_wait_ld_regs(LD(d + lanes + {32 * ch}))  # columns {32 * ch}..{32 * ch + 31}")
-        w(f"        if r < M:")
+        w("        if r < M:")
         for i in range(0, 32, 2):
             w(f"            if n0 + {32 * ch + i} < N:")
             w(f"                store_pair(out, c, bias, r, n0 + {32 * ch + i}, nt.f32_from_bits(v[{i}]), "
