@@ -1,0 +1,150 @@
+"""numbatc.attention forced onto the Hopper kernel (``NUMBATC_ATTN_KERNEL=sm90[:<config>]``) on an
+sm_90a GPU, against tests/gpu/test_attention_gpu.py's float64 reference and tolerances: sequence
+lengths 1, primes, tile edges and 1023, seqlen_q != seqlen_k both ways, causal and not, head_dim
+64 and 128, MHA, GQA and MQA, bf16 and f16, Numba and torch arrays, strided and misaligned
+views; outputs poisoned (NaN) before every call, fresh random data every run; lse checked.
+Every call also checks that sm90_attention (not the sm80 fallback) ran, with the config asked
+for.  The emulated subset lives in tests/emulation/test_sm90_attention_emulated.py.
+
+Run on the H200:  python3 -m pytest -q tests/gpu/test_sm90_attention_gpu.py
+(``-k sweep`` for the sweep only; ``-s -k timing`` prints sm90 against sm80 timings)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from numbatc.kernels import sm90_attention
+
+pytestmark = [pytest.mark.gpu(cc=(9, 0)), pytest.mark.hardware_only]
+pytest.importorskip("ml_dtypes")
+
+from tests.gpu import test_attention_gpu as base  # noqa: E402
+
+check = base.check
+
+
+@pytest.fixture
+def sm90(monkeypatch, device_cc):
+    """``sm90(name=None)`` forces the kernel (and a config); returns the configs launched."""
+    if device_cc is not None and tuple(device_cc)[:2] != (9, 0):
+        pytest.skip(f"sm90_attention runs on compute capability 9.0 only, have {device_cc}")
+    used = []
+    real = sm90_attention.launch_attention
+
+    def recording(p, cfg=None):
+        used.append(cfg.name)
+        return real(p, cfg)
+
+    monkeypatch.setattr(sm90_attention, "launch_attention", recording)
+
+    def force(name=None):
+        monkeypatch.setenv("NUMBATC_ATTN_KERNEL", "sm90" + (f":{name}" if name else ""))
+        used.clear()
+        return used
+
+    return force
+
+
+def test_small_cases_first(sm90):
+    """The emulated cases, on the hardware: the first thing to run next session."""
+    for name, args in [
+        ("n128_2s", (1, 1, 1, 1, 1, 64, False, "bfloat16")),
+        ("n128_2s", (1, 70, 70, 2, 1, 64, True, "float16")),
+        ("n128_2s", (1, 130, 70, 1, 1, 128, True, "bfloat16")),
+        ("n128_2s_ov", (1, 40, 300, 1, 1, 128, False, "float16")),
+        ("n64_2s_ov", (1, 33, 200, 3, 1, 64, True, "bfloat16")),
+        ("n64_2s", (1, 64, 129, 1, 1, 128, True, "float16")),
+        ("n128_3s_ov", (1, 20, 400, 2, 2, 64, False, "bfloat16")),
+        ("n128_2s_ov", (1, 5, 0, 2, 2, 64, False, "bfloat16")),
+    ]:
+        used = sm90(name)
+        check(*args)
+        assert used == [name]
+
+
+@pytest.mark.parametrize("name", sorted(sm90_attention.CONFIGS))
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_sweep(sm90, name, d, causal, dtype):
+    gen = np.random.default_rng()
+    used = sm90(name)
+    for sq, sk in base.SEQLENS:
+        hq, hkv = base.HEADS[int(gen.integers(len(base.HEADS)))]
+        b = int(gen.integers(1, 3))
+        check(b, sq, sk, hq, hkv, d, causal, dtype)
+    assert used == [name] * len(base.SEQLENS)
+
+
+def test_many_blocks_and_long_sequences(sm90):
+    """Grids of many blocks (all 132 SMs busy, several waves) and long key loops."""
+    used = sm90()
+    check(2, 2048, 2048, 8, 2, 128, True, "bfloat16")
+    check(1, 4096, 4096, 4, 4, 64, False, "float16")
+    check(3, 1000, 3000, 6, 1, 64, True, "bfloat16")
+    assert used == [sm90_attention.choose_config(128).name, sm90_attention.choose_config(64).name,
+                    sm90_attention.choose_config(64).name]
+
+
+def test_scale_and_large_scores(sm90):
+    sm90()
+    check(1, 200, 300, 2, 1, 64, False, scale=1.0)
+    check(1, 200, 300, 2, 1, 128, True, scale=0.5)
+
+
+def test_torch_arrays_views_and_misaligned_inputs(sm90):
+    torch = pytest.importorskip("torch")
+    used = sm90()
+    for d, causal in [(64, True), (128, False)]:
+        check(2, 300, 500, 8, 2, d, causal, "bfloat16", lib="torch")
+        check(1, 129, 129, 4, 1, d, causal, "float16", lib="torch")
+
+    def packed(q, k, v, dtype):
+        x = np.stack([q, k, v], axis=2).astype(base.NP_DTYPE[dtype])
+        t = torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16).cuda()
+        return t[:, :, 0], t[:, :, 1], t[:, :, 2]
+
+    check(2, 129, 129, 4, 4, 64, True, views=packed)
+
+    def misaligned(q, k, v, dtype):
+        dev = [torch.from_numpy(x.astype(base.NP_DTYPE[dtype]).view(np.uint16)).view(torch.bfloat16).cuda()
+               for x in (q, k, v)]
+        buf = torch.empty(k.size + 1, dtype=torch.bfloat16, device="cuda")
+        km = buf[1:].view(k.shape)
+        km.copy_(dev[1])
+        return dev[0], km, dev[2]
+
+    check(1, 100, 77, 2, 1, 128, False, views=misaligned)
+    assert len(used) == 7
+
+
+def test_timing(sm90, monkeypatch):
+    """Prints sm90 (each config) against sm80 (forward, causal and not); asserts nothing about
+    speed.  FLOPs: 4 * b * h * sq * sk * d (halved when causal)."""
+    from numba import cuda
+
+    import numbatc
+
+    b, h, s = 4, 16, 4096
+    for d in (64, 128):
+        q, k, v = (base.to_device(base.values((b, s, h, d), "bfloat16"), "bfloat16") for _ in range(3))
+        for causal in (False, True):
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            for name in [None, *sorted(sm90_attention.CONFIGS)]:
+                if name is None:
+                    monkeypatch.setenv("NUMBATC_ATTN_KERNEL", "sm80")
+                else:
+                    sm90(name)
+                numbatc.attention(q, k, v, causal=causal)
+                cuda.synchronize()
+                start, stop = cuda.event(), cuda.event()
+                start.record()
+                for _ in range(10):
+                    numbatc.attention(q, k, v, causal=causal)
+                stop.record()
+                stop.synchronize()
+                ms = cuda.event_elapsed_time(start, stop) / 10
+                print(f"attention b={b} h={h} s={s} d={d} causal={causal} "
+                      f"{name or 'sm80_attention'}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
+    assert math.isfinite(ms)
