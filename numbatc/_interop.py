@@ -870,6 +870,14 @@ def probe(t):
     return fn(t)
 
 
+def allocate_probed(alloc, like):
+    """(result, its device pointer) of ``alloc(like)`` for a warm call, or (None, None) where
+    the result's kind has no probe (the caller then takes the checked path)."""
+    result = alloc(like)
+    probed = probe(result)
+    return (None, None) if probed is None else (result, probed[0])
+
+
 def stream_getter(ca: CudaArray):
     """A function of no arguments returning :func:`stream_handle` of arrays like ``ca`` (same
     library and device), as cheaply as the library allows: for torch its current raw stream

@@ -689,11 +689,9 @@ class _Warm:
     def __call__(self, ptrs, a, out, alpha, beta):
         a_ptr, b_ptr, c_ptr, bias_ptr, out_ptr = ptrs
         if out is None:
-            result = self.alloc(a)
-            probed = _interop.probe(result)
-            if probed is None:
+            result, out_ptr = _interop.allocate_probed(self.alloc, a)
+            if result is None:
                 return _MISS
-            out_ptr = probed[0]
         else:
             result = out
             hi = out_ptr + self.out_span

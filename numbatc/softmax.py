@@ -195,11 +195,9 @@ class _Warm:
 
     def __call__(self, x_ptr, out_ptr, x, out):
         if out is None:
-            result = self.alloc(x)
-            probed = _interop.probe(result)
-            if probed is None:
+            result, out_ptr = _interop.allocate_probed(self.alloc, x)
+            if result is None:
                 return _MISS
-            out_ptr = probed[0]
         else:
             result = out
             if out_ptr != x_ptr and x_ptr < out_ptr + self.out_span and out_ptr < x_ptr + self.span:
@@ -380,11 +378,9 @@ class _WarmGS:
     def __call__(self, ptrs, a, out, scale):
         a_ptr, b_ptr, bias_ptr, out_ptr = ptrs
         if out is None:
-            result = self.alloc(a)
-            probed = _interop.probe(result)
-            if probed is None:
+            result, out_ptr = _interop.allocate_probed(self.alloc, a)
+            if result is None:
                 return _MISS
-            out_ptr = probed[0]
         else:
             result = out
             hi = out_ptr + self.out_span

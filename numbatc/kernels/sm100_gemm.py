@@ -290,19 +290,12 @@ def launch(cfg: Sm100Config, var, tma_a, tma_b, c, bias, out, m, n, k, ldc, ldo,
     """Launch the kernel: ``tma_a``/``tma_b`` are the tensor maps' ``.device`` arrays, c, bias
     and out flat as in sm80_gemm.launch."""
     import numpy as np
-    from numba import config
 
     from intrinsics import launch as launching
 
     kernel = kernel_for(cfg, var)
     args = (tma_a, tma_b, c, bias, out, m, n, k, ldc, ldo, np.float32(alpha), np.float32(beta),
             group_m)
-    sig = None if config.ENABLE_CUDASIM else signature(var)
-    if var.epilogue is not None:
-        args += (tuple(epilogue_args),)
-        if sig is not None:
-            from numba import types
-
-            sig += (types.Tuple([kernel.typeof_pyval(x) for x in epilogue_args]),)
+    args, sig = sm80_gemm.with_epilogue_args(kernel, var, args, signature(var), epilogue_args)
     launching.launch(kernel, grid_for(cfg, m, n), cfg.threads, args,
                      shared_bytes=cfg.shared_bytes, stream=stream, signature=sig)

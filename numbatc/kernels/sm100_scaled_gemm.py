@@ -433,19 +433,12 @@ def launch(cfg: ScaledConfig, var: ScaledVariant, tma_a, tma_b, sfa, sfb, c, bia
     """Launch the kernel: ``tma_a``/``tma_b`` the tensor maps' ``.device`` arrays, ``sfa``/``sfb``
     the chunk buffers (:func:`scale_chunks`; A's with ceil(M/128) groups, B's with
     ceil(N/BN) * BN/128), c, bias and out flat as in sm80_gemm.launch; ``k`` counts values."""
-    from numba import config
 
     from intrinsics import launch as launching
 
     kernel = kernel_for(cfg, var)
     args = (tma_a, tma_b, sfa, sfb, c, bias, out, m, n, k, ldc, ldo, np.float32(alpha),
             np.float32(beta), group_m)
-    sig = None if config.ENABLE_CUDASIM else signature(var)
-    if var.epilogue is not None:
-        args += (tuple(epilogue_args),)
-        if sig is not None:
-            from numba import types
-
-            sig += (types.Tuple([kernel.typeof_pyval(x) for x in epilogue_args]),)
+    args, sig = sm80_gemm.with_epilogue_args(kernel, var, args, signature(var), epilogue_args)
     launching.launch(kernel, grid_for(cfg, m, n), cfg.threads, args,
                      shared_bytes=cfg.shared_bytes, stream=stream, signature=sig)

@@ -574,13 +574,22 @@ def launch_gemm_kernel(kernel, var, grid, threads, shared_bytes, cluster, a, b, 
             return relaunch
     args = (a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, np.float32(alpha), np.float32(beta),
             group_m)
-    sig = None if config.ENABLE_CUDASIM else signature(var)
+    args, sig = with_epilogue_args(kernel, var, args, signature(var), epilogue_args)
+    launching.launch(kernel, grid, threads, args, shared_bytes=shared_bytes, cluster=cluster,
+                     stream=stream, signature=sig)
+    return None
+
+
+def with_epilogue_args(kernel, var, args, sig, epilogue_args):
+    """(args, signature) of a generated kernel's launch: a user epilogue's arrays go last, as one
+    tuple argument (typed from the values); the signature is None in the emulation."""
+    from numba import config
+
+    sig = None if config.ENABLE_CUDASIM else tuple(sig)
     if var.epilogue is not None:
         args += (tuple(epilogue_args),)
         if sig is not None:
             from numba import types
 
             sig += (types.Tuple([kernel.typeof_pyval(x) for x in epilogue_args]),)
-    launching.launch(kernel, grid, threads, args, shared_bytes=shared_bytes, cluster=cluster,
-                     stream=stream, signature=sig)
-    return None
+    return args, sig
