@@ -110,9 +110,14 @@ class Sm90Config:
             problems.append(f"stages must be >= 2, got {self.stages}")
         regs = (self.producer_regs * _THREADS_PER_WG
                 + self.consumer_regs * _THREADS_PER_WG * self.consumers)
-        if regs > 65536:
+        # NOTE: setmaxnreg redistributes what the block was given at launch: with launch_bounds
+        # (threads, 1) that is 65536 / threads per thread, rounded down to a multiple of 8 (168
+        # for 384 threads: 64512, not 65536); asking for more makes setmaxnreg.inc wait forever.
+        pool = (65536 // self.threads) // 8 * 8 * self.threads
+        if regs > pool:
             problems.append(f"setmaxnreg {self.producer_regs}/{self.consumer_regs} needs {regs} "
-                            "registers, more than the SM's 65536")
+                            f"registers, more than the {pool} a block of {self.threads} threads "
+                            "gets at launch")
         if self.shared_bytes + _STATIC_SHARED > 227 * 1024:
             problems.append(f"{self.shared_bytes} bytes of shared memory (+ {_STATIC_SHARED} "
                             "static) exceed 227 KB")

@@ -127,5 +127,7 @@ def test_bad_config_is_named():
         sm90_gemm.Sm90Config("c2", 128, 3, inflight=1, cluster_m=2)
     with pytest.raises(ValueError, match="pfence needs stages >= inflight"):
         sm90_gemm.Sm90Config("pf", 128, 2, inflight=1, pfence=True)
+    with pytest.raises(ValueError, match="more than the 64512 a block of 384 threads"):
+        sm90_gemm.Sm90Config("regs", 128, 4, producer_regs=64, consumer_regs=224)
     with pytest.raises(ValueError, match="exceed 227 KB"):
         sm90_gemm.Sm90Config("big", 256, 5)
