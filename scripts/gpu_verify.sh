@@ -32,7 +32,8 @@ t() { local limit=$1; shift; timeout "$limit" "$@" 2>&1; echo "[exit $? after li
 } > "$out/sm90.txt"
 {
   t 300 $py -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_attention_gpu.py | tail -8
-  [ -f tests/gpu/test_sm90_attention_gpu.py ] && t 200 $py -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_sm90_attention_gpu.py | tail -8
+  t 60 $py -m pytest -q -m gpu -p no:cacheprovider -rf -x tests/gpu/test_sm90_attention_gpu.py -k small_cases_first | tail -4
+  t 200 $py -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_sm90_attention_gpu.py -k "not timing" | tail -8
   t 100 $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]"
   NUMBATC_ATTN_KERNEL=sm90 t 100 $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]"
 } > "$out/attention.txt"
