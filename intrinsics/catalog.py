@@ -239,6 +239,20 @@ def _mbarrier_probes():
                  "fence.mbarrier_init.release.cluster", "mbarrier.inval"))
 
 
+def _barrier_probes():
+    import intrinsics.barrier as br
+
+    def kernel(out, n):
+        br.named_barrier_sync(1, 256)
+        br.named_barrier_arrive(2, 128)
+        br.named_barrier_sync(15, n[0])  # a run-time count
+        out[0] = n[0]
+
+    yield Probe("barrier", "named sync/arrive", kernel, (types.uint32[:], types.uint32[:]), SM75,
+                ("barrier.sync.aligned 1,", "barrier.arrive.aligned 2,",
+                 "barrier.sync.aligned 15,"))
+
+
 def _cluster_probes():
     import intrinsics.cluster as cl
     from intrinsics._core import SM90
@@ -421,7 +435,7 @@ def _tcgen05_probes():
 _TC_MMA = _TC_LD = _TC_ST = _TC_CP = None
 
 _FAMILIES = [_mma_probes, _mma_block_scale_probes, _ldmatrix_probes, _cp_async_probes, _cp_async_mbarrier_probes,
-             _convert_probes, _mbarrier_probes, _cluster_probes, _setmaxnreg_probes, _tma_probes,
+             _convert_probes, _mbarrier_probes, _barrier_probes, _cluster_probes, _setmaxnreg_probes, _tma_probes,
              _wgmma_probes, _tcgen05_probes]
 
 

@@ -22,6 +22,7 @@ ACTIVE = bool(config.ENABLE_CUDASIM)
 # family module -> its emulation module
 FAMILIES = {
     "intrinsics.smem": "intrinsics.emulate.smem",
+    "intrinsics.barrier": "intrinsics.emulate.barrier",
     "intrinsics.convert": "intrinsics.emulate.convert",
     "intrinsics.mma": "intrinsics.emulate.mma",
     "intrinsics.ldmatrix": "intrinsics.emulate.ldmatrix",
