@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The next H200 round: everything written since the last one, most important first (each block
 # writes its own file under $OUT as it finishes, so a round cut short still returns results).
-#   launch.txt    the >48 KB dynamic+static shared memory regression, clusters, DSMEM bulk copy
+#   launch.txt    the >48 KB dynamic+static shared memory regression, clusters, DSMEM bulk copy,
+#                 named barriers
 #   softmax.txt   softmax / gemm_softmax GPU tests (the two H200 failures were fixed blind), ex05
 #   sm90.txt      sm90_gemm with the producer-side proxy fence (_pf) against _w1, its tests, and
 #                 user epilogues on the Hopper path (test_gemm_gpu -k epilogue, bench epilogue)
@@ -15,7 +16,7 @@ export NUMBATC_CACHE_DIR=${NUMBATC_CACHE_DIR:-/tmp/numbatc-cache}
 py="python3 -W ignore"
 t() { local limit=$1; shift; timeout "$limit" "$@" 2>&1; echo "[exit $? after limit ${limit}s: $*]"; }
 {
-  t 60 $py -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_launch_gpu.py tests/gpu/test_cluster_gpu.py | tail -4
+  t 60 $py -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_launch_gpu.py tests/gpu/test_cluster_gpu.py tests/gpu/test_barrier_gpu.py | tail -4
 } > "$out/launch.txt"
 {
   t 150 $py -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_softmax_gpu.py | tail -8
