@@ -23,8 +23,8 @@ import numpy as np
 from numbatc import _interop
 from numbatc._interop import CudaArray, dtype_name
 
-__all__ = ["gemm", "GemmProblem", "Operand", "DTypeRule", "DTYPE_RULES", "ACTIVATIONS",
-           "BlockScaledFormat", "BLOCK_SCALED"]
+__all__ = ["gemm", "GemmProblem", "Operand", "DTypeRule", "DTYPE_RULES", "FP8_RULES",
+           "ACTIVATIONS", "BlockScaledFormat", "BLOCK_SCALED"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -46,8 +46,7 @@ class DTypeRule:
     acc: str = "float32"
 
 
-#: (a dtype, b dtype) -> rule. fp8 plugs in here, e.g.
-#: ("float8_e4m3fn", "float8_e4m3fn"): outputs ("bfloat16", "float16", "float32"), min_cc (8, 9).
+#: (a dtype, b dtype) -> rule (unscaled inputs; fp8 with per-tensor scales: FP8_RULES).
 DTYPE_RULES = {
     (r.a, r.b): r
     for r in (
@@ -58,6 +57,16 @@ DTYPE_RULES = {
     )
 }
 
+
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
+_FP8_OUT = ("bfloat16", "float16", "float32")
+
+#: FP8 with per-tensor scales (numbatc.gemm(a, b, scale_a=<number>, scale_b=<number>)): a and b
+#: float8_e4m3fn or float8_e5m2, each its own; sm90_gemm only (compute capability 9.0, sm_90a).
+FP8_RULES = {
+    (x, y): DTypeRule(x, y, outputs=_FP8_OUT, bias=_FP8_OUT, min_cc=(9, 0))
+    for x in _FP8 for y in _FP8
+}
 
 
 @dataclass(frozen=True)
@@ -186,7 +195,11 @@ class GemmProblem:
 
     Block-scaled problems (``block_scaled`` set, see :data:`BLOCK_SCALED`): ``k`` counts values
     (NVFP4: twice a's bytes per row), a is row-major and b column-major (both K-major), and
-    ``scale_a`` (m, k / block) and ``scale_b`` (n, k / block) hold one byte per scale."""
+    ``scale_a`` (m, k / block) and ``scale_b`` (n, k / block) hold one byte per scale.
+
+    FP8 with per-tensor scales (``tensor_scales`` = (scale_a, scale_b), Python floats; see
+    :data:`FP8_RULES`): a row-major, b column-major (both K-major); the kernel computes
+    ``alpha * scale_a * scale_b * (a @ b)`` (the dispatcher folds the scales into alpha)."""
 
     m: int
     n: int
@@ -212,6 +225,7 @@ class GemmProblem:
     block_scaled: BlockScaledFormat | None = None
     scale_a: Operand | None = None
     scale_b: Operand | None = None
+    tensor_scales: tuple | None = None
 
     @cached_property
     def stream(self):
@@ -314,15 +328,34 @@ def _block_format(ca: CudaArray):
     return None
 
 
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+
+
+def _tensor_scales(A, B, scale_a, scale_b):
+    """(scale_a, scale_b) as floats for FP8 with per-tensor scales (both real numbers), or None
+    when neither is a number (an ordinary or block-scaled call)."""
+    if not (_is_number(scale_a) or _is_number(scale_b)):
+        return None
+    for nm, x in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if not _is_number(x):
+            raise TypeError(
+                f"{nm} = {x!r}: with per-tensor FP8 scales both scale_a and scale_b are real "
+                "numbers (Python or NumPy scalars; device arrays are block scales)"
+            )
+        if not math.isfinite(float(x)):
+            raise ValueError(f"{nm} = {x!r}: a per-tensor scale must be finite")
+    if A.dtype not in _FP8 or B.dtype not in _FP8:
+        raise TypeError(
+            f"per-tensor scales (scale_a, scale_b numbers) are for FP8 inputs, a and b "
+            f"float8_e4m3fn or float8_e5m2 (torch, ml_dtypes, or numbatc.float8_e4m3 / "
+            f"numbatc.float8_e5m2(<uint8 array>)); a is {A.dtype} and b is {B.dtype}"
+        )
+    return float(scale_a), float(scale_b)
+
+
 def _block_scaled_format(A, B, scale_a, scale_b):
     """The BlockScaledFormat of (a, b, scale_a, scale_b), or None for an ordinary call."""
-    for nm, x in (("scale_a", scale_a), ("scale_b", scale_b)):
-        if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool):
-            raise NotImplementedError(
-                f"{nm} = {x!r}: per-tensor FP8 scales are not implemented yet; numbatc.gemm "
-                "takes block scales (MXFP8: (rows, K/32) ue8m0, NVFP4: (rows, K/16) ue4m3) for "
-                "float8 / packed float4 inputs on sm_100"
-            )
     fa, fb = _block_format(A), _block_format(B)
     if fa is None and fb is None:
         if scale_a is not None or scale_b is not None:
@@ -340,8 +373,9 @@ def _block_scaled_format(A, B, scale_a, scale_b):
     if scale_a is None or scale_b is None:
         raise TypeError(
             f"{fa.name.upper()} inputs ({A.dtype} x {B.dtype}) need block scales: scale_a "
-            f"(M, K/{fa.block}) and scale_b (N, K/{fa.block}), {fa.scale_format}; per-tensor "
-            "FP8 scaling is not implemented yet"
+            f"(M, K/{fa.block}) and scale_b (N, K/{fa.block}), {fa.scale_format} (sm_100)"
+            + ("; or per-tensor scales: scale_a and scale_b Python numbers (sm_90)"
+               if fa.name == "mxfp8" else "")
         )
     return fa
 
@@ -357,7 +391,8 @@ def _check_scales(fmt, SA, SB, m, n, k):
     blocks = k // fmt.block
     for nm, ca, rows, what in (("scale_a", SA, m, "M"), ("scale_b", SB, n, "N")):
         if ca.shape != (rows, blocks):
-            extra = (" (per-tensor scales are not implemented yet)"
+            extra = (" (per-tensor scales are Python or NumPy numbers, e.g. "
+                     f"{nm}=float(s.item()), not device arrays)"
                      if ca.ndim == 0 or ca.size == 1 else "")
             raise ValueError(
                 f"{nm} must have shape ({what}, K/{fmt.block}) = ({rows}, {blocks}) for "
@@ -389,16 +424,27 @@ def _check_block_scaled_gpu(fmt, cc):
     )
 
 
-def _check_k_major(fmt, op_a, op_b):
+def _check_k_major(label, op_a, op_b):
+    """ValueError unless a is row-major and b column-major (both K-major); ``label`` names the
+    GEMM ('MXFP8', 'NVFP4', 'FP8')."""
     if op_a.layout != "row":
         raise ValueError(
-            f"{fmt.name.upper()} GEMM reads a K-major: a (M, K) row-major; a is column-major "
+            f"{label} GEMM reads a K-major: a (M, K) row-major; a is column-major "
             "(make it contiguous first)"
         )
     if op_b.layout != "col":
         raise ValueError(
-            f"{fmt.name.upper()} GEMM reads b K-major: (K, N) column-major, e.g. w.T of a "
+            f"{label} GEMM reads b K-major: (K, N) column-major, e.g. w.T of a "
             "row-major (N, K) weight; b is row-major (pass w.T, or b.T.contiguous().T)"
+        )
+
+
+def _check_fp8_gpu(cc):
+    """ValueError unless the GPU is compute capability 9.0 (the emulation stands in for one)."""
+    if cc is not None and tuple(cc)[:2] != (9, 0):
+        raise ValueError(
+            "FP8 with per-tensor scales needs compute capability 9.0 (sm_90a); this GPU is "
+            f"sm_{cc[0]}{cc[1]}"
         )
 
 
@@ -467,7 +513,17 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
     row-major and b column-major (K-major: ``w.T`` of a row-major (N, K) weight), K a multiple
     of 32; the output is bfloat16 (default), float16 or float32 with the same c, bias,
     activation and epilogue. NOTE: never run on Blackwell hardware (checked by assembling for
-    sm_100a and in the CPU emulation). Per-tensor FP8 scales are not implemented.
+    sm_100a and in the CPU emulation).
+
+    FP8 with per-tensor scales (sm_90a / Hopper only, compute capability 9.0): a (M, K) and b
+    (K, N) float8_e4m3fn or float8_e5m2 (each its own; torch, ml_dtypes, or the numbatc markers),
+    ``scale_a`` and ``scale_b`` Python or NumPy real numbers (finite; device-array scales are not
+    taken: pass ``float(s.item())``), a row-major and b column-major (K-major, e.g. ``w.T`` of a
+    row-major (N, K) weight; other layouts are a ValueError, never a silent copy), any K (rows
+    not 16-byte aligned are packed first). Then out = activation(scale_a * scale_b * alpha *
+    (a @ b) + beta * c + bias) in bfloat16 (default), float16 or float32, bias of one of those
+    dtypes; the scales are folded into alpha (one float32) and the product accumulates in
+    float32 (wgmma m64nNk32).
 
     Returns an array of a's library (a ``numbatc.bfloat16`` view for marked inputs) of dtype
     ``out_dtype`` (default: the input dtype; 'float32' on request), or ``out`` written in place
@@ -475,22 +531,29 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
     (torch's or CuPy's, else Numba's default). M or N == 0 gives an empty result; K == 0 gives
     activation(beta * c + bias) (zeros without c and bias).
     """
+    scaled = scale_a is not None or scale_b is not None
     if (_FAST and epilogue is None and type(epilogue_args) is tuple and not epilogue_args
-            and scale_a is None and scale_b is None):
+            and (not scaled or (type(scale_a) in _REAL_TYPES and type(scale_b) in _REAL_TYPES))):
         try:
-            key, ptrs = _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype)
+            key, ptrs = _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype, scaled)
             warm = None if key is None else _FAST.get(key)
+            if warm is not None and scaled:  # per-tensor FP8 scales fold into alpha
+                if not math.isfinite(scale_a * scale_b):
+                    warm = None  # the checks say what
+                else:
+                    warm_alpha = float(alpha) * float(scale_a) * float(scale_b)
         except Exception:  # anything odd (an unhashable argument ...): the checks say what
             warm = None
         if warm is not None:
-            result = warm(ptrs, a, out, alpha, beta)
+            result = warm(ptrs, a, out, warm_alpha if scaled else alpha, beta)
             if result is not _MISS:
                 return result
     result, problem, relaunch = _gemm_checked(
         a, b, c, alpha, beta, bias, activation, out, out_dtype, epilogue, epilogue_args,
         scale_a, scale_b)
-    if relaunch is not None:
-        _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, problem, relaunch)
+    if relaunch is not None and (not scaled or problem.tensor_scales is not None):
+        _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, problem, relaunch,
+                  scaled)
     return result
 
 
@@ -509,9 +572,12 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
             f"inner dimensions differ: a is (M, K) = {A.shape} but b is (K, N) = {B.shape}; "
             "a.shape[1] must equal b.shape[0]"
         )
-    fmt = _block_scaled_format(A, B, scale_a, scale_b)
+    scales = _tensor_scales(A, B, scale_a, scale_b)
+    fmt = None if scales is not None else _block_scaled_format(A, B, scale_a, scale_b)
     SA = SB = None
-    if fmt is None:
+    if scales is not None:
+        rule = FP8_RULES[(A.dtype, B.dtype)]
+    elif fmt is None:
         rule = _rule_for(A, B)
     else:
         k *= fmt.per_byte  # NVFP4: two values a byte
@@ -574,6 +640,8 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
         cc = _device_capability(device)
         if fmt is not None:
             _check_block_scaled_gpu(fmt, cc)
+        elif scales is not None:
+            _check_fp8_gpu(cc)
         elif tuple(cc) < rule.min_cc:
             need = "%d.%d" % rule.min_cc
             raise ValueError(
@@ -586,9 +654,11 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
     op_b = _matrix("b", B, B.shape[0], n)
     op_sa = op_sb = None
     if fmt is not None:
-        _check_k_major(fmt, op_a, op_b)
+        _check_k_major(fmt.name.upper(), op_a, op_b)
         op_sa = _matrix("scale_a", SA, m, SA.shape[1])
         op_sb = _matrix("scale_b", SB, n, SB.shape[1])
+    if scales is not None:
+        _check_k_major("FP8", op_a, op_b)
     op_c = _matrix("c", C, m, n) if C is not None else None
     op_bias = _vector("bias", BIAS) if BIAS is not None else None
     if OUT is not None:
@@ -621,7 +691,7 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
         b_dtype=B.dtype, out_dtype=odt, bias_dtype=None if BIAS is None else BIAS.dtype,
         acc_dtype=rule.acc, device=device if device is not None else OUT.device, cc=cc,
         stream_handle=_interop.stream_handle(A), epilogue=epilogue, epilogue_args=eargs,
-        block_scaled=fmt, scale_a=op_sa, scale_b=op_sb,
+        block_scaled=fmt, scale_a=op_sa, scale_b=op_sb, tensor_scales=scales,
     )
     if k == 0 and epilogue is None:
         _epilogue_without_product(problem)
@@ -658,8 +728,9 @@ def _probe_or_absent(x):
     return _ABSENT if x is None else _interop.probe(x)
 
 
-def _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype):
-    """(key, (a, b, c, bias, out) pointers), or (None, None) when no warm path applies."""
+def _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype, scaled=False):
+    """(key, (a, b, c, bias, out) pointers), or (None, None) when no warm path applies.
+    ``scaled``: the call has per-tensor FP8 scales (their product is folded into alpha)."""
     if type(alpha) not in _REAL_TYPES or type(beta) not in _REAL_TYPES:
         return None, None
     pa = _interop.probe(a)
@@ -670,7 +741,7 @@ def _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype):
     if pa is None or pb is None or pc is None or pbias is None or pout is None:
         return None, None
     key = (pa[1], pb[1], pc[1], pbias[1], pout[1], pa[0] & 15, pb[0] & 15, beta == 0,
-           activation, out_dtype, _env_key(), threading.get_ident())
+           activation, out_dtype, _env_key(), threading.get_ident()) + ((True,) if scaled else ())
     return key, (pa[0], pb[0], pc[0], pbias[0], pout[0])
 
 
@@ -709,7 +780,8 @@ class _Warm:
         return result
 
 
-def _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, p, relaunch):
+def _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, p, relaunch,
+              scaled=False):
     """Cache ``relaunch`` for calls like this checked one (see _warm_key)."""
     global _env_key
     if _env_key is None:
@@ -717,7 +789,7 @@ def _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, p, relaunc
 
         _env_key = env_key
     try:
-        key, _ = _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype)
+        key, _ = _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype, scaled)
     except Exception:
         return
     if key is None:

@@ -109,13 +109,14 @@ def _cases():
     h = FakeCuda((64, 128), "float16")
     hb = col_major(128, 48, "float16")
     return [
-        (dict(a=a, b=b, scale_a=1.0, scale_b=1.0), NotImplementedError,
-         r"scale_a = 1.0: per-tensor FP8 scales are not implemented yet"),
+        (dict(a=a, b=b, scale_a=1.0, scale_b=1.0), ValueError,  # per-tensor: sm_90a only
+         r"FP8 with per-tensor scales needs compute capability 9.0 \(sm_90a\); this GPU is "
+         r"sm_100"),
         (dict(a=h, b=hb, scale_a=sa, scale_b=sb), TypeError,
          r"scale_a/scale_b are block scales for MXFP8 .* a is float16 and b is float16"),
         (dict(a=a, b=b), TypeError,
          r"MXFP8 inputs \(float8_e4m3fn x float8_e4m3fn\) need block scales: scale_a \(M, K/32\)"
-         r".*per-tensor FP8 scaling is not implemented yet"),
+         r".*or per-tensor scales: scale_a and scale_b Python numbers \(sm_90\)"),
         (dict(a=a, b=b, scale_a=sa), TypeError, r"need block scales"),
         (dict(a=a, b=fb, scale_a=sa, scale_b=sb), TypeError,
          r"a is float8_e4m3fn but b is float4_e2m1fn_x2: block-scaled inputs are both MXFP8"),
@@ -124,7 +125,7 @@ def _cases():
          r"scale_a must have shape \(M, K/32\) = \(64, 4\) for MXFP8, got \(64, 3\)"),
         (dict(a=a, b=b, scale_a=sa, scale_b=FakeCuda((1, 1), "uint8")), ValueError,
          r"scale_b must have shape \(N, K/32\) = \(48, 4\) .* got \(1, 1\) \(per-tensor scales "
-         r"are not implemented yet\)"),
+         r"are Python or NumPy numbers"),
         (dict(a=a, b=b, scale_a=FakeCuda((64, 4), "float16"), scale_b=sb), TypeError,
          r"scale_a has dtype float16; MXFP8 scales are ue8m0 exponents: uint8"),
         (dict(a=fa, b=fb, scale_a=FakeCuda((64, 16), "uint8"), scale_b=fsb), TypeError,

@@ -88,7 +88,7 @@ def test_unsupported_variants_and_configs_are_named():
         sm90_gemm.kernel_source(sm90_gemm.CONFIGS["128x128x64_4s"], bad)
     with pytest.raises(ValueError, match="bk must be 64"):
         sm90_gemm.Sm90Config("bad", 128, 3, bk=32)
-    with pytest.raises(ValueError, match="65536"):
+    with pytest.raises(ValueError, match="more than the 64512"):
         sm90_gemm.Sm90Config("regs", 128, 3, producer_regs=80, consumer_regs=232)
 
 
@@ -113,3 +113,69 @@ def test_user_epilogue_variant_keeps_wgmma_unserialised(tmp_path):
     log = whole_program_ptxas(ptx, tmp_path)
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log
     assert "C7509" not in log, log
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 (per-tensor scales): K-major a and b, m64nNk32 e4m3/e5m2 -> f32
+# ---------------------------------------------------------------------------------------------
+
+FP8_PLAIN = sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e4m3fn", "bfloat16", None, None, None,
+                                     b_dtype="float8_e4m3fn")
+FP8_FUSED = sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e5m2", "float16", "float16", "float32",
+                                     "gelu", b_dtype="float8_e4m3fn")
+FP8_CASES = [(name, FP8_PLAIN) for name in sorted(sm90_gemm.FP8_CONFIGS)] + [
+    ("fp8_128x256x128_4s_w1", FP8_FUSED)]
+
+
+@functools.cache
+def _fp8_ptx(name, var, arch="sm_90a"):
+    cfg = sm90_gemm.FP8_CONFIGS[name]
+    return compile_ptx(sm90_gemm.kernel_for(cfg, var), sm90_gemm.signature(var), arch,
+                       launch_bounds=(cfg.threads, 1))
+
+
+@pytest.mark.parametrize("name, var", FP8_CASES,
+                         ids=[f"{n}-{v.in_dtype[7:]}x{v.b_dtype[7:]}" for n, v in FP8_CASES])
+def test_fp8_assembles_for_sm90a_without_spills(name, var, tmp_path):
+    """Four wgmma m64nBNk32 with the operands' fp8 types and no transpose immediates per k tile
+    of 128 values; no local memory, spills or serialised wgmma, through nvJitLink and as the
+    driver builds it (whole-program ptxas with setmaxnreg)."""
+    cfg = sm90_gemm.FP8_CONFIGS[name]
+    ptx = _fp8_ptx(name, var)
+    types = f"{sm90_gemm.FP8_DTYPES[var.in_dtype]}.{sm90_gemm.FP8_DTYPES[var.b_dtype]}"
+    mma = [line for line in ptx.splitlines() if "wgmma.mma_async" in line]
+    assert len(mma) == cfg.bk // 32 == 4
+    assert all(f".m64n{cfg.bn}k32.f32.{types} " in line and line.rstrip().endswith("p, 1, 1; }")
+               for line in mma), mma[0]
+    for text in ("setmaxnreg.dec.sync.aligned.u32 40;", "setmaxnreg.inc.sync.aligned.u32 232;",
+                 "cp.async.mbarrier.arrive.noinc.shared::cta.b64", "fence.proxy.async.shared::cta",
+                 f"wgmma.wait_group.sync.aligned {cfg.inflight};", ".maxntid 384, 1, 1"):
+        assert text in ptx, text
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    log = nvjitlink_info_log(ptx, options=("-O3", "-Xptxas=-v"))
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+    assert "C7509" not in log, log
+    whole = whole_program_ptxas(ptx, tmp_path)
+    assert "C7504" not in whole and "C7508" not in whole and "C7509" not in whole, whole
+    assert "0 bytes spill stores, 0 bytes spill loads" in whole, whole
+    disasm = shutil.which("nvdisasm")
+    if disasm is not None:
+        sass = subprocess.run([disasm, str(tmp_path / "kernel.cubin")], capture_output=True,
+                              text=True, check=True).stdout
+        assert len(re.findall(rf"QGMMA\.64x{cfg.bn}x32\.F32", sass)) == 4, sass.count("GMMA")
+        assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
+def test_fp8_variants_and_configs_are_checked():
+    cfg = sm90_gemm.FP8_CONFIGS["fp8_128x128x128_4s_w1"]
+    bad = sm90_gemm.Sm90Fp8Variant("row", "row", "float8_e4m3fn", "bfloat16", None, None, None)
+    with pytest.raises(ValueError, match="both operands K-major .* a_layout 'row' and b_layout 'col'"):
+        sm90_gemm.kernel_source(cfg, bad)
+    with pytest.raises(ValueError, match="is for fp8 inputs, the variant's are bfloat16: use CONFIGS"):
+        sm90_gemm.kernel_source(cfg, PLAIN)
+    with pytest.raises(ValueError, match="is for bf16/f16 inputs.*use FP8_CONFIGS"):
+        sm90_gemm.kernel_source(sm90_gemm.CONFIGS["128x128x64_4s"], FP8_PLAIN)
+    with pytest.raises(ValueError, match=r"bk must be 128 \(one 128-byte swizzle row of fp8\)"):
+        sm90_gemm.Sm90Config("bad", 128, 3, elem_bytes=1)
+    assert all(c.stage_bytes == sm90_gemm.CONFIGS[n[4:].replace("x128_", "x64_")].stage_bytes
+               for n, c in sm90_gemm.FP8_CONFIGS.items())

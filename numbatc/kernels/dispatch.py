@@ -55,6 +55,15 @@ def choose_sm80(m, n, k):
 
 
 def _variant(p):
+    if getattr(p, "tensor_scales", None) is not None:  # FP8, per-tensor scales: sm90_gemm
+        from numbatc.kernels import sm90_gemm
+
+        return sm90_gemm.Sm90Fp8Variant(
+            a_layout=p.a.layout, b_layout=p.b.layout, in_dtype=p.in_dtype,
+            out_dtype=p.out_dtype, c_dtype=p.c.dtype if p.c is not None else None,
+            bias_dtype=p.bias_dtype, activation=p.activation, out_layout=p.out.layout,
+            c_layout=p.c.layout if p.c is not None else "row", epilogue=p.epilogue,
+            epilogue_args=len(p.epilogue_args), b_dtype=p.b_dtype)
     return sm80_gemm.Sm80Variant(
         a_layout=p.a.layout,
         b_layout=p.b.layout,
@@ -81,7 +90,7 @@ def _pack(src, dst):
 def _operand(operand, stream, keep):
     """(flat operand, leading dimension) for the kernel: the operand's own pointer when its start
     and leading dimension are 16-byte aligned, else an aligned copy in the same layout (rows
-    padded to a multiple of 8 elements).  The copy costs one pass over the operand; the GEMM
+    padded to a multiple of 16 bytes: 8 bf16/f16 elements, 16 fp8).  The copy costs one pass over the operand; the GEMM
     kernel then needs no slow path (see sm80_gemm)."""
     if operand.alignment == 16 and not _EMULATED:
         return operand.ptr, operand.ld
@@ -99,7 +108,8 @@ def _aligned_view(operand, stream):
         rows, cols = view.shape
         if operand.layout == "col":  # work on the row-major transpose
             view, (rows, cols) = transpose_view(view), (cols, rows)
-        ld = (cols + 7) // 8 * 8
+        per = 16 // view.dtype.itemsize  # elements per 16 bytes
+        ld = (cols + per - 1) // per * per
         padded = cuda.device_array((rows, ld), dtype=view.dtype, stream=stream)
         packed = padded[:, :cols]
         _pack[((rows + 15) // 16, (cols + 15) // 16), (16, 16), stream](view, packed)
@@ -177,6 +187,29 @@ def _kernel_family(p):
     if os.environ.get("NUMBATC_PRINT_CONFIG") and hopper:
         print(f"numbatc.gemm: sm80_gemm, not sm90_gemm: {reason}", file=sys.stderr)
     return sm80_gemm, choose_sm80(p.m, p.n, p.k)
+
+
+def _fp8_family(p, choice):
+    """(sm90_gemm, config) for FP8 with per-tensor scales: sm90_gemm's fp8 form is the only
+    kernel, on compute capability 9.0 (and in the emulation, which stands in for one).
+    ``NUMBATC_GEMM_KERNEL=sm90:<name>`` picks one of sm90_gemm.FP8_CONFIGS; sm80 or sm100 is
+    refused."""
+    from numbatc.kernels import sm90_gemm
+
+    family, _, name = choice.partition(":")
+    if p.cc is None or tuple(p.cc)[:2] != (9, 0):
+        cc = f"sm_{p.cc[0]}{p.cc[1]}" if p.cc else "unknown"
+        raise ValueError("FP8 with per-tensor scales needs compute capability 9.0 (sm_90a); "
+                         f"this GPU is {cc}")
+    if family and family != "sm90":
+        raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: FP8 with per-tensor scales runs on "
+                         "sm90 only")
+    name = name or ("fp8_128x256x128_4s_w1" if p.n > 128 else "fp8_128x128x128_4s_w1")
+    if name not in sm90_gemm.FP8_CONFIGS:
+        raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: no sm90 FP8 config {name!r}; choose "
+                         f"from {sorted(sm90_gemm.FP8_CONFIGS)}")
+    sm90_gemm.check_variant(_variant(p))
+    return sm90_gemm, sm90_gemm.FP8_CONFIGS[name]
 
 
 def _sm100_family(p, choice):
@@ -308,10 +341,19 @@ def launch_gemm(p):
     when absent), or None where there is none: the emulation, a user epilogue, K == 0, an
     operand that had to be packed (not 16-byte aligned), ``NUMBATC_PRINT_CONFIG`` set (each call
     prints).  numbatc.gemm caches it (see gemm._FAST).  Block-scaled problems run
-    sm100_scaled_gemm (compute capability 10.x only) and return None."""
+    sm100_scaled_gemm (compute capability 10.x only) and return None.  FP8 with per-tensor scales
+    (``p.tensor_scales``) runs sm90_gemm's fp8 form (compute capability 9.0 only) with
+    alpha * scale_a * scale_b as its alpha; the relaunch function then takes that product as
+    alpha."""
     if p.block_scaled is not None:
         return _launch_block_scaled(p)
-    family, cfg = _kernel_family(p)
+    scales = getattr(p, "tensor_scales", None)
+    alpha = p.alpha
+    if scales is not None:
+        family, cfg = _fp8_family(p, os.environ.get("NUMBATC_GEMM_KERNEL", ""))
+        alpha = p.alpha * scales[0] * scales[1]
+    else:
+        family, cfg = _kernel_family(p)
     var = _variant(p)
     printing = bool(os.environ.get("NUMBATC_PRINT_CONFIG"))
     fast = (not _EMULATED and not printing and p.epilogue is None and p.k >= 1
@@ -321,7 +363,7 @@ def launch_gemm(p):
               f"{cfg.name} a={var.a_layout}"
               f"{'' if p.a.alignment == 16 else ' (packed: not 16-byte aligned)'} b={var.b_layout}"
               f"{'' if p.b.alignment == 16 else ' (packed: not 16-byte aligned)'} "
-              f"{var.in_dtype}->{var.out_dtype}"
+              f"{var.in_dtype}{' x ' + p.b_dtype if scales else ''}->{var.out_dtype}"
               f"{' +c' if var.c_dtype else ''}{' +bias' if var.bias_dtype else ''}"
               f"{' ' + var.activation if var.activation else ''}", file=sys.stderr)
     if family.__name__.endswith("sm100_gemm"):
@@ -347,5 +389,5 @@ def launch_gemm(p):
     if fast:
         extra["prepare"] = True
     return family.launch(cfg, var, a, b, c, bias, out, p.m, p.n, p.k, lda, ldb, ldc, p.out.ld,
-                         p.alpha, p.beta, stream=p.stream if _EMULATED else p.stream_handle,
+                         alpha, p.beta, stream=p.stream if _EMULATED else p.stream_handle,
                          **extra)

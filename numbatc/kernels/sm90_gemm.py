@@ -34,6 +34,13 @@ configurations wait for each tile's wgmma group before releasing its stage; ``in
 (the ``_w1`` names) keep one group in flight (``wgmma_wait_group(1)``) and release the previous
 tile's stage.  Next steps: a persistent tile scheduler, and an epilogue through shared memory
 with 16-byte stores.
+
+FP8 (:data:`FP8_CONFIGS`, :class:`Sm90Fp8Variant`): a float8_e4m3fn or float8_e5m2, b either
+(they mix), both K-major -- wgmma's 8-bit forms have no transposes: a row-major (M, K), b
+column-major (K, N).  The same pipeline with 1-byte elements: BK = 128 fp8 values (one 128-byte
+swizzle row, the same stage bytes as bf16's BK = 64), 16 values per cp.async, 4 x wgmma
+m64nBNk32 (e4m3/e5m2 -> f32) per k tile.  Per-tensor scales cost nothing in the kernel: the
+dispatcher folds scale_a * scale_b into alpha.
 """
 
 import functools
@@ -41,13 +48,40 @@ from dataclasses import dataclass
 
 from numbatc.kernels import sm80_gemm
 
-__all__ = ["Sm90Config", "Sm90Variant", "CONFIGS", "kernel_for", "kernel_source", "launch",
-           "signature", "grid_for"]
+__all__ = ["Sm90Config", "Sm90Variant", "Sm90Fp8Variant", "CONFIGS", "FP8_CONFIGS",
+           "FP8_DTYPES", "kernel_for", "kernel_source", "launch", "signature", "grid_for"]
 
 # The variant (layouts, dtypes, epilogue) is sm80's: the same problem description, and the same
 # kernel arguments (sm80_gemm.signature).
 Sm90Variant = sm80_gemm.Sm80Variant
-signature = sm80_gemm.signature
+
+#: fp8 dtype name -> wgmma's PTX type.
+FP8_DTYPES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
+@dataclass(frozen=True)
+class Sm90Fp8Variant(sm80_gemm.Sm80Variant):
+    """An fp8 problem: ``in_dtype`` is a's dtype and ``b_dtype`` b's (float8_e4m3fn or
+    float8_e5m2 each); a_layout must be 'row' and b_layout 'col' (both K-major)."""
+
+    b_dtype: str = "float8_e4m3fn"
+
+
+def signature(var):
+    """The kernel's argument types (sm80_gemm.signature's; fp8 operands as uint8 pointers)."""
+    if var.in_dtype not in FP8_DTYPES:
+        return sm80_gemm.signature(var)
+    return _fp8_signature(var)
+
+
+@functools.cache
+def _fp8_signature(var):
+    from dataclasses import replace
+
+    from numba import types
+
+    u8 = types.CPointer(types.uint8)
+    return (u8, u8) + tuple(sm80_gemm.signature(replace(var, in_dtype="bfloat16"))[2:])
 
 _THREADS_PER_WG = 128
 _SWIZZLE = 128  # bytes: BK = 64 two-byte elements fill one 128-byte swizzle row
@@ -72,6 +106,7 @@ class Sm90Config:
     consumer_regs: int = 232
     inflight: int = 0  # wgmma groups left in flight when a stage is released (0 or 1)
     cluster_m: int = 1  # CTAs along M sharing each B tile (2: each loads half, see the docstring)
+    elem_bytes: int = 2  # 2: bf16/f16 (bk = 64); 1: fp8 (bk = 128)
     # The fence.proxy.async between cp.async's generic-proxy writes and wgmma's async-proxy
     # reads: False, by each consumer after its full-barrier wait; True, by each producer thread
     # after its own copies of the tile landed (cp.async.wait_group 1: one tile behind), before a
@@ -81,8 +116,12 @@ class Sm90Config:
 
     def __post_init__(self):
         problems = []
-        if self.bk != 64:
-            problems.append(f"bk must be 64 (one 128-byte swizzle row of bf16/f16), got {self.bk}")
+        if self.elem_bytes not in (1, 2):
+            problems.append(f"elem_bytes must be 2 (bf16/f16) or 1 (fp8), got {self.elem_bytes}")
+        elif self.bk * self.elem_bytes != _SWIZZLE:
+            what = "bf16/f16" if self.elem_bytes == 2 else "fp8"
+            problems.append(f"bk must be {_SWIZZLE // self.elem_bytes} (one 128-byte swizzle row "
+                            f"of {what}), got {self.bk}")
         if self.bn not in (64, 128, 192, 256):
             problems.append(f"bn must be 64, 128, 192 or 256 (wgmma N, whole 128-byte atoms), "
                             f"got {self.bn}")
@@ -130,16 +169,16 @@ class Sm90Config:
 
     @property
     def a_bytes(self):
-        return self.bm * self.bk * 2
+        return self.bm * self.bk * self.elem_bytes
 
     @property
     def stage_bytes(self):
-        return (self.bm + self.bn) * self.bk * 2
+        return (self.bm + self.bn) * self.bk * self.elem_bytes
 
     @property
     def b_part_bytes(self):
         """Bytes of the B tile each CTA of a cluster loads from global memory (and forwards)."""
-        return self.bn * self.bk * 2 // self.cluster_m
+        return self.bn * self.bk * self.elem_bytes // self.cluster_m
 
     @property
     def shared_bytes(self):
@@ -166,11 +205,33 @@ CONFIGS = {
     )
 }
 
+#: fp8 configurations (K-major a and b only): the bf16 defaults' shapes with BK = 128 fp8 values,
+#: the same bytes per stage.
+FP8_CONFIGS = {
+    c.name: c
+    for c in (
+        Sm90Config("fp8_128x256x128_4s_w1", 256, 4, bk=128, inflight=1, elem_bytes=1),
+        Sm90Config("fp8_128x128x128_4s_w1", 128, 4, bk=128, inflight=1, elem_bytes=1),
+        Sm90Config("fp8_128x256x128_3s", 256, 3, bk=128, elem_bytes=1),
+    )
+}
+
 
 def check_variant(var: Sm90Variant):
     """ValueError naming the valid values for a variant this kernel does not implement."""
+    if var.in_dtype in FP8_DTYPES:
+        b_dtype = getattr(var, "b_dtype", None)
+        if b_dtype not in FP8_DTYPES:
+            raise ValueError(f"sm90_gemm's fp8 form takes b float8_e4m3fn or float8_e5m2 "
+                             f"(an Sm90Fp8Variant's b_dtype), got {b_dtype!r}")
+        if (var.a_layout, var.b_layout) != ("row", "col"):
+            raise ValueError("sm90_gemm's fp8 form needs both operands K-major (wgmma's 8-bit "
+                             "forms have no transposes): a_layout 'row' and b_layout 'col', got "
+                             f"{var.a_layout!r}, {var.b_layout!r}")
+        return
     if var.in_dtype not in ("bfloat16", "float16"):
-        raise ValueError(f"sm90_gemm takes bfloat16 or float16 inputs, got {var.in_dtype!r}")
+        raise ValueError(f"sm90_gemm takes bfloat16 or float16 inputs (or float8_e4m3fn / "
+                         f"float8_e5m2 in an Sm90Fp8Variant), got {var.in_dtype!r}")
     for name, layout in (("a_layout", var.a_layout), ("b_layout", var.b_layout)):
         if layout not in ("row", "col"):
             raise ValueError(f"sm90_gemm {name} must be 'row' or 'col', got {layout!r}")
@@ -188,14 +249,15 @@ def _layout(cfg, op, k_major):
     from intrinsics.wgmma import SmemLayout
 
     mn = cfg.bn if op == "b" else cfg.bm
-    return SmemLayout("K" if k_major else "MN", _SWIZZLE, mn, cfg.bk, 2)
+    return SmemLayout("K" if k_major else "MN", _SWIZZLE, mn, cfg.bk, cfg.elem_bytes)
 
 
 def _loader(w, cfg, op, k_major, part=1):
     """Emit ``load_<op>``: one producer thread's 16-byte cp.async copies of one tile.
 
     Tile rows run along the operand's non-contiguous dimension (K-major: mn rows of 128 bytes;
-    MN-major: BK k rows of mn * 2 bytes, stored as 8-k atoms of 8 x 128 B), 8 elements per copy.
+    MN-major: BK k rows of mn * 2 bytes, stored as 8-k atoms of 8 x 128 B), 16 bytes per copy
+    (8 bf16/f16 values, 16 fp8; fp8 tiles are K-major only).
     Thread p copies column chunk p % CPR of rows r0 + i * RSTEP (r0 = p // CPR < RSTEP).
 
     NOTE: the producer runs with 40 registers (setmaxnreg); LLVM's LICM hoists every
@@ -209,9 +271,12 @@ def _loader(w, cfg, op, k_major, part=1):
     an optimisation barrier -- inside the loop: everything derived from them is computed per
     k tile, in a few short-lived registers."""
     mn = cfg.bn if op == "b" else cfg.bm
+    eb = cfg.elem_bytes
+    epc = 16 // eb  # elements per 16-byte copy
+    assert k_major or eb == 2, "MN-major tiles are bf16/f16 only"
     rows, cols = (mn, cfg.bk) if k_major else (cfg.bk, mn)
     rows //= part  # a cluster's CTAs each load 1/part of the tile: leading rows, contiguous
-    per_row = cols // 8
+    per_row = cols // epc
     step = _THREADS_PER_WG // per_row
     count = rows * per_row // _THREADS_PER_WG
     assert step % 8 == 0 or 8 % step == 0, step
@@ -221,7 +286,7 @@ def _loader(w, cfg, op, k_major, part=1):
     def offset(r):
         """Source text: the unswizzled byte offset of (row r0 + r, column c0) in the tile."""
         if k_major:
-            return f"(r0 + {r}) * 128 + c0 * 2"
+            return f"(r0 + {r}) * 128 + c0 * {eb}"
         return f"((r0 + {r}) // 8) * {mn * 16} + (c0 // 64) * 1024 + ((r0 + {r}) % 8) * 128 + (c0 % 64) * 2"
 
     def delta(i, q):
@@ -235,7 +300,7 @@ def load_{op}(smem, base, src, start, ld, r0, c0, mn_lim, k0, k_lim):
     # {op.upper()}: {rows} x {cols} tile ({'K' if k_major else 'MN'}-major), {count} copies of 16 bytes
     g = start + {koff}
     cc = {col_lim} - c0
-    nbytes = min(cc, 8) * 2
+    nbytes = min(cc, {epc}) * {eb}
     row_ld = np.int64(nt.wgmma_fence_operand(np.int32({step} * ld)))
     rows_left = np.int64(nt.wgmma_fence_operand(np.int32({row_lim} - r0)))""")
     bases = []
@@ -253,6 +318,16 @@ def load_{op}(smem, base, src, start, ld, r0, c0, mn_lim, k0, k_lim):
     return per_row
 
 
+def _mma_line(bn, var, a_kmajor, b_kmajor):
+    """The generated module's wgmma intrinsic: bf16/f16 with the layouts' transposes, or fp8
+    (e4m3/e5m2, K-major, no transpose immediates)."""
+    if var.in_dtype in FP8_DTYPES:
+        return (f'MMA = nt.wgmma_mma_async({bn}, "{FP8_DTYPES[var.in_dtype]}", '
+                f'"{FP8_DTYPES[var.b_dtype]}", acc="f32")')
+    return (f'MMA = nt.wgmma_mma_async({bn}, "{_PTX_TYPE[var.in_dtype]}", acc="f32", '
+            f'trans_a={0 if a_kmajor else 1}, trans_b={0 if b_kmajor else 1})')
+
+
 def _epilogue_helpers(var):
     """sm80_gemm's epilogue device functions (bf16/f16 decoding, activation, store_pair,
     store_tile), so that both kernels store identically.  store_tile(acc4, r, col) stores
@@ -264,7 +339,14 @@ def _epilogue_helpers(var):
 def kernel_source(cfg: Sm90Config, var: Sm90Variant) -> str:
     """Python source of the kernel for one configuration and variant."""
     check_variant(var)
+    fp8 = var.in_dtype in FP8_DTYPES
+    if cfg.elem_bytes != (1 if fp8 else 2):
+        raise ValueError(f"sm90 config {cfg.name} is for {'fp8' if cfg.elem_bytes == 1 else 'bf16/f16'} "
+                         f"inputs, the variant's are {var.in_dtype}: use "
+                         f"{'FP8_CONFIGS' if fp8 else 'CONFIGS'}")
     BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages
+    epc = 16 // cfg.elem_bytes  # elements per 16-byte cp.async
+    kinst = 32 // cfg.elem_bytes  # K of one wgmma: 16 (bf16/f16), 32 (fp8)
     a_kmajor, b_kmajor = var.a_layout == "row", var.b_layout == "col"
     a_lay, b_lay = _layout(cfg, "a", a_kmajor), _layout(cfg, "b", b_kmajor)
     # Each consumer's A part: rows 64 * cw .. of the tile.  K-major: 64 rows of 128 B further;
@@ -278,7 +360,7 @@ import numpy as np
 from numba import cuda
 import intrinsics as nt
 
-MMA = nt.wgmma_mma_async({BN}, "{_PTX_TYPE[var.in_dtype]}", acc="f32", trans_a={0 if a_kmajor else 1}, trans_b={0 if b_kmajor else 1})
+{_mma_line(BN, var, a_kmajor, b_kmajor)}
 CP = nt.cp_async_op(16, zfill=True)
 
 
@@ -409,9 +491,9 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
         nt.setmaxnreg_dec({cfg.producer_regs})
         p = t
         p_ar0 = p // {a_per_row}
-        p_ac0 = (p % {a_per_row}) * 8
+        p_ac0 = (p % {a_per_row}) * {epc}
         p_br0 = p // {b_per_row}
-        p_bc0 = (p % {b_per_row}) * 8
+        p_bc0 = (p % {b_per_row}) * {epc}
         a_start = {a_start}
         b_start = {b_start}
         m_lim = M - m0
@@ -451,9 +533,9 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
             # (With pfence the producer fenced instead.){consumer_fence}
             st = np.uint64(s * {cfg.stage_bytes // 16})
             nt.wgmma_fence()''')
-    for ks in range(BK // 16):
-        a_k = a_lay.k_offset(ks * 16) // 16
-        b_k = b_lay.k_offset(ks * 16) // 16
+    for ks in range(BK // kinst):
+        a_k = a_lay.k_offset(ks * kinst) // 16
+        b_k = b_lay.k_offset(ks * kinst) // 16
         w(f"            acc = MMA(acc, da0 + st + np.uint64({a_k}), db0 + st + np.uint64({b_k}), 1)")
     if cfg.inflight == 0:
         w(f'''            nt.wgmma_commit_group()
@@ -516,7 +598,40 @@ def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, 
     loads it through the driver's whole-program JIT (nvJitLink's relocatable compilation would
     drop the instruction)."""
     cluster = (cfg.cluster_m, 1, 1) if cfg.cluster_m > 1 else None
+    if var.in_dtype in FP8_DTYPES:
+        return _launch_fp8(kernel_for(cfg, var), var, grid_for(cfg, m, n), cfg.threads,
+                           cfg.shared_bytes, cluster, (a, b, c, bias, out, m, n, k, lda, ldb,
+                                                       ldc, ldo), alpha, beta, stream, group_m,
+                           epilogue_args, prepare)
     return sm80_gemm.launch_gemm_kernel(
         kernel_for(cfg, var), var, grid_for(cfg, m, n), cfg.threads, cfg.shared_bytes, cluster,
         a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m,
         epilogue_args, prepare)
+
+
+def _launch_fp8(kernel, var, grid, threads, shared_bytes, cluster, operands, alpha, beta, stream,
+                group_m, epilogue_args, prepare):
+    """sm80_gemm.launch_gemm_kernel with the fp8 signature (uint8 operand pointers): prepared
+    (returning the relaunch function) where it can be, else an ordinary launch."""
+    import numpy as np
+    from numba import config
+
+    from intrinsics import launch as launching
+
+    a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo = operands
+    if prepare and var.epilogue is None and not config.ENABLE_CUDASIM:
+        prepared = launching.prepare(kernel, grid, threads, signature(var),
+                                     shared_bytes=shared_bytes, cluster=cluster)
+        if prepared is not None:
+            def relaunch(a, b, c, bias, out, alpha, beta, stream):
+                prepared(stream, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta,
+                         group_m)
+
+            relaunch(a, b, c, bias, out, alpha, beta, stream)
+            return relaunch
+    args = (a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, np.float32(alpha), np.float32(beta),
+            group_m)
+    args, sig = sm80_gemm.with_epilogue_args(kernel, var, args, signature(var), epilogue_args)
+    launching.launch(kernel, grid, threads, args, shared_bytes=shared_bytes, cluster=cluster,
+                     stream=stream, signature=sig)
+    return None
