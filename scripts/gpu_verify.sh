@@ -4,8 +4,9 @@
 #   launch.txt    the >48 KB dynamic+static shared memory regression, clusters, DSMEM bulk copy,
 #                 named barriers
 #   softmax.txt   softmax / gemm_softmax GPU tests (the two H200 failures were fixed blind), ex05
-#   sm90.txt      sm90_gemm with the producer-side proxy fence (_pf) against _w1, its tests, and
-#                 user epilogues on the Hopper path (test_gemm_gpu -k epilogue, bench epilogue)
+#   sm90.txt      sm90_gemm with the producer-side proxy fence (_pf) against _w1, its tests, FP8
+#                 with per-tensor scales, and user epilogues on the Hopper path (test_gemm_gpu -k
+#                 epilogue, bench epilogue)
 #   attention.txt every attention GPU test (portable; the Hopper kernel forced), bench both
 #   host.txt      warm-call host overhead (gemm, softmax), benchmarks of softmax
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh
@@ -28,6 +29,7 @@ t() { local limit=$1; shift; timeout "$limit" "$@" 2>&1; echo "[exit $? after li
     NUMBATC_GEMM_KERNEL=sm90:$cfg t 60 $py -m numbatc.bench gemm --shapes quick | grep -E "^ +[0-9]" | tail -2
   done
   t 240 $py -m pytest -q -m gpu -p no:cacheprovider -rf -x tests/gpu/test_sm90_gemm_gpu.py | tail -4
+  t 120 $py -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_gemm_fp8_gpu.py | tail -4
   t 120 $py -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_gemm_gpu.py -k "epilogue" | tail -4
   t 60 $py -m numbatc.bench epilogue --shapes quick | tail -6
 } > "$out/sm90.txt"
