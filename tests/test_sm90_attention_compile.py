@@ -4,7 +4,8 @@ P V, setmaxnreg, cp.async with mbarrier arrivals, the proxy fence), and assemble
 (as the driver JITs a setmaxnreg kernel) without local memory, spills, or serialised wgmma
 (C7509 calls, C7513 registers defined inside a wgmma pipeline stage, C7519 injected arrives,
 C7517 injected waits); with nvdisasm on PATH the SASS shows the HGMMAs, and the overlapped
-schedule keeps its wgmma group in flight (DEPBAR.LE gsb0, 0x1).  sm_80 refuses the kernel;
+schedule keeps its wgmma group in flight (DEPBAR.LE gsb0, 0x1), and the ping-pong ones (_pp)
+have their named barriers 1 and 2 (barrier.sync/arrive 256; BAR.SYNC/BAR.ARV).  sm_80 refuses the kernel;
 bad configurations and head dims are named."""
 
 import functools
@@ -58,6 +59,10 @@ def test_assembles_without_spills_or_serialised_wgmma(name, d, dtype, causal, wi
                  "shfl.sync.bfly.b32", ".maxntid 384, 1, 1", ".extern .shared .align 1024"):
         assert text in ptx, text
     assert ("wgmma.wait_group.sync.aligned 1;" in ptx) == cfg.overlap
+    # ping-pong: consumer w syncs on barrier 1 + w and arrives on the other's (256 threads)
+    bars = set(re.findall(r"barrier\.(sync|arrive)\.aligned (\d+), %r", ptx))
+    assert bars == ({(op, i) for op in ("sync", "arrive") for i in ("1", "2")}
+                    if cfg.pingpong else set()), bars
     assert "ld.local" not in ptx and "st.local" not in ptx
     log = whole_program_ptxas(ptx, tmp_path)
     for code in ("C7504", "C7508", "C7509", "C7513", "C7517", "C7519"):
@@ -74,6 +79,11 @@ def test_assembles_without_spills_or_serialised_wgmma(name, d, dtype, causal, wi
     assert len(hgmma) == len(mma)
     if cfg.overlap:
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass
+    if cfg.pingpong:
+        for i in (1, 2):
+            assert re.search(rf"\bBAR\.SYNC(\.DEFER_BLOCKING)? R\d+, 0x{i}\b|"
+                             rf"\bBAR\.SYNC(\.DEFER_BLOCKING)? 0x{i}\b", sass), i
+            assert re.search(rf"\bBAR\.ARV\b[^;]*0x{i}\b", sass), i
 
 
 def test_refused_on_sm80():
@@ -86,6 +96,8 @@ def test_refused_on_sm80():
 def test_bad_configs_and_head_dims_are_named():
     with pytest.raises(ValueError, match="block_n must be 64, 128 or 192"):
         attn.Sm90AttnConfig("bad", 96)
+    with pytest.raises(ValueError, match="pingpong needs overlap"):
+        attn.Sm90AttnConfig("bad", 128, pingpong=True)
     with pytest.raises(ValueError, match="stages must be >= 2"):
         attn.Sm90AttnConfig("bad", 128, stages=1)
     with pytest.raises(ValueError, match="168 per thread"):

@@ -40,9 +40,19 @@ Scheduling: ``overlap=False`` configurations run each tile's two GEMMs and softm
 ``overlap=True`` ones (``_ov``) are FlashAttention-3's intra-warpgroup pipeline: the wgmma of
 S(n) = Q K(n)^T and that of O += P(n-1) V(n-1) are issued back to back, the consumer waits for
 S(n) only (``wgmma_wait_group(1)``) and computes softmax(S(n)) while P(n-1) V(n-1) runs on the
-tensor core; O is rescaled once that group retired.  (The inter-warpgroup ping-pong of FA3, where
-named barriers make WG1's softmax overlap WG2's GEMMs, needs a ``bar.sync id, count``
-intrinsic this project does not have yet.)
+tensor core; O is rescaled once that group retired.
+
+``pingpong=True`` ones (``_pp``, on top of ``_ov``) add FA3's inter-warpgroup ping-pong: the two
+consumers take turns issuing their GEMMs, so that one warpgroup's softmax runs while the other's
+GEMMs keep the tensor core busy.  Two named barriers over the 256 consumer threads
+(intrinsics.barrier; ids 1 and 2 = consumer 0's and 1's): a turn is ``bar.sync own id`` -> issue
+the tile's wgmma groups (S(n) = Q K(n)^T, and P(n-1) V(n-1) from the second tile on) -> ``bar.arrive
+the other's id``.  Consumer 1 arrives on consumer 0's barrier once before its first turn
+(consumer 0 goes first); every warpgroup takes exactly one turn per key tile the block loaded,
+empty ones (sync + arrive) for the causal tiles its rows do not see, so both take the same number;
+consumer 0 ends with one more ``bar.sync`` that consumes consumer 1's last arrival: every arrive is
+matched by a sync and no barrier is left part-full at exit.  The last tile's P V is issued outside
+any turn.
 
 Causal (bottom-right aligned, query i sees keys j <= i + Sk - Sq): a block loads the key tiles
 its last row sees; each consumer computes the tiles its own rows see and only waits for and
@@ -92,6 +102,7 @@ class Sm90AttnConfig:
     # overlapped kernel, whose consumers use up to R206 at head_dim 128 (ptxas, whole-program).
     producer_regs: int = 56
     consumer_regs: int = 224
+    pingpong: bool = False  # FA3's inter-warpgroup ping-pong (named barriers; needs overlap)
 
     def __post_init__(self):
         problems = []
@@ -99,6 +110,8 @@ class Sm90AttnConfig:
             problems.append(f"block_n must be 64, 128 or 192, got {self.block_n}")
         if self.stages < 2:
             problems.append(f"stages must be >= 2, got {self.stages}")
+        if self.pingpong and not self.overlap:
+            problems.append("pingpong needs overlap=True (it is built on the _ov schedule)")
         # NOTE: the pool setmaxnreg redistributes is what the block was launched with: 65536 /
         # 384 rounded down to a multiple of 8 = 168 per thread, 64512 in all (not 65536); an
         # .inc that asks for more than the pool holds waits forever.
@@ -134,6 +147,9 @@ CONFIGS = {
         Sm90AttnConfig("n64_2s", 64, producer_regs=64, consumer_regs=216),
         Sm90AttnConfig("n64_2s_ov", 64, overlap=True),
         Sm90AttnConfig("n128_3s_ov", 128, stages=3, overlap=True),
+        # opt-in, unmeasured on the GPU: FA3's inter-warpgroup ping-pong on top of _ov
+        Sm90AttnConfig("n128_2s_ov_pp", 128, overlap=True, pingpong=True),
+        Sm90AttnConfig("n64_2s_ov_pp", 64, overlap=True, pingpong=True),
     )
 }
 
@@ -367,6 +383,16 @@ def store_pair(out, base, v0, v1):
         # P(n-1)'s registers stay live (unreused) until its wgmma group retired
         return "\n".join(f"{ind}pa_{c} = nt.wgmma_fence_operand(pa_{c})" for c in range(KK))
 
+    def turn(ind, op, own):
+        """Source (pingpong): ``op`` ("sync" or "arrive") on this consumer's own named barrier
+        (own=True: id 1 + cw) or the other's (id 2 - cw); "" without pingpong.  The id is a
+        literal in the PTX, hence the branch."""
+        if not cfg.pingpong:
+            return ""
+        ids = (1, 2) if own else (2, 1)
+        return (f"\n{ind}if cw == 0:\n{ind}    nt.named_barrier_{op}({ids[0]}, 256)"
+                f"\n{ind}else:\n{ind}    nt.named_barrier_{op}({ids[1]}, 256)")
+
     rescale = "o = " + _tup([f"o[{v}] * alpha_{(v // 2) % 2}" for v in range(NO)])
     mask_cond = f"n0 + {BN} > Sk"
     if var.causal:
@@ -480,6 +506,11 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
     for c in range(KK):
         w(f"        pa_{c} = {zeros_p}")
     w("        nt.mbarrier_wait_parity(bars, 0, 0)  # Q landed")
+    if cfg.pingpong:
+        w("""        # ping-pong: consumer 0 takes the first turn (consumer 1 arrives on its barrier once;
+        # consumer 0's last bar.sync, after the key loop, consumes this extra arrival)
+        if cw == 1:
+            nt.named_barrier_arrive(1, 256)""")
     I = " " * 12
     if not cfg.overlap:
         w(f'''
@@ -510,8 +541,8 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
             s = 0
             ph = 0
             n0 = 0
-{wait_full(I, KF, "s", "ph")}
-{group(I, fenced(I, ["sacc"]), qk_mmas(I))}
+{wait_full(I, KF, "s", "ph")}{turn(I, "sync", True)}
+{group(I, fenced(I, ["sacc"]), qk_mmas(I))}{turn(I, "arrive", False)}
             nt.wgmma_wait_group(0)
             sacc = nt.wgmma_fence_operand(sacc)
             if lane == 0:
@@ -526,10 +557,10 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
             # groups made ptxas serialise every wgmma of the kernel (C7513).  V(n-1) has been
             # in flight a whole tile longer than K(n), so waiting for it early costs nothing.
 {wait_full(I, KF, "s", "ph")}
-{wait_full(I, VF, "sp", f"((n - 1) // {S}) & 1")}
+{wait_full(I, VF, "sp", f"((n - 1) // {S}) & 1")}{turn(I, "sync", True)}
 {fenced(I, ["sacc", "o"] + P_REGS)}
 {group(I, qk_mmas(I))}
-{group(I, pv_mmas(I, "sp"))}
+{group(I, pv_mmas(I, "sp"))}{turn(I, "arrive", False)}
             nt.wgmma_wait_group(1)  # S(n) done; P(n-1) V(n-1) may still run
             sacc = nt.wgmma_fence_operand(sacc)
             if lane == 0:
@@ -563,8 +594,12 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
             nt.mbarrier_wait_parity(bars, {VF} + s, ph)
             if lane == 0:
                 nt.mbarrier_arrive(bars, {KE} + s)
-                nt.mbarrier_arrive(bars, {VE} + s)
-
+                nt.mbarrier_arrive(bars, {VE} + s){turn(I, "sync", True)}{turn(I, "arrive", False)}''')
+    if cfg.pingpong:
+        w("""        # ping-pong: consume consumer 1's last arrival (one more than consumer 0's turns)
+        if cw == 0:
+            nt.named_barrier_sync(1, 256)""")
+    w(f'''
         # ---- epilogue: O / l per row (0 for a row that saw no key), stored as {var.dtype} ----
         o_start = b * o_sb + h * o_sh''')
     for hh in range(2):

@@ -3,7 +3,8 @@ through numbatc.attention with ``NUMBATC_ATTN_KERNEL=sm90:<config>``: the warp-s
 cp.async -> mbarrier -> wgmma pipeline (SS for Q K^T, RS for P V), the online softmax in the
 accumulator's registers, masks for ragged key tiles and the causal diagonal, rows that see no
 key, GQA, head_dim 64 and 128, bf16 and f16, lse; both schedules (in order, and the overlapped
-one with a wgmma group in flight during the softmax), rings of 2 and 3 stages that wrap.
+one with a wgmma group in flight during the softmax, and that one with the two consumers'
+ping-pong on named barriers), rings of 2 and 3 stages that wrap.
 
 Each case checks against tests/gpu/test_attention_gpu.py's float64 reference (outputs poisoned
 with NaN first, fresh random data) and that the sm90 kernel, not the fallback, ran.  384 threads
@@ -49,14 +50,34 @@ CASES = [
     (1, 33, 200, 3, 1, 64, True, "bfloat16", "n64_2s_ov"),     # 4 tiles of 64, causal, MQA
     (1, 64, 129, 1, 1, 128, True, "float16", "n64_2s"),        # in order, 3 tiles, 1 ragged key
     (1, 20, 400, 2, 2, 64, False, "bfloat16", "n128_3s_ov"),   # 3 stages, 4 tiles
+    # ping-pong (named barriers): GQA, causal, ragged; block 0's consumers see 1 and 2 key tiles
+    (1, 150, 150, 2, 1, 64, True, "bfloat16", "n64_2s_ov_pp"),
+    (1, 40, 300, 1, 1, 128, False, "float16", "n128_2s_ov_pp"),  # 3 tiles wrap 2 stages
+    (1, 130, 30, 1, 1, 64, True, "bfloat16", "n128_2s_ov_pp"),   # block 0: consumer 0 sees none
 ]
 
 
 @pytest.mark.parametrize("b, sq, sk, hq, hkv, d, causal, dtype, cfg", CASES)
-def test_sm90_attention_in_the_emulation(sm90_runs, b, sq, sk, hq, hkv, d, causal, dtype, cfg):
+def test_sm90_attention_in_the_emulation(sm90_runs, monkeypatch, b, sq, sk, hq, hkv, d, causal,
+                                         dtype, cfg):
+    from intrinsics.emulate import barrier as emulated_barrier
+
+    # every named barrier the kernel touched (the emulation reports a barrier left part-full at
+    # exit only if someone waits on it): each must end with no pending arrival
+    touched = []
+    real_arrive = emulated_barrier._arrive
+
+    def arrive(thread, op, barrier_id, nthreads):
+        result = real_arrive(thread, op, barrier_id, nthreads)
+        touched.append(result[1])
+        return result
+
+    monkeypatch.setattr(emulated_barrier, "_arrive", arrive)
     used = sm90_runs(cfg)
     check(b, sq, sk, hq, hkv, d, causal, dtype)
     assert used == [cfg]
+    assert bool(touched) == sm90_attention.CONFIGS[cfg].pingpong
+    assert all(bar["arrived"] == 0 for bar in touched), "a named barrier left part-full"
 
 
 def test_no_keys(sm90_runs):
