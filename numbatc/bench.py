@@ -131,6 +131,13 @@ def write_csv(rows, path):
 
 
 def write_png(rows, path):
+    write_bars(rows, path, [f"{r['m']}x{r['n']}x{r['k']}" for r in rows], "cublas_tflops",
+               "cuBLAS (torch)")
+
+
+def write_bars(rows, path, labels, ref_key, ref_label):
+    """A bar plot of numbatc's TFLOP/s beside the reference's (``ref_key``) per row, written to
+    ``path`` (needs matplotlib; says so and writes nothing without it)."""
     try:
         import matplotlib
 
@@ -139,11 +146,10 @@ def write_png(rows, path):
     except ImportError:
         print("matplotlib is not installed: no plot written", file=sys.stderr)
         return
-    labels = [f"{r['m']}x{r['n']}x{r['k']}" for r in rows]
     x = range(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.45), 4))
     ax.bar([i - 0.2 for i in x], [r["numbatc_tflops"] for r in rows], 0.4, label="numbatc")
-    ax.bar([i + 0.2 for i in x], [r["cublas_tflops"] for r in rows], 0.4, label="cuBLAS (torch)")
+    ax.bar([i + 0.2 for i in x], [r[ref_key] for r in rows], 0.4, label=ref_label)
     ax.set_xticks(list(x))
     ax.set_xticklabels(labels, rotation=70, fontsize=7)
     ax.set_ylabel("TFLOP/s")
@@ -238,25 +244,9 @@ def print_attention_table(rows):
 
 
 def write_attention_png(rows, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot written", file=sys.stderr)
-        return
-    labels = [f"d{r['head_dim']} s{r['seqlen']}{' c' if r['causal'] else ''}" for r in rows]
-    x = range(len(rows))
-    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.45), 4))
-    ax.bar([i - 0.2 for i in x], [r["numbatc_tflops"] for r in rows], 0.4, label="numbatc")
-    ax.bar([i + 0.2 for i in x], [r["ref_tflops"] for r in rows], 0.4, label="torch SDPA (fastest)")
-    ax.set_xticks(list(x))
-    ax.set_xticklabels(labels, rotation=70, fontsize=7)
-    ax.set_ylabel("TFLOP/s")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_bars(rows, path,
+               [f"d{r['head_dim']} s{r['seqlen']}{' c' if r['causal'] else ''}" for r in rows],
+               "ref_tflops", "torch SDPA (fastest)")
 
 
 def main_attention(args):

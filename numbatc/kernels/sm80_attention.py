@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbatc.kernels.sm80_gemm import load_generated
+from numbatc.kernels.sm80_gemm import QUAD_REDUCTIONS, load_generated
 
 __all__ = ["AttnConfig", "AttnVariant", "choose_config", "kernel_for", "kernel_source",
            "launch", "signature"]
@@ -180,6 +180,21 @@ def load_{name}(smem, sbase, src, gbase, stride, rlim, t):
 {ind}    CP(smem, sbase + soff(r, c), src, 0, 0)""")
 
 
+def row_helpers(var) -> str:
+    """Source of the softmax row helpers both attention kernels paste: sm80_gemm's quad
+    reductions and ``keep`` (-inf outside the keys a query sees: past Sk, and past the
+    bottom-right-aligned diagonal when causal)."""
+    return QUAD_REDUCTIONS.lstrip("\n") + f'''
+
+@cuda.jit(device=True, forceinline=True)
+def keep(x, col, row, Sk, off):
+    # -inf outside the keys this query sees: col < Sk{" and col <= row + off (causal)" if var.causal else ""}
+    if col >= Sk{" or col > row + off" if var.causal else ""}:
+        return NEG_INF
+    return x
+'''
+
+
 def kernel_source(cfg: AttnConfig, var: AttnVariant) -> str:
     """Python source of the kernel for one configuration and variant."""
     D, DP = var.head_dim, var.padded_dim
@@ -196,6 +211,7 @@ def kernel_source(cfg: AttnConfig, var: AttnVariant) -> str:
     lines = []
     w = lines.append
 
+    row_helpers_src = row_helpers(var)
     if swizzled:
         soff = "r * %d + ((c ^ (r & 7)) << 3)" % PE
     else:
@@ -219,25 +235,7 @@ def soff(r, c):
     return {soff}
 
 
-@cuda.jit(device=True, forceinline=True)
-def quad_max(x):
-    x = max(x, nt.shfl_bfly(x, 1))
-    return max(x, nt.shfl_bfly(x, 2))
-
-
-@cuda.jit(device=True, forceinline=True)
-def quad_sum(x):
-    x = x + nt.shfl_bfly(x, 1)
-    return x + nt.shfl_bfly(x, 2)
-
-
-@cuda.jit(device=True, forceinline=True)
-def keep(x, col, row, Sk, off):
-    # -inf outside the keys this query sees: col < Sk{" and col <= row + off (causal)" if var.causal else ""}
-    if col >= Sk{" or col > row + off" if var.causal else ""}:
-        return NEG_INF
-    return x
-
+{row_helpers_src}
 
 @cuda.jit(device=True, forceinline=True)
 def mask_tile(s, col, row, Sk, off):

@@ -311,6 +311,23 @@ def store_tile(out, c, bias, acc, r, col, M, N, ldc, ldo, alpha, beta{ea}):
 '''
 
 
+# The reductions over the quad of lanes that share a row of an m16n8 fragment (lanes 4g .. 4g+3):
+# generated kernels that reduce rows (softmax) paste this source.
+QUAD_REDUCTIONS = '''
+
+@cuda.jit(device=True, forceinline=True)
+def quad_max(x):
+    x = max(x, nt.shfl_bfly(x, 1))
+    return max(x, nt.shfl_bfly(x, 2))
+
+
+@cuda.jit(device=True, forceinline=True)
+def quad_sum(x):
+    x = x + nt.shfl_bfly(x, 1)
+    return x + nt.shfl_bfly(x, 2)
+'''
+
+
 def epilogue_source(var: Sm80Variant) -> str:
     """Source of the epilogue helpers (with the bf16/f16 decoders they use), for kernels that
     store m16n8-shaped fragments the way sm80_gemm does (sm90_gemm's wgmma accumulator too)."""

@@ -19,6 +19,7 @@ import functools
 import math
 
 from numbatc.kernels.sm80_gemm import (  # the shared main loop's pieces
+    QUAD_REDUCTIONS,
     _CONVERSIONS,
     _PTX_TYPE,
     mainloop_source,
@@ -93,18 +94,8 @@ def swz_a(o):
 def swz_b(o):
     return {_swizzle_expr(b_rowb)}
 
-
-@cuda.jit(device=True, forceinline=True)
-def quad_max(m):
-    m = max(m, nt.shfl_bfly(m, 1))
-    return max(m, nt.shfl_bfly(m, 2))
-
-
-@cuda.jit(device=True, forceinline=True)
-def quad_sum(s):
-    s += nt.shfl_bfly(s, 1)
-    return s + nt.shfl_bfly(s, 2)
 ''')
+    w(QUAD_REDUCTIONS)
     w(_CONVERSIONS)
     a_per_row = _loader(w, cfg, "a", var.a_layout, a_rowb, 0)
     b_per_row = _loader(w, cfg, "b", var.b_layout, b_rowb, a_elems)

@@ -275,25 +275,7 @@ ZERO = np.float32(0)
 LN2 = np.float32({math.log(2.0)!r})
 
 
-@cuda.jit(device=True, forceinline=True)
-def quad_max(x):
-    x = max(x, nt.shfl_bfly(x, 1))
-    return max(x, nt.shfl_bfly(x, 2))
-
-
-@cuda.jit(device=True, forceinline=True)
-def quad_sum(x):
-    x = x + nt.shfl_bfly(x, 1)
-    return x + nt.shfl_bfly(x, 2)
-
-
-@cuda.jit(device=True, forceinline=True)
-def keep(x, col, row, Sk, off):
-    # -inf outside the keys this query sees: col < Sk{" and col <= row + off (causal)" if var.causal else ""}
-    if col >= Sk{" or col > row + off" if var.causal else ""}:
-        return NEG_INF
-    return x
-
+{sm80_attention.row_helpers(var)}
 
 @cuda.jit(device=True, forceinline=True)
 def store_pair(out, base, v0, v1):
