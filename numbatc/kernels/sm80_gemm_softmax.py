@@ -178,19 +178,28 @@ def gemm_kernel(a, b, bias, out, M, N, K, lda, ldb, ldo, scale):
         for j in range(NJ):
             for e in range(4):
                 w(f"    x_{i}_{j}_{e} = logit(bias, acc_{i}_{j}[{e}], col_base + {j * 8 + e % 2}, N, scale)")
+
+    def across_warps(var_name, red, combine):
+        """Emit the reduction of row values ``<var_name>_i_h`` over the WARPS_N warps that hold a
+        row: one lane per quad writes its value to shared ``red``, then every lane combines the
+        row's WARPS_N entries (``combine`` of their source texts)."""
+        if WARPS_N == 1:
+            return
+        w("    if lane % 4 == 0:")
+        for i, h in rows:
+            w(f"        {red}[wn * {BM} + wm * {WM} + {i * 16 + h * 8} + g] = {var_name}_{i}_{h}")
+        w("    cuda.syncthreads()")
+        for i, h in rows:
+            idx = f"wm * {WM} + {i * 16 + h * 8} + g"
+            w(f"    {var_name}_{i}_{h} = "
+              f"{combine([f'{red}[{q * BM} + {idx}]' for q in range(WARPS_N)])}")
+
     w("    # Epilogue 2: row maxima over the lane's columns, the quad, then the row's warps.")
     rows = [(i, h) for i in range(MI) for h in range(2)]
     for i, h in rows:
         vals = [f"x_{i}_{j}_{2 * h + c}" for j in range(NJ) for c in range(2)]
         w(f"    m_{i}_{h} = quad_max(max({', '.join(vals)}))")
-    if WARPS_N > 1:
-        w("    if lane % 4 == 0:")
-        for i, h in rows:
-            w(f"        red_m[wn * {BM} + wm * {WM} + {i * 16 + h * 8} + g] = m_{i}_{h}")
-        w("    cuda.syncthreads()")
-        for i, h in rows:
-            idx = f"wm * {WM} + {i * 16 + h * 8} + g"
-            w(f"    m_{i}_{h} = max({', '.join(f'red_m[{q * BM} + {idx}]' for q in range(WARPS_N))})")
+    across_warps("m", "red_m", lambda terms: f"max({', '.join(terms)})")
     w("    # Epilogue 3: exponentials and row sums, reduced the same way.")
     for i, h in rows:
         w(f"    mb_{i}_{h} = m_{i}_{h} * L2E")
@@ -203,14 +212,7 @@ def gemm_kernel(a, b, bias, out, M, N, K, lda, ldb, ldo, scale):
                 w(f"    s_{i}_{h} += x_{i}_{j}_{e}")
     for i, h in rows:
         w(f"    s_{i}_{h} = quad_sum(s_{i}_{h})")
-    if WARPS_N > 1:
-        w("    if lane % 4 == 0:")
-        for i, h in rows:
-            w(f"        red_s[wn * {BM} + wm * {WM} + {i * 16 + h * 8} + g] = s_{i}_{h}")
-        w("    cuda.syncthreads()")
-        for i, h in rows:
-            idx = f"wm * {WM} + {i * 16 + h * 8} + g"
-            w(f"    s_{i}_{h} = {' + '.join(f'red_s[{q * BM} + {idx}]' for q in range(WARPS_N))}")
+    across_warps("s", "red_s", " + ".join)
     w("    # Epilogue 4: normalise, convert, store.")
     for i, h in rows:
         w(f"    inv_{i}_{h} = np.float32(1) / s_{i}_{h}")
