@@ -6,6 +6,9 @@ first call (compilation, or loading the on-disk kernel cache, included) and the 
 overhead (time for ``numbatc.gemm`` to return, without waiting for the GPU).  It prints a table,
 and writes a CSV and a PNG plot (matplotlib, when installed) where asked.
 
+``--dtype float8_e4m3`` / ``float8_e5m2``: FP8 with per-tensor scales (a row-major, b the
+transpose of a row-major weight, bf16 output) against ``torch._scaled_mm`` in the same run.
+
 Shapes: squares 1024..8192 and LLM shapes M in {1, 16, 64, 128, 256, 4096} x (N, K) in
 {(4096, 4096), (8192, 8192), (28672, 8192), (8192, 28672)}.  torch is needed for the inputs and
 the reference; it is optional for numbatc itself.
@@ -77,37 +80,59 @@ def bench_gemm(shapes, dtype="bfloat16", reps=20):
 
     import numbatc
 
-    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    fp8 = dtype.startswith("float8")
+    if fp8:  # per-tensor scales; the reference is torch._scaled_mm (cuBLASLt's FP8 GEMM)
+        tdt = {"float8_e4m3": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}[dtype]
+    else:
+        tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     rows = []
     progress = Progress(len(shapes), "gemm")
     for m, n, k in shapes:
-        a = torch.randn(m, k, device="cuda", dtype=tdt)
-        b = torch.randn(k, n, device="cuda", dtype=tdt)
-        out = torch.empty(m, n, device="cuda", dtype=tdt)
+        if fp8:
+            # a row-major, b = w.T of a row-major (n, k) weight: the K-major operands FP8 needs
+            a = torch.randn(m, k, device="cuda").to(tdt)
+            b = torch.randn(n, k, device="cuda").to(tdt).T
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            sa, sb = 0.5, 0.25
+            ta, tb = (torch.tensor(x, device="cuda") for x in (sa, sb))
+            ours_fn = lambda: numbatc.gemm(a, b, out=out, scale_a=sa, scale_b=sb)  # noqa: E731
+            ref_fn = lambda: torch._scaled_mm(a, b, scale_a=ta, scale_b=tb,  # noqa: E731
+                                              out_dtype=torch.bfloat16, out=out)
+        else:
+            a = torch.randn(m, k, device="cuda", dtype=tdt)
+            b = torch.randn(k, n, device="cuda", dtype=tdt)
+            out = torch.empty(m, n, device="cuda", dtype=tdt)
+            sa = sb = 1.0
+            ours_fn = lambda: numbatc.gemm(a, b, out=out)  # noqa: E731
+            ref_fn = lambda: torch.matmul(a, b, out=out)  # noqa: E731
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        numbatc.gemm(a, b, out=out)
+        ours_fn()
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
-        ref = a.float() @ b.float()
+        ref = (a.float() @ b.float()) * (sa * sb)
         err = ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
         # host overhead of a warm call: enqueue only
         calls = 50
         t0 = time.perf_counter()
         for _ in range(calls):
-            numbatc.gemm(a, b, out=out)
+            ours_fn()
         host_us = (time.perf_counter() - t0) / calls * 1e6
         torch.cuda.synchronize()
         r = max(3, min(reps, int(2e12 / max(2 * m * n * k, 1))))
-        ours = _time_gpu(lambda: numbatc.gemm(a, b, out=out), torch, r)
-        theirs = _time_gpu(lambda: torch.matmul(a, b, out=out), torch, r)
+        ours = _time_gpu(ours_fn, torch, r)
+        try:
+            theirs = _time_gpu(ref_fn, torch, r)
+        except RuntimeError as exc:  # e.g. _scaled_mm's own shape rules (dims multiples of 16)
+            print(f"reference failed at {m}x{n}x{k}: {exc}", file=sys.stderr)
+            theirs = float("nan")
         flops = 2.0 * m * n * k
         rows.append(dict(m=m, n=n, k=k, dtype=dtype, numbatc_ms=ours, cublas_ms=theirs,
                          numbatc_tflops=flops / ours / 1e9, cublas_tflops=flops / theirs / 1e9,
                          ratio=theirs / ours, first_call_s=first, host_overhead_us=host_us,
                          max_rel_err=err))
         progress.step(f"{m}x{n}x{k}: {rows[-1]['ratio']:.2f}x cuBLAS")
-        a = b = out = ref = None  # free the inputs before the next shape
+        a = b = out = ref = ours_fn = ref_fn = None  # free the inputs before the next shape
         torch.cuda.empty_cache()
     return rows
 
@@ -435,7 +460,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m numbatc.bench", description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["gemm", "attention", "softmax", "epilogue"])
     parser.add_argument("--shapes", default="all", choices=sorted(SHAPES))
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--dtype", default="bfloat16",
+                        choices=["bfloat16", "float16", "float8_e4m3", "float8_e5m2"],
+                        help="float8_*: gemm only, per-tensor scales, bf16 output, against "
+                             "torch._scaled_mm")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--csv", help="write the table as CSV here")
     parser.add_argument("--png", help="write a bar plot here (needs matplotlib)")

@@ -1,0 +1,70 @@
+"""Run GPU test files as N parallel pytest processes (the device machine has 16 cores; most of a
+GPU test's time is Numba compiling its kernels, so shards finish in a fraction of one process's
+time). The GPU is shared by the shards: only for correctness tests, never for timings.
+
+    python3 scripts/pytest_shards.py --shards 8 --timeout 300 --out $OUT/tests tests/gpu/a.py ...
+
+Each shard writes shard<i>.log; the summary (passed/failed/errors per shard, the failing node ids)
+goes to stdout. Extra pytest arguments after `--`.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+
+def collect(files, extra):
+    cmd = [sys.executable, "-m", "pytest", "-q", "--collect-only", "-m", "gpu",
+           "-p", "no:cacheprovider", *extra, *files]
+    text = subprocess.run(cmd, capture_output=True, text=True).stdout
+    return [line.strip() for line in text.splitlines() if "::" in line and not line.startswith(" ")]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--out", default="out/tests")
+    parser.add_argument("files", nargs="+")
+    args, extra = parser.parse_known_args()
+    extra = [e for e in extra if e != "--"]
+    os.makedirs(args.out, exist_ok=True)
+    ids = collect(args.files, extra)
+    print(f"{len(ids)} tests in {args.shards} shards", flush=True)
+    # Round-robin by file keeps each file's tests spread (one file's kernels compile in parallel).
+    shards = [ids[i::args.shards] for i in range(args.shards)]
+    procs = []
+    start = time.time()
+    for i, chunk in enumerate(shards):
+        if not chunk:
+            continue
+        log = open(os.path.join(args.out, f"shard{i}.log"), "w")
+        cmd = [sys.executable, "-W", "ignore", "-m", "pytest", "-q", "-m", "gpu", "-rfE",
+               "-p", "no:cacheprovider", *extra, *chunk]
+        procs.append((i, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+    for i, proc, log in procs:
+        left = max(1.0, args.timeout - (time.time() - start))
+        try:
+            proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            print(f"shard {i}: KILLED at the {args.timeout:.0f} s limit", flush=True)
+        log.close()
+    totals = {}
+    for i, _, _ in procs:
+        text = open(os.path.join(args.out, f"shard{i}.log")).read()
+        tail = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed|error|skipped)", line)]
+        for count, what in re.findall(r"(\d+) (passed|failed|errors?|skipped)", tail[-1] if tail else ""):
+            totals[what] = totals.get(what, 0) + int(count)
+        for line in text.splitlines():
+            if line.startswith(("FAILED", "ERROR")):
+                print(f"shard {i}: {line[:300]}")
+        print(f"shard {i}: {tail[-1].strip() if tail else 'no summary (killed or crashed)'}")
+    print(f"total after {time.time() - start:.0f} s: {totals}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

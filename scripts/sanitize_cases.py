@@ -1,0 +1,92 @@
+"""A few small shapes of each numbatc kernel, checked against torch, for compute-sanitizer:
+
+    compute-sanitizer --tool memcheck  python3 scripts/sanitize_cases.py gemm_sm90
+    compute-sanitizer --tool racecheck python3 scripts/sanitize_cases.py attention_sm80 ...
+
+Kinds: gemm_sm80, gemm_sm90, gemm_fp8, attention_sm80, attention_sm90, softmax, gemm_softmax.
+Each case prints one line with its max error; a wrong result exits 1 (the sanitizer's own report
+decides the rest). Small shapes keep the sanitizer's slowdown (10-100x) within seconds, and
+ragged ones exercise the edge paths.
+"""
+
+import os
+import sys
+
+import torch
+
+import numbatc
+
+GEMM = [(128, 256, 64), (200, 264, 136), (77, 1000, 520)]
+ATTN = [(1, 113, 2, 1, 64, False), (1, 200, 2, 2, 128, True)]
+
+
+def check(name, got, ref, tol):
+    err = (got.float() - ref.float()).abs().max().item() / max(ref.float().abs().max().item(), 1e-30)
+    print(f"{name}: max rel err {err:.2e}", flush=True)
+    if not err <= tol:
+        print(f"{name}: WRONG (tolerance {tol})", flush=True)
+        sys.exit(1)
+
+
+def gemm(kernel):
+    os.environ["NUMBATC_GEMM_KERNEL"] = kernel
+    for m, n, k in GEMM:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.float32)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        numbatc.gemm(a, b, bias=bias, activation="relu", out=out)
+        check(f"gemm {kernel} {m}x{n}x{k}", out, torch.relu(a.float() @ b.float() + bias), 2e-2)
+
+
+def gemm_fp8():
+    for m, n, k in GEMM:
+        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).T
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        numbatc.gemm(a, b, scale_a=0.5, scale_b=2.0, out=out)
+        check(f"gemm fp8 {m}x{n}x{k}", out, a.float() @ b.float(), 2e-2)
+
+
+def attention(kernel):
+    os.environ["NUMBATC_ATTN_KERNEL"] = kernel
+    for b, s, hq, hkv, d, causal in ATTN:
+        if kernel == "sm90" and d not in (64, 128):
+            continue
+        q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        out = torch.full_like(q, float("nan"))
+        numbatc.attention(q, k, v, causal=causal, out=out)
+        rep = hq // hkv
+        qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k.repeat_interleave(rep, 2),
+                                                           v.repeat_interleave(rep, 2)))
+        ref = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        check(f"attention {kernel} s={s} d={d} causal={causal}", out, ref.transpose(1, 2), 2e-2)
+
+
+def softmax():
+    for rows, n in ((37, 1000), (64, 4096)):
+        x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+        check(f"softmax {rows}x{n}", numbatc.softmax(x), torch.softmax(x.float(), -1), 2e-2)
+
+
+def gemm_softmax():
+    for m, k, n in ((100, 64, 128), (64, 200, 256)):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        got = numbatc.gemm_softmax(a, b, scale=0.1)
+        check(f"gemm_softmax {m}x{k}x{n}", got, torch.softmax(0.1 * (a.float() @ b.float()), -1), 2e-2)
+
+
+KINDS = {
+    "gemm_sm80": lambda: gemm("sm80"), "gemm_sm90": lambda: gemm("sm90"), "gemm_fp8": gemm_fp8,
+    "attention_sm80": lambda: attention("sm80"), "attention_sm90": lambda: attention("sm90"),
+    "softmax": softmax, "gemm_softmax": gemm_softmax,
+}
+
+if __name__ == "__main__":
+    for kind in sys.argv[1:] or sorted(KINDS):
+        torch.manual_seed(0)
+        KINDS[kind]()
+    torch.cuda.synchronize()
+    print("done", flush=True)
