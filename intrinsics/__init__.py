@@ -13,6 +13,7 @@ from intrinsics.emulate import install as _install_emulation
 # Under numba's simulator (NUMBA_ENABLE_CUDASIM=1) the family modules' intrinsics are replaced by
 # their CPU emulations before the names below are re-exported.
 _install_emulation()
+from intrinsics.atomic import atomic_add_global
 from intrinsics.barrier import named_barrier_arrive, named_barrier_sync
 from intrinsics.convert import (
     bits_from_f32,

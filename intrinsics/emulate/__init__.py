@@ -23,6 +23,7 @@ ACTIVE = bool(config.ENABLE_CUDASIM)
 FAMILIES = {
     "intrinsics.smem": "intrinsics.emulate.smem",
     "intrinsics.barrier": "intrinsics.emulate.barrier",
+    "intrinsics.atomic": "intrinsics.emulate.atomic",
     "intrinsics.convert": "intrinsics.emulate.convert",
     "intrinsics.mma": "intrinsics.emulate.mma",
     "intrinsics.ldmatrix": "intrinsics.emulate.ldmatrix",
