@@ -52,3 +52,30 @@ def test_user_epilogue_variant_assembles_without_local_memory():
     ptx = compile_ptx(kernel, sig, "sm_90a")
     assert "ld.local" not in ptx and "st.local" not in ptx
     assemble(ptx, "sm_90a")
+
+
+@pytest.mark.parametrize("name", ["16x128x64_4w_6s", "64x128x64_4w_4s"])
+def test_split_k_variant_assembles_without_local_memory(name):
+    var = sm80_gemm.Sm80Variant("row", "row", "bfloat16", "bfloat16", None, "bfloat16", "gelu",
+                                split_k=True)
+    ptx = compile_ptx(sm80_gemm.kernel_for(sm80_gemm.CONFIGS[name], var),
+                      sm80_gemm.signature(var), "sm_90a")
+    assert "atom.global.add.u32" in ptx  # the tile's counter
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assemble(ptx, "sm_90a")
+
+
+@pytest.mark.parametrize("m, n, k, want", [
+    (1, 8192, 8192, (4, 2048)),      # 64 tiles: 4 slices of 32 k tiles
+    (16, 4096, 4096, (8, 512)),      # 32 tiles: 8 slices
+    (1, 28672, 8192, (1, 8192)),     # 224 tiles fill the GPU: no split
+    (64, 8192, 28672, (4, 7168)),
+    (1, 4096, 200, (1, 200)),        # 4 k tiles: too short to split
+    (128, 8192, 8192, (1, 8192)),    # M > 64: not split
+])
+def test_split_k_choice(m, n, k, want, monkeypatch):
+    monkeypatch.delenv("NUMBATC_SPLIT_K", raising=False)
+    assert dispatch.choose_split(dispatch.choose_sm80(m, n, k), m, n, k) == want
+    monkeypatch.setenv("NUMBATC_SPLIT_K", "3")
+    splits, chunk = dispatch.choose_split(dispatch.choose_sm80(m, n, k), m, n, k)
+    assert splits * chunk >= k > (splits - 1) * chunk and chunk % 64 == 0 or (splits, chunk) == (1, k)

@@ -19,7 +19,8 @@ _EMULATED = bool(config.ENABLE_CUDASIM)
 __all__ = ["choose_sm80", "launch_gemm", "env_key"]
 
 #: The environment variables that steer the choice of kernel and configuration.
-_ENV_VARS = ("NUMBATC_SM80_CONFIG", "NUMBATC_GEMM_KERNEL", "NUMBATC_PRINT_CONFIG")
+_ENV_VARS = ("NUMBATC_SM80_CONFIG", "NUMBATC_GEMM_KERNEL", "NUMBATC_PRINT_CONFIG",
+             "NUMBATC_SPLIT_K")
 _ENV_DATA = getattr(os.environ, "_data", None)
 _ENV_BYTES = [os.environ.encodekey(v) for v in _ENV_VARS] if _ENV_DATA is not None else None
 
@@ -31,7 +32,7 @@ def env_key():
     dict (kept in step by os.environ's setters) costs ~40 ns."""
     if _ENV_BYTES is not None:
         get = _ENV_DATA.get
-        return (get(_ENV_BYTES[0]), get(_ENV_BYTES[1]), get(_ENV_BYTES[2]))
+        return (get(_ENV_BYTES[0]), get(_ENV_BYTES[1]), get(_ENV_BYTES[2]), get(_ENV_BYTES[3]))
     return tuple(os.environ.get(v) for v in _ENV_VARS)
 
 _NUM_SMS_GUESS = 132  # H100/H200; only shapes the heuristic, never correctness
@@ -46,12 +47,65 @@ def choose_sm80(m, n, k):
         if forced not in sm80_gemm.CONFIGS:
             raise ValueError(f"NUMBATC_SM80_CONFIG={forced!r} is not one of {sorted(sm80_gemm.CONFIGS)}")
         return sm80_gemm.CONFIGS[forced]
+    if m <= 16:
+        return sm80_gemm.CONFIGS["16x128x64_4w_6s"]
     if m <= 64:
         return sm80_gemm.CONFIGS["64x128x64_4w_4s"]
     big = sm80_gemm.CONFIGS["128x256x64_8w_3s"]
     if sm80_gemm.grid_for(big, m, n) >= _NUM_SMS_GUESS:
         return big
     return sm80_gemm.CONFIGS["128x128x64_4w_4s"]
+
+
+def choose_split(cfg, m, n, k):
+    """(splits, k_chunk) for sm80_gemm's split-K form: small-M problems whose tiles cannot fill
+    the GPU (M <= 64 gives one tile row; N = 8192 gives 64 tiles for 132 SMs) split K into
+    ``splits`` slices of ``k_chunk`` values (a multiple of BK) so that about two blocks per SM
+    stream B at once; each slice keeps >= 4 k tiles, at most 16 slices.  (1, k): no split.
+    ``NUMBATC_SPLIT_K=<n>`` forces n slices (1: none), for benchmarks."""
+    k_tiles = -(-k // cfg.bk)
+    forced = os.environ.get("NUMBATC_SPLIT_K")
+    if forced:
+        splits = int(forced)
+        if splits < 1:
+            raise ValueError(f"NUMBATC_SPLIT_K={forced!r}: a positive number of K slices")
+    elif m > 64:
+        splits = 1
+    else:
+        splits = min(2 * _NUM_SMS_GUESS // max(1, sm80_gemm.grid_for(cfg, m, n)), k_tiles // 4, 16)
+    if splits < 2 or k_tiles < 2:
+        return 1, k
+    per = -(-k_tiles // splits)  # k tiles per slice; no slice left empty
+    return -(-k_tiles // per), per * cfg.bk
+
+
+#: (device, stream handle) -> [workspace, counters, retired buffers] for split-K launches.
+_WORKSPACES: dict = {}
+
+
+def split_workspace(device, floats, counters):
+    """``fn(stream) -> (workspace, counters, ...)`` pointers for split-K launches of one problem
+    size on ``device``: per stream (launches on one stream run one after another, so each
+    stream's buffers are used by one launch at a time), grown when a problem needs more and kept
+    (split-K kernels leave the counters zero, so they are zeroed once, when allocated).  Buffers
+    outgrown are kept alive too: a kernel queued before the growth may still use them."""
+
+    def get(stream):
+        key = (device, stream if isinstance(stream, int) else id(stream))
+        entry = _WORKSPACES.get(key)
+        if entry is None or entry[0].size < floats or entry[1].size < counters:
+            old = entry
+            ws = cuda.device_array(max(floats, old[0].size if old else 0), np.float32)
+            cnt = cuda.to_device(np.zeros(max(counters, old[1].size if old else 0), np.int32))
+            entry = [ws, cnt, (old[2] + [old[0], old[1]]) if old else []]
+            if _EMULATED:
+                entry += [_flat(ws, []), _flat(cnt, [])]
+            else:
+                entry += [ws.device_ctypes_pointer.value, cnt.device_ctypes_pointer.value]
+            _WORKSPACES[key] = entry
+        return entry[3], entry[4]
+
+    return get
 
 
 def _variant(p):
@@ -338,7 +392,8 @@ def launch_gemm(p):
     Returns a relaunch function ``fn(a_ptr, b_ptr, c_ptr, bias_ptr, out_ptr, alpha, beta,
     stream_handle)`` that launches the same kernel for another problem with everything but
     those equal (shapes, strides, dtypes, layouts, flags, device; c_ptr and bias_ptr are out_ptr
-    when absent), or None where there is none: the emulation, a user epilogue, K == 0, an
+    when absent; with a user epilogue a ninth argument, its arguments' kernel parameters, see
+    sm80_gemm.flat_epilogue_args), or None where there is none: the emulation, K == 0, an
     operand that had to be packed (not 16-byte aligned), ``NUMBATC_PRINT_CONFIG`` set (each call
     prints).  numbatc.gemm caches it (see gemm._FAST).  Block-scaled problems run
     sm100_scaled_gemm (compute capability 10.x only) and return None.  FP8 with per-tensor scales
@@ -356,7 +411,7 @@ def launch_gemm(p):
         family, cfg = _kernel_family(p)
     var = _variant(p)
     printing = bool(os.environ.get("NUMBATC_PRINT_CONFIG"))
-    fast = (not _EMULATED and not printing and p.epilogue is None and p.k >= 1
+    fast = (not _EMULATED and not printing and p.k >= 1
             and p.a.alignment == 16 and p.b.alignment == 16)
     if printing:
         print(f"numbatc.gemm M={p.m} N={p.n} K={p.k}: {family.__name__.rsplit('.', 1)[1]} "
@@ -388,6 +443,21 @@ def launch_gemm(p):
                                        for x in p.epilogue_args)
     if fast:
         extra["prepare"] = True
+    if family is sm80_gemm:
+        splits, k_chunk = choose_split(cfg, p.m, p.n, p.k)
+        if splits > 1:
+            import dataclasses
+
+            var = dataclasses.replace(var, split_k=True)
+            buffers = split_workspace(p.device, splits * p.m * p.n, sm80_gemm.grid_for(cfg, p.m, p.n))
+
+            def split(stream):
+                ws, cnt = buffers(stream)
+                return ws, cnt, k_chunk, splits
+
+            extra["split"] = split
+            if printing:
+                print(f"numbatc.gemm: split-K, {splits} slices of {k_chunk}", file=sys.stderr)
     return family.launch(cfg, var, a, b, c, bias, out, p.m, p.n, p.k, lda, ldb, ldc, p.out.ld,
                          alpha, p.beta, stream=p.stream if _EMULATED else p.stream_handle,
                          **extra)

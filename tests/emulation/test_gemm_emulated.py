@@ -58,3 +58,32 @@ def test_gemm_in_the_emulation(m, n, k, dtype, layouts, out_dtype, epilogue):
     rounding = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-20}[out_dtype]
     scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + 1
     assert np.all(np.abs(got - ref) <= rounding * np.abs(ref) + 1e-5 * scale), np.max(np.abs(got - ref))
+
+
+@pytest.mark.parametrize("m, n, k, splits, layouts, epilogue", [
+    (1, 136, 600, 3, ("row", "row"), None),       # decode: 16-row tiles, ragged last K slice
+    (13, 40, 256, 4, ("row", "col"), "gelu"),     # +c +bias, b K-major
+    (70, 24, 200, 2, ("col", "row"), None),       # two row tiles, 64-row tiles, a M-major
+])
+def test_split_k_in_the_emulation(m, n, k, splits, layouts, epilogue, monkeypatch, capfd):
+    """Split-K (NUMBATC_SPLIT_K forces the slice count): each K slice's partial tile goes to the
+    workspace and the last block of a tile sums them and runs the epilogue; a second call on the
+    same workspace checks that the counters were left at zero."""
+    monkeypatch.setenv("NUMBATC_SPLIT_K", str(splits))
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    gen = np.random.default_rng()
+    for _ in range(2):
+        a, b = _values(gen, (m, k), "bfloat16"), _values(gen, (k, n), "bfloat16")
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        kw = {}
+        if epilogue:
+            c = gen.standard_normal((m, n)).astype(np.float32)
+            kw.update(c=cuda.to_device(c), beta=0.5, activation=epilogue)
+            ref = ref + 0.5 * c.astype(np.float64)
+            ref = 0.5 * ref * (1 + np.tanh(math.sqrt(2 / math.pi) * (ref + 0.044715 * ref**3)))
+        out = cuda.to_device(np.full((m, n), np.nan, np.float32))
+        numbatc.gemm(_device(a, layouts[0]), _device(b, layouts[1]), out=out, **kw)
+        got = out.copy_to_host()
+        scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + 1
+        assert np.all(np.abs(got - ref) <= 2.0**-20 * np.abs(ref) + 1e-5 * scale), np.nanmax(np.abs(got - ref))
+    assert f"split-K, {splits} slices" in capfd.readouterr().err
