@@ -31,7 +31,8 @@ import numpy as np
 
 from numba import cuda
 
-__all__ = ["LaunchError", "PreparedLaunch", "launch", "max_dynamic_shared_bytes", "prepare"]
+__all__ = ["LaunchError", "PreparedLaunch", "array_params", "launch", "max_dynamic_shared_bytes",
+           "prepare"]
 
 _DEFAULT_DYNAMIC_LIMIT = 48 * 1024
 
@@ -249,23 +250,47 @@ _PARAM_CODES = {
 def param_layout(signature):
     """(struct format, byte offset of each parameter) for a kernel signature whose arguments are
     each passed as one kernel parameter: ``types.CPointer``/``voidptr`` (a device address),
-    integers and float32/float64.  None for anything else (arrays expand into many parameters,
-    tuples and records are not handled here).  The format uses native alignment, so each
-    parameter sits at an offset aligned to its own size, as the kernel's .param space expects."""
+    integers and float32/float64; arrays and tuples expand as numba expands them (an array into
+    meminfo, parent, nitems, itemsize, data, shape..., strides...: :func:`array_params` gives
+    those values; a tuple into its members in order).  None for anything else (records ...).
+    The format uses native alignment, so each parameter sits at an offset aligned to its own
+    size, as the kernel's .param space expects."""
     from numba import types
 
     codes = []
-    for ty in signature:
+
+    def add(ty):
         if isinstance(ty, types.CPointer) or ty == types.voidptr:
             codes.append("Q")
         elif str(ty) in _PARAM_CODES and isinstance(ty, (types.Integer, types.Float)):
             codes.append(_PARAM_CODES[str(ty)])
+        elif isinstance(ty, types.Array):
+            # numba's array ABI: meminfo, parent, nitems, itemsize, data, shape[], strides[]
+            codes.extend("QQqqQ" + "q" * (2 * ty.ndim))
+        elif isinstance(ty, types.BaseTuple):
+            for member in ty:
+                if not add(member):
+                    return False
         else:
+            return False
+        return True
+
+    for ty in signature:
+        if not add(ty):
             return None
     fmt = "@" + "".join(codes)
     offsets = [struct.calcsize("@" + "".join(codes[:i + 1])) - struct.calcsize(codes[i])
                for i in range(len(codes))]
     return fmt, offsets
+
+
+def array_params(ptr, shape, strides, itemsize):
+    """The kernel parameters numba passes for an array argument (see :func:`param_layout`):
+    (meminfo, parent, nitems, itemsize, data, *shape, *strides), strides in bytes."""
+    nitems = 1
+    for extent in shape:
+        nitems *= extent
+    return (0, 0, nitems, itemsize, ptr, *shape, *strides)
 
 
 _CUSTREAMS = {}

@@ -532,10 +532,14 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
     activation(beta * c + bias) (zeros without c and bias).
     """
     scaled = scale_a is not None or scale_b is not None
-    if (_FAST and epilogue is None and type(epilogue_args) is tuple and not epilogue_args
+    if (_FAST and type(epilogue_args) is tuple and (epilogue is not None or not epilogue_args)
             and (not scaled or (type(scale_a) in _REAL_TYPES and type(scale_b) in _REAL_TYPES))):
+        evals = None
         try:
             key, ptrs = _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype, scaled)
+            if key is not None and epilogue is not None:
+                ekey, evals = _epilogue_key(epilogue_args)
+                key = None if ekey is None else key + (epilogue, ekey)
             warm = None if key is None else _FAST.get(key)
             if warm is not None and scaled:  # per-tensor FP8 scales fold into alpha
                 if not math.isfinite(scale_a * scale_b):
@@ -545,7 +549,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
         except Exception:  # anything odd (an unhashable argument ...): the checks say what
             warm = None
         if warm is not None:
-            result = warm(ptrs, a, out, warm_alpha if scaled else alpha, beta)
+            result = warm(ptrs, a, out, warm_alpha if scaled else alpha, beta, evals)
             if result is not _MISS:
                 return result
     result, problem, relaunch = _gemm_checked(
@@ -553,7 +557,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
         scale_a, scale_b)
     if relaunch is not None and (not scaled or problem.tensor_scales is not None):
         _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, problem, relaunch,
-                  scaled)
+                  scaled, epilogue_args)
     return result
 
 
@@ -745,6 +749,52 @@ def _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype, scaled=Fal
     return key, (pa[0], pb[0], pc[0], pbias[0], pout[0])
 
 
+def _epilogue_key(epilogue_args):
+    """(key, values) of a user epilogue's arguments for the warm path: an array's probe key and
+    pointer, a number's type and value; (None, None) when an argument has no warm path."""
+    keys, values = [], []
+    for x in epilogue_args:
+        ty = type(x)
+        if ty in _REAL_TYPES:
+            keys.append(ty)
+            values.append(x)
+            continue
+        probed = _interop.probe(x)
+        if probed is None:
+            return None, None
+        keys.append(probed[1])
+        values.append(probed[0])
+    return tuple(keys), values
+
+
+def _epilogue_flattener(problem_args):
+    """``fn(values) -> kernel parameters`` for the epilogue arguments of a checked call (CudaArrays
+    and numbers, as GemmProblem.epilogue_args holds them): the arrays' parameters made once
+    (numba's array ABI, sm80_gemm.flat_epilogue_args), only their data pointers taken from
+    ``values`` (see _epilogue_key) on each call."""
+    from numbatc._interop import CudaArray, kernel_view
+    from numbatc.kernels.sm80_gemm import flat_epilogue_args
+
+    parts = []
+    for x in problem_args:
+        if isinstance(x, CudaArray):
+            parts.append(list(flat_epilogue_args((kernel_view(x),))))
+        else:
+            parts.append(None)
+
+    def flatten(values):
+        flat = []
+        for part, value in zip(parts, values):
+            if part is None:
+                flat.append(value)
+            else:
+                part[4] = value  # the data pointer (array_params' fifth slot)
+                flat.extend(part)
+        return flat
+
+    return flatten
+
+
 def _span(op) -> int:
     """Bytes from an operand's pointer to the end of its last element (strides are >= 0)."""
     lo, hi = op.array.byte_range()
@@ -755,9 +805,9 @@ class _Warm:
     """One cached decision: relaunch(a, b, c, bias, out pointers, alpha, beta, stream)."""
 
     __slots__ = ("relaunch", "stream", "alloc", "a_span", "b_span", "c_span", "bias_span",
-                 "out_span", "has_c", "has_bias", "c_may_be_out")
+                 "out_span", "has_c", "has_bias", "c_may_be_out", "eflat")
 
-    def __call__(self, ptrs, a, out, alpha, beta):
+    def __call__(self, ptrs, a, out, alpha, beta, evals=None):
         a_ptr, b_ptr, c_ptr, bias_ptr, out_ptr = ptrs
         if out is None:
             result, out_ptr = _interop.allocate_probed(self.alloc, a)
@@ -774,15 +824,21 @@ class _Warm:
             if (self.has_c and c_ptr < hi and out_ptr < c_ptr + self.c_span
                     and not (c_ptr == out_ptr and self.c_may_be_out)):
                 return _MISS
-        self.relaunch(a_ptr, b_ptr, c_ptr if self.has_c else out_ptr,
-                      bias_ptr if self.has_bias else out_ptr, out_ptr, float(alpha), float(beta),
-                      self.stream())
+        if self.eflat is None:
+            self.relaunch(a_ptr, b_ptr, c_ptr if self.has_c else out_ptr,
+                          bias_ptr if self.has_bias else out_ptr, out_ptr, float(alpha),
+                          float(beta), self.stream())
+        else:
+            self.relaunch(a_ptr, b_ptr, c_ptr if self.has_c else out_ptr,
+                          bias_ptr if self.has_bias else out_ptr, out_ptr, float(alpha),
+                          float(beta), self.stream(), self.eflat(evals))
         return result
 
 
 def _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, p, relaunch,
-              scaled=False):
-    """Cache ``relaunch`` for calls like this checked one (see _warm_key)."""
+              scaled=False, epilogue_args=()):
+    """Cache ``relaunch`` for calls like this checked one (see _warm_key; with a user epilogue
+    the key also holds the function and _epilogue_key of its arguments)."""
     global _env_key
     if _env_key is None:
         from numbatc.kernels.dispatch import env_key
@@ -795,6 +851,13 @@ def _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, p, relaunc
     if key is None:
         return
     w = _Warm()
+    w.eflat = None
+    if p.epilogue is not None:
+        ekey, _ = _epilogue_key(epilogue_args)
+        if ekey is None:
+            return
+        key += (p.epilogue, ekey)
+        w.eflat = _epilogue_flattener(p.epilogue_args)
     w.relaunch = relaunch
     w.stream = _interop.stream_getter(p.a.array)
     w.alloc = _interop.allocator(p.a.array, (p.m, p.n), p.out_dtype) if out is None else None

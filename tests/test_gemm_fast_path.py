@@ -303,7 +303,25 @@ def test_param_layout_matches_the_ptx_entry():
     assert [struct.calcsize(ch) for ch in fmt[1:]] == sizes  # one parameter per argument
     assert all(off % size == 0 for off, size in zip(offsets, sizes))
     assert [kind for kind, _ in params][12:14] == ["f", "f"]  # alpha, beta are f32
-    assert param_layout(sig + (types.float32[:],)) is None  # arrays are many parameters
+    # arrays and tuples expand as numba expands them: compare with a kernel that takes both
+    extra = (types.float32[:, :], types.Tuple([types.uint16[:], types.float64, types.int64]))
+
+    def kernel2(x, arr, tup):
+        pass
+
+    ptx = compile_ptx(kernel2, (types.int32,) + extra, "sm_80")
+    params = re.findall(r"\.param \.(\w)(\d+)", re.search(r"\.entry[^(]*\(([^)]*)\)", ptx).group(1))
+    fmt, offsets = param_layout((types.int32,) + extra)
+    assert [struct.calcsize(ch) for ch in fmt[1:]] == [int(bits) // 8 for _, bits in params]
+    assert len(offsets) == 1 + (5 + 4) + (5 + 2) + 2
+    assert [kind for kind, _ in params][-2] == "f"  # the float64 inside the tuple
+    assert param_layout(sig + (types.NPDatetime("D"),)) is None  # no layout for other types
+
+
+def test_array_params_are_numbas_array_abi():
+    from intrinsics.launch import array_params
+
+    assert array_params(0x1000, (3, 4), (16, 4), 4) == (0, 0, 12, 4, 0x1000, 3, 4, 16, 4)
 
 
 def test_prepared_launch_packs_like_numba():
@@ -382,3 +400,44 @@ def test_prepared_cluster_launch_config():
     assert (attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z) == (2, 1, 1)
     assert PreparedLaunch(0, (8, 1, 1), (128, 1, 1), 0,
                           param_layout(sm80_gemm.signature(var)))._config is None
+
+
+def test_user_epilogue_calls_are_warm(rec, torch, monkeypatch):
+    """A user epilogue's call is cached with the function and its arguments' keys: a second call
+    with other arrays of the same kind is warm and passes their pointers in numba's array
+    parameters (data is the fifth); another shape, dtype, number type or function is checked."""
+    from numba import cuda
+
+    @cuda.jit(device=True)
+    def add_residual(v, r, c, residual, scale):
+        return v * scale + residual[r, c]
+
+    @cuda.jit(device=True)
+    def other(v, r, c, residual, scale):
+        return v
+
+    flat = []
+
+    def fake_flattener(problem_args):  # kernel_view needs a GPU; the layout is tested above
+        def flatten(values):
+            flat.append(list(values))
+            return values
+        return flatten
+
+    monkeypatch.setattr(gemm_mod, "_epilogue_flattener", fake_flattener)
+
+    def call(fn=add_residual, shape=(64, 48), dtype="float32", scale=2.0):
+        residual = T(torch, shape, dtype)
+        gemm(T(torch, (64, 32)), T(torch, (32, 48)), out=T(torch, (64, 48)), epilogue=fn,
+             epilogue_args=(residual, scale))
+        return residual
+
+    call()
+    assert len(rec.checked) == 1
+    r2 = call(scale=3.5)
+    assert len(rec.checked) == 1 and flat[-1] == [r2.ptr, 3.5]
+    assert rec.relaunched[-1][8] == [r2.ptr, 3.5]
+    for kw in (dict(shape=(64, 64)), dict(dtype="float16"), dict(scale=2), dict(fn=other)):
+        n = len(rec.checked)
+        call(**kw)
+        assert len(rec.checked) == n + 1, kw

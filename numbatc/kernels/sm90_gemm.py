@@ -562,9 +562,11 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
         lane = t % 32
         row_base = m0 + cw * 64 + ((t % 128) // 32) * 16 + lane // 4
         col_base = n0 + (lane % 4) * 2''')
-    for j in range(BN // 8):
-        w(f"        store_tile(out, c, bias, (acc[{4 * j}], acc[{4 * j + 1}], acc[{4 * j + 2}], "
-          f"acc[{4 * j + 3}]), row_base, col_base + {8 * j}, M, N, ldc, ldo, alpha, beta{ea})")
+    tiles = [(f"(acc[{4 * j}], acc[{4 * j + 1}], acc[{4 * j + 2}], acc[{4 * j + 3}])", "row_base",
+              f"col_base + {8 * j}") for j in range(BN // 8)]
+    # this warpgroup's 64 rows: the whole (64 x BN) part inside the matrix or not
+    sm80_gemm.full_tile_epilogue(w, tiles, var, f"m0 + cw * 64 + 64 <= M and n0 + {BN} <= N",
+                                 indent="        ")
     if C > 1:
         w("    # a CTA's shared memory and barriers must outlive its peer's last copy and arrival")
         w("    nt.cluster_sync()")

@@ -31,6 +31,24 @@ def test_user_epilogue_fuses_a_residual_and_a_column_scale():
     np.testing.assert_allclose(out.copy_to_host(), ref, rtol=1e-5, atol=1e-4)
 
 
+def test_full_tile_epilogue_loads_before_it_stores():
+    """A whole 64 x 128 tile inside the matrix takes the two-pass epilogue (every fragment's
+    values, with its loads of c and of the user's arrays, then every store); c aliases nothing
+    here, out is poisoned first."""
+    gen = np.random.default_rng()
+    m, n, k = 64, 128, 40
+    a = gen.standard_normal((m, k)).astype(np.float16)
+    b = gen.standard_normal((k, n)).astype(np.float16)
+    c = gen.standard_normal((m, n)).astype(np.float32)
+    res = gen.standard_normal((m, n)).astype(np.float32)
+    scale = gen.standard_normal(n).astype(np.float32)
+    out = cuda.to_device(np.full((m, n), np.nan, np.float32))
+    numbatc.gemm(cuda.to_device(a), cuda.to_device(b), c=cuda.to_device(c), beta=0.5, out=out,
+                 epilogue=residual_scale, epilogue_args=(cuda.to_device(res), cuda.to_device(scale)))
+    ref = (a.astype(np.float64) @ b.astype(np.float64) + 0.5 * c) * scale + res
+    np.testing.assert_allclose(out.copy_to_host(), ref, rtol=1e-5, atol=1e-4)
+
+
 def test_k_zero_still_runs_the_epilogue():
     res = np.arange(12, dtype=np.float32).reshape(3, 4)
     out = numbatc.gemm(cuda.to_device(np.zeros((3, 0), np.float16)),
@@ -50,11 +68,13 @@ def test_a_plain_python_function_is_refused():
 
 def test_user_epilogue_in_the_hopper_kernel(monkeypatch):
     """The same fused epilogue through sm90_gemm (forced: the emulation's default is sm80_gemm),
-    with ragged M, N and K, bf16 output and the built-in bias and activation before it."""
+    with ragged M and K, bf16 output and the built-in bias and activation before it: the first
+    consumer warpgroup's 64 x 128 part lies inside the matrix (the two-pass epilogue), the
+    second's is ragged (store_tile's bounds checks)."""
     monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:128x128x64_4s_w1")
     ml_dtypes = pytest.importorskip("ml_dtypes")
     gen = np.random.default_rng()
-    m, n, k = 70, 40, 72
+    m, n, k = 70, 128, 72
     a = gen.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
     b = gen.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
     bias = gen.standard_normal(n).astype(ml_dtypes.bfloat16)

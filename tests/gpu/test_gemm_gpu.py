@@ -213,7 +213,7 @@ def test_user_epilogue(lib):
     if lib == "torch":
         pytest.importorskip("torch")
     gen = rng()
-    for m, n, k in [(129, 257, 96), (64, 64, 64), (3, 500, 17)]:
+    for m, n, k in [(129, 257, 96), (64, 64, 64), (3, 500, 17), (2, 300, 1500)]:  # last: split-K
         a, b = values((m, k), "bfloat16"), values((k, n), "bfloat16")
         bias = values((n,), "bfloat16")
         res = gen.standard_normal((m, n)).astype(np.float32)
@@ -228,3 +228,31 @@ def test_user_epilogue(lib):
         ref = ref * scale + res
         tol = (k * 2.0**-22 + 2.0**-20) * scale_ref * np.abs(scale) + 1e-5
         assert np.all(np.abs(got - ref) <= tol), np.max(np.abs(got - ref))
+
+
+@pytest.mark.parametrize("splits", [None, "2", "7", "16"])
+def test_split_k_decode_shapes(splits, monkeypatch):
+    """Small M (split-K: each K slice's partial tile to a workspace, the last block of a tile
+    sums them and runs the epilogue): the heuristic's choice and forced slice counts (7 and 16
+    leave a short last slice), every layout pair, c + bias + activation, f16; six calls per
+    shape on one workspace (the tile counters must be back at zero after each launch)."""
+    if splits:
+        monkeypatch.setenv("NUMBATC_SPLIT_K", splits)
+    for m, n, k in [(1, 4096, 4096), (16, 1000, 3000), (5, 136, 1100), (64, 520, 2047),
+                    (33, 8, 4096)]:
+        for layouts in [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]:
+            check(m, n, k, "bfloat16", *layouts)
+        check(m, n, k, "float16", "row", "col", out_dtype="float32", beta=0.5, with_c=True,
+              with_bias=True, activation="gelu")
+        check(m, n, k, "bfloat16", "row", "row", alpha=2.0, with_bias=True, activation="relu")
+
+
+def test_split_k_beyond_decode_sizes(monkeypatch):
+    """Split-K forced on the portable kernel for M > 64 (128-row tiles, several tile rows): the
+    form the heuristic may pick for M = 128 / 256 on shapes that cannot fill the GPU."""
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm80")
+    monkeypatch.setenv("NUMBATC_SPLIT_K", "3")
+    for m, n, k in [(130, 300, 2000), (256, 1000, 4096)]:
+        check(m, n, k, "bfloat16", "row", "row")
+        check(m, n, k, "float16", "col", "col", out_dtype="float32", beta=0.5, with_c=True,
+              with_bias=True, activation="silu")
