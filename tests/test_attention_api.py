@@ -21,9 +21,12 @@ gemm_mod = importlib.import_module("numbatc.gemm")
 
 @pytest.fixture
 def launched(monkeypatch):
+    """The problems handed to either kernel family (the fake device is compute capability 9.0,
+    so head_dim 64 and 128 go to sm90_attention, the rest to sm80_attention)."""
     calls = []
-    kernels = importlib.import_module("numbatc.kernels.sm80_attention")
-    monkeypatch.setattr(kernels, "launch_attention", calls.append)
+    for name in ("sm80_attention", "sm90_attention"):
+        kernels = importlib.import_module(f"numbatc.kernels.{name}")
+        monkeypatch.setattr(kernels, "launch_attention", lambda p, cfg=None: calls.append(p))
     return calls
 
 
