@@ -10,7 +10,9 @@ and writes a CSV and a PNG plot (matplotlib, when installed) where asked.
 transpose of a row-major weight, bf16 output) against ``torch._scaled_mm`` in the same run.
 
 Shapes: squares 1024..8192 and LLM shapes M in {1, 16, 64, 128, 256, 4096} x (N, K) in
-{(4096, 4096), (8192, 8192), (28672, 8192), (8192, 28672)}.  torch is needed for the inputs and
+{(4096, 4096), (8192, 8192), (28672, 8192), (8192, 28672)}; ``--shapes decode``: M in {1, 16, 64,
+128, 256} x 8192 x 8192 and M in {1, 16} at the two 28672 shapes, with the device's copy
+bandwidth measured first (GB/s columns: bytes of a, b and out moved once per call).  torch is needed for the inputs and
 the reference; it is optional for numbatc itself.
 
 ``python -m numbatc.bench attention [--shapes quick] [--csv F] [--png F] [--configs]``: numbatc.attention
@@ -39,7 +41,10 @@ import time
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
 LLM = [(m, n, k) for (n, k) in ((4096, 4096), (8192, 8192), (28672, 8192), (8192, 28672))
        for m in (1, 16, 64, 128, 256, 4096)]
-SHAPES = {"squares": SQUARES, "llm": LLM, "all": SQUARES + LLM, "quick": [(4096, 4096, 4096), (8192, 8192, 8192)]}
+DECODE = ([(m, 8192, 8192) for m in (1, 16, 64, 128, 256)]
+          + [(m, n, k) for (n, k) in ((28672, 8192), (8192, 28672)) for m in (1, 16)])
+SHAPES = {"squares": SQUARES, "llm": LLM, "all": SQUARES + LLM, "decode": DECODE,
+          "quick": [(4096, 4096, 4096), (8192, 8192, 8192)]}
 
 
 class Progress:
@@ -60,18 +65,29 @@ class Progress:
 
 
 def _time_gpu(fn, torch, reps, warmup=3):
-    """Median milliseconds of ``fn`` on the current stream, by CUDA events."""
+    """Median milliseconds per call of ``fn`` on the current stream, by CUDA events around
+    back-to-back calls: each timed group enqueues enough calls to last about a millisecond, so
+    the host's time between calls overlaps the GPU's work as it does in a real program (the
+    host cost of a call shows only where it exceeds the kernel's; see first_call_s and
+    host_overhead_us for it).  NOTE: until 2026-11-30 (third session) each event pair timed one
+    call after a synchronisation, which added the call's host time to every figure."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    inner = max(1, min(200, int(1.0 / max(start.elapsed_time(end), 1e-3))))
     times = []
     for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(inner):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / inner)
     return statistics.median(times)
 
 
@@ -127,7 +143,11 @@ def bench_gemm(shapes, dtype="bfloat16", reps=20):
             print(f"reference failed at {m}x{n}x{k}: {exc}", file=sys.stderr)
             theirs = float("nan")
         flops = 2.0 * m * n * k
+        # bytes that must move at least once: a, b read, out written (decode shapes: b's)
+        moved = (m * k * a.element_size() + k * n * b.element_size()
+                 + m * n * out.element_size())
         rows.append(dict(m=m, n=n, k=k, dtype=dtype, numbatc_ms=ours, cublas_ms=theirs,
+                         numbatc_gbs=moved / ours / 1e6, cublas_gbs=moved / theirs / 1e6,
                          numbatc_tflops=flops / ours / 1e9, cublas_tflops=flops / theirs / 1e9,
                          ratio=theirs / ours, first_call_s=first, host_overhead_us=host_us,
                          max_rel_err=err))
@@ -137,14 +157,25 @@ def bench_gemm(shapes, dtype="bfloat16", reps=20):
     return rows
 
 
+def copy_bandwidth(torch, nbytes=2**30, reps=10):
+    """GB/s of a device-to-device copy of ``nbytes`` (read + write counted), the memory-bound
+    ceiling the decode shapes are held against."""
+    x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    y = torch.empty_like(x)
+    ms = _time_gpu(lambda: y.copy_(x), torch, reps)
+    return 2 * nbytes / ms / 1e6
+
+
 def print_table(rows):
     head = (f"{'M':>6} {'N':>6} {'K':>6}  {'numbatc TF/s':>12} {'cuBLAS TF/s':>11} {'ratio':>6}"
+            f"  {'numbatc GB/s':>12} {'cuBLAS GB/s':>11}"
             f"  {'first call s':>12} {'host us':>8} {'max rel err':>11}  config")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['m']:>6} {r['n']:>6} {r['k']:>6}  {r['numbatc_tflops']:>12.1f} "
-              f"{r['cublas_tflops']:>11.1f} {r['ratio']:>6.2f}  {r['first_call_s']:>12.2f} "
+              f"{r['cublas_tflops']:>11.1f} {r['ratio']:>6.2f}  {r['numbatc_gbs']:>12.0f} "
+              f"{r['cublas_gbs']:>11.0f}  {r['first_call_s']:>12.2f} "
               f"{r['host_overhead_us']:>8.1f} {r['max_rel_err']:>11.2e}  {r.get('config', '')}")
 
 
@@ -484,6 +515,9 @@ def main(argv=None):
         return main_softmax(args)
     if args.what == "epilogue":
         return main_epilogue(args)
+    if args.shapes == "decode":
+        print(f"device copy bandwidth: {copy_bandwidth(torch):.0f} GB/s (read + write of 1 GiB)",
+              flush=True)
     rows = bench_gemm(SHAPES[args.shapes], args.dtype, args.reps)
     for row in rows:
         row["config"] = "heuristic"

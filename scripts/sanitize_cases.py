@@ -16,7 +16,7 @@ import torch
 
 import numbatc
 
-GEMM = [(128, 256, 64), (200, 264, 136), (77, 1000, 520)]
+GEMM = [(128, 256, 64), (200, 264, 136), (77, 1000, 520), (3, 300, 1500)]  # last: split-K
 ATTN = [(1, 113, 2, 1, 64, False), (1, 200, 2, 2, 128, True)]
 
 
@@ -60,7 +60,12 @@ def attention(kernel):
         rep = hq // hkv
         qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k.repeat_interleave(rep, 2),
                                                            v.repeat_interleave(rep, 2)))
-        ref = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        # the reference by hand: torch's SDPA kernels would be sanitized too (its memory-efficient
+        # kernel reports shared-memory hazards under racecheck)
+        scores = (qt @ kt.transpose(-1, -2)) / d**0.5
+        if causal:  # bottom-right aligned; seqlen_q == seqlen_k here
+            scores = scores.masked_fill(torch.ones(s, s, device="cuda").triu(1).bool(), float("-inf"))
+        ref = torch.softmax(scores, -1) @ vt
         check(f"attention {kernel} s={s} d={d} causal={causal}", out, ref.transpose(1, 2), 2e-2)
 
 
