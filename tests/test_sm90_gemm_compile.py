@@ -179,3 +179,28 @@ def test_fp8_variants_and_configs_are_checked():
         sm90_gemm.Sm90Config("bad", 128, 3, elem_bytes=1)
     assert all(c.stage_bytes == sm90_gemm.CONFIGS[n[4:].replace("x128_", "x64_")].stage_bytes
                for n, c in sm90_gemm.FP8_CONFIGS.items())
+
+
+@pytest.mark.parametrize("name", ["128x256x64_4s_w1", "128x128x64_4s_w1"])
+def test_split_k_variant_keeps_setmaxnreg_without_spills(name, tmp_path):
+    """Split-K (small M): the consumers' epilogue through the workspace, a named barrier over the
+    256 consumer threads, the tile counter's atom.global.add; as the driver compiles it."""
+    var = sm90_gemm.Sm90Variant("row", "row", "bfloat16", "bfloat16", None, "float32", "gelu",
+                                split_k=True)
+    ptx = _ptx(name, var)
+    assert "atom.global.add.u32" in ptx and ptx.count("barrier.sync.aligned 1,") == 2
+    log = whole_program_ptxas(ptx, tmp_path)
+    assert "C7504" not in log and "C7508" not in log and "C7509" not in log, log
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+
+
+def test_split_k_is_refused_for_clusters_and_fp8():
+    var = sm90_gemm.Sm90Variant("row", "row", "bfloat16", "bfloat16", None, None, None,
+                                split_k=True)
+    cluster = next(c for c in sm90_gemm.CONFIGS.values() if c.cluster_m > 1)
+    with pytest.raises(ValueError, match="split-K is for single-CTA configs"):
+        sm90_gemm.kernel_source(cluster, var)
+    fp8 = sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e4m3fn", "bfloat16",
+                                   None, None, None, split_k=True, b_dtype="float8_e4m3fn")
+    with pytest.raises(ValueError, match="no split-K"):
+        sm90_gemm.check_variant(fp8)

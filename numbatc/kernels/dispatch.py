@@ -57,11 +57,12 @@ def choose_sm80(m, n, k):
     return sm80_gemm.CONFIGS["128x128x64_4w_4s"]
 
 
-def choose_split(cfg, m, n, k):
-    """(splits, k_chunk) for sm80_gemm's split-K form: small-M problems whose tiles cannot fill
-    the GPU (M <= 64 gives one tile row; N = 8192 gives 64 tiles for 132 SMs) split K into
-    ``splits`` slices of ``k_chunk`` values (a multiple of BK) so that about two blocks per SM
-    stream B at once; each slice keeps >= 4 k tiles, at most 16 slices.  (1, k): no split.
+def choose_split(cfg, m, n, k, family=sm80_gemm, blocks_per_sm=2, max_m=64):
+    """(splits, k_chunk) for a split-K launch of ``family`` (sm80_gemm, sm90_gemm): small-M
+    problems whose tiles cannot fill the GPU (M <= 64 gives one tile row; N = 8192 gives 64
+    tiles for 132 SMs) split K into ``splits`` slices of ``k_chunk`` values (a multiple of BK)
+    so that about ``blocks_per_sm`` blocks per SM stream B at once; each slice keeps >= 4 k
+    tiles, at most 16 slices; only for M <= ``max_m``.  (1, k): no split.
     ``NUMBATC_SPLIT_K=<n>`` forces n slices (1: none), for benchmarks."""
     k_tiles = -(-k // cfg.bk)
     forced = os.environ.get("NUMBATC_SPLIT_K")
@@ -69,10 +70,11 @@ def choose_split(cfg, m, n, k):
         splits = int(forced)
         if splits < 1:
             raise ValueError(f"NUMBATC_SPLIT_K={forced!r}: a positive number of K slices")
-    elif m > 64:
+    elif m > max_m:
         splits = 1
     else:
-        splits = min(2 * _NUM_SMS_GUESS // max(1, sm80_gemm.grid_for(cfg, m, n)), k_tiles // 4, 16)
+        tiles = max(1, family.grid_for(cfg, m, n))
+        splits = min(blocks_per_sm * _NUM_SMS_GUESS // tiles, k_tiles // 4, 16)
     if splits < 2 or k_tiles < 2:
         return 1, k
     per = -(-k_tiles // splits)  # k tiles per slice; no slice left empty
@@ -443,21 +445,26 @@ def launch_gemm(p):
                                        for x in p.epilogue_args)
     if fast:
         extra["prepare"] = True
+    splits = 1
     if family is sm80_gemm:
         splits, k_chunk = choose_split(cfg, p.m, p.n, p.k)
-        if splits > 1:
-            import dataclasses
+    elif (family.__name__.endswith("sm90_gemm") and scales is None
+          and getattr(cfg, "cluster_m", 1) == 1):
+        # one 384-thread block per SM; M = 128 / 256 at N = 8192 give 32 / 64 tiles
+        splits, k_chunk = choose_split(cfg, p.m, p.n, p.k, family, blocks_per_sm=1, max_m=256)
+    if splits > 1:
+        import dataclasses
 
-            var = dataclasses.replace(var, split_k=True)
-            buffers = split_workspace(p.device, splits * p.m * p.n, sm80_gemm.grid_for(cfg, p.m, p.n))
+        var = dataclasses.replace(var, split_k=True)
+        buffers = split_workspace(p.device, splits * p.m * p.n, family.grid_for(cfg, p.m, p.n))
 
-            def split(stream):
-                ws, cnt = buffers(stream)
-                return ws, cnt, k_chunk, splits
+        def split(stream):
+            ws, cnt = buffers(stream)
+            return ws, cnt, k_chunk, splits
 
-            extra["split"] = split
-            if printing:
-                print(f"numbatc.gemm: split-K, {splits} slices of {k_chunk}", file=sys.stderr)
+        extra["split"] = split
+        if printing:
+            print(f"numbatc.gemm: split-K, {splits} slices of {k_chunk}", file=sys.stderr)
     return family.launch(cfg, var, a, b, c, bias, out, p.m, p.n, p.k, lda, ldb, ldc, p.out.ld,
                          alpha, p.beta, stream=p.stream if _EMULATED else p.stream_handle,
                          **extra)

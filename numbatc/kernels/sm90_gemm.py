@@ -228,6 +228,8 @@ def check_variant(var: Sm90Variant):
             raise ValueError("sm90_gemm's fp8 form needs both operands K-major (wgmma's 8-bit "
                              "forms have no transposes): a_layout 'row' and b_layout 'col', got "
                              f"{var.a_layout!r}, {var.b_layout!r}")
+        if getattr(var, "split_k", False):
+            raise ValueError("sm90_gemm's fp8 form has no split-K variant")
         return
     if var.in_dtype not in ("bfloat16", "float16"):
         raise ValueError(f"sm90_gemm takes bfloat16 or float16 inputs (or float8_e4m3fn / "
@@ -390,6 +392,18 @@ def swz(o):
         b_part = dict(start=b_start, smem=f"rank * {cfg.b_part_bytes}", n_lim="N - n0",
                       k0=f"k0 + rank * {BK // C}")
     ea = ", eargs" if var.epilogue is not None else ""  # a user epilogue's extra arrays
+    split_args = split_range = split_a = split_b = ""
+    if var.split_k:
+        # split-K (sm80_gemm.Sm80Variant.split_k): this block's K slice; the producer's start
+        # indices move to its first k; the consumers' epilogue goes through the workspace
+        if C > 1:
+            raise ValueError(f"sm90 config {cfg.name}: split-K is for single-CTA configs")
+        split_args = ", ws, counters, k_chunk, splits"
+        split_range = ("    split = cuda.blockIdx.y\n"
+                       "    kbeg = split * k_chunk\n"
+                       "    K = min(K - kbeg, k_chunk)\n")
+        split_a = " + kbeg" if a_kmajor else " + kbeg * lda"
+        split_b = " + kbeg" if b_kmajor else " + kbeg * ldb"
     forward_loop = ""
     if C > 1:
         w(f"""
@@ -440,7 +454,7 @@ def forward(smem, bars, j, rank):
     w(f'''
 
 @cuda.jit(cache={var.epilogue is None}, launch_bounds=({cfg.threads}, 1))
-def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m{ea}):
+def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m{split_args}{ea}):
     # {S} stages of [A (BM={BM}, BK={BK}) | B (BN={BN}, BK={BK})], {cfg.stage_bytes} bytes each
     smem = cuda.shared.array(0, np.uint8, alignment=1024)
     # full[s] = bars[s]: the producer's 128 cp.async arrivals (.noinc) complete its phase.
@@ -470,7 +484,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     rank = {"np.int64(nt.cluster_ctarank())" if C > 1 else "0"}
     m0 = (np.int64(tm) * {C} + rank) * {BM}
     n0 = np.int64(tn) * {BN}
-    k_tiles = (K + {BK - 1}) // {BK}
+{split_range}    k_tiles = (K + {BK - 1}) // {BK}
 
     if t == 0:
         for s in range({S}):
@@ -494,11 +508,10 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
         p_ac0 = (p % {a_per_row}) * {epc}
         p_br0 = p // {b_per_row}
         p_bc0 = (p % {b_per_row}) * {epc}
-        a_start = {a_start}
-        b_start = {b_start}
+        a_start = {a_start}{split_a}
         m_lim = M - m0
         n_lim = {b_part["n_lim"]}
-        b_start = {b_part["start"]}
+        b_start = {b_part["start"]}{split_b}
         for kt in range(k_tiles):
             s = kt % {S}
             nt.mbarrier_wait_parity(bars, {S} + s, ((kt // {S}) + 1) & 1)
@@ -564,12 +577,21 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
         col_base = n0 + (lane % 4) * 2''')
     tiles = [(f"(acc[{4 * j}], acc[{4 * j + 1}], acc[{4 * j + 2}], acc[{4 * j + 3}])", "row_base",
               f"col_base + {8 * j}") for j in range(BN // 8)]
-    # this warpgroup's 64 rows: the whole (64 x BN) part inside the matrix or not
-    sm80_gemm.full_tile_epilogue(w, tiles, var, f"m0 + cw * 64 + 64 <= M and n0 + {BN} <= N",
-                                 indent="        ")
+    if var.split_k:
+        # the 256 consumer threads synchronise on named barrier 1 (the producer has left);
+        # thread 128 (consumer warpgroup 0's first) counts the tile's arrivals
+        sm80_gemm.split_epilogue_source(w, tiles, var, "cuda.blockIdx.x",
+                                        f"nt.named_barrier_sync(1, {128 * cfg.consumers})",
+                                        "t == 128", indent="        ")
+    else:
+        # this warpgroup's 64 rows: the whole (64 x BN) part inside the matrix or not
+        sm80_gemm.full_tile_epilogue(w, tiles, var, f"m0 + cw * 64 + 64 <= M and n0 + {BN} <= N",
+                                     indent="        ")
     if C > 1:
         w("    # a CTA's shared memory and barriers must outlive its peer's last copy and arrival")
         w("    nt.cluster_sync()")
+    if var.split_k:
+        w(sm80_gemm.SPLIT_HELPERS)
     return "\n".join(lines) + "\n"
 
 
@@ -593,7 +615,7 @@ def grid_for(cfg: Sm90Config, m: int, n: int):
 
 
 def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
-           alpha, beta, stream=0, group_m=8, epilogue_args=(), prepare=False):
+           alpha, beta, stream=0, group_m=8, epilogue_args=(), prepare=False, split=None):
     """Launch the kernel (arguments as sm80_gemm.launch, ``prepare`` too).  Operands are flat:
     device pointers (ints) on the GPU, 1-d arrays in the emulation; A's and B's start and
     leading dimension must be 16-byte aligned.  The kernel uses setmaxnreg, so intrinsics.launch
@@ -605,10 +627,13 @@ def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, 
                            cfg.shared_bytes, cluster, (a, b, c, bias, out, m, n, k, lda, ldb,
                                                        ldc, ldo), alpha, beta, stream, group_m,
                            epilogue_args, prepare)
+    grid = grid_for(cfg, m, n)
+    if split is not None:  # split-K (sm80_gemm.launch's ``split``)
+        grid = (grid, split(stream)[3])
     return sm80_gemm.launch_gemm_kernel(
-        kernel_for(cfg, var), var, grid_for(cfg, m, n), cfg.threads, cfg.shared_bytes, cluster,
+        kernel_for(cfg, var), var, grid, cfg.threads, cfg.shared_bytes, cluster,
         a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m,
-        epilogue_args, prepare)
+        epilogue_args, prepare, split=split)
 
 
 def _launch_fp8(kernel, var, grid, threads, shared_bytes, cluster, operands, alpha, beta, stream,

@@ -88,3 +88,26 @@ def test_user_epilogue_in_the_hopper_kernel(monkeypatch):
     acc = a.astype(np.float64) @ b.astype(np.float64) + bias.astype(np.float64)
     ref = np.maximum(acc, 0) * scale + res
     np.testing.assert_allclose(out.copy_to_host(), ref, rtol=1e-5, atol=1e-3)
+
+
+def test_split_k_in_the_hopper_kernel(monkeypatch, capfd):
+    """sm90_gemm's split-K form (forced): K slices of 64 with a short last one, the partial
+    tiles through the workspace, the last block's sum (the consumer warpgroups meet on named
+    barrier 1) and the user epilogue; twice, so the tile counters must have been reset."""
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:128x128x64_4s_w1")
+    monkeypatch.setenv("NUMBATC_SPLIT_K", "3")
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    gen = np.random.default_rng()
+    m, n, k = 70, 24, 150
+    for _ in range(2):
+        a = gen.standard_normal((m, k)).astype(np.float16)
+        b = gen.standard_normal((k, n)).astype(np.float16)
+        res = gen.standard_normal((m, n)).astype(np.float32)
+        scale = gen.standard_normal(n).astype(np.float32)
+        out = cuda.to_device(np.full((m, n), np.nan, np.float32))
+        numbatc.gemm(cuda.to_device(a), cuda.to_device(b), out=out, epilogue=residual_scale,
+                     epilogue_args=(cuda.to_device(res), cuda.to_device(scale)))
+        ref = (a.astype(np.float64) @ b.astype(np.float64)) * scale + res
+        np.testing.assert_allclose(out.copy_to_host(), ref, rtol=1e-5, atol=1e-3)
+    err = capfd.readouterr().err
+    assert "sm90_gemm 128x128x64_4s_w1" in err and "split-K, 3 slices of 64" in err

@@ -232,14 +232,16 @@ def test_user_epilogue(lib):
 
 @pytest.mark.parametrize("splits", [None, "2", "7", "16"])
 def test_split_k_decode_shapes(splits, monkeypatch):
-    """Small M (split-K: each K slice's partial tile to a workspace, the last block of a tile
+    """Small M (split-K in sm80_gemm, and in sm90_gemm for 64 < M <= 256 on compute capability
+    9.0: each K slice's partial tile to a workspace, the last block of a tile
     sums them and runs the epilogue): the heuristic's choice and forced slice counts (7 and 16
     leave a short last slice), every layout pair, c + bias + activation, f16; six calls per
     shape on one workspace (the tile counters must be back at zero after each launch)."""
     if splits:
         monkeypatch.setenv("NUMBATC_SPLIT_K", splits)
+    # the last two: M > 64, sm90_gemm's split-K form on an H100/H200
     for m, n, k in [(1, 4096, 4096), (16, 1000, 3000), (5, 136, 1100), (64, 520, 2047),
-                    (33, 8, 4096)]:
+                    (33, 8, 4096), (128, 2048, 2048), (200, 520, 3000)]:
         for layouts in [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]:
             check(m, n, k, "bfloat16", *layouts)
         check(m, n, k, "float16", "row", "col", out_dtype="float32", beta=0.5, with_c=True,
