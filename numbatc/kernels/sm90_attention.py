@@ -166,11 +166,13 @@ def choose_config(head_dim: int) -> Sm90AttnConfig:
 
     BLOCK_N = 128 for both head dims (FA3's tile for 64 and 128): the consumers hold O (D / 2
     registers), S (64) and P (32), which fits 232 registers (see tests/test_sm90_attention_compile
-    for ptxas's counts).  Unmeasured on the GPU: the overlapped schedule is the default because
-    it is FA3's, not because it was timed here."""
+    for ptxas's counts).  Measured on the H200 (bench attention --shapes quick, each config
+    forced, docs/PERFORMANCE.md): head_dim 128 takes the ping-pong schedule (n128_2s_ov_pp:
+    causal seqlen 1024 183.8 against 109.3 TFLOP/s, the others within 5 %); head_dim 64 the
+    overlapped one (n128_2s_ov; _pp, 3 stages and BLOCK_N = 64 were equal or slower)."""
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"sm90_attention implements head_dim {HEAD_DIMS}, got {head_dim}")
-    return CONFIGS["n128_2s_ov"]
+    return CONFIGS["n128_2s_ov_pp" if head_dim == 128 else "n128_2s_ov"]
 
 
 # ---------------------------------------------------------------------------------------------
