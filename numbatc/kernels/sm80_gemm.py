@@ -476,7 +476,7 @@ def split_epilogue_source(w, tiles, var, tile_id, sync, leader, indent="    "):
 {x}        counters[{tile_id}] = np.int32(0)""")
 
 
-_SPLIT_HELPERS = '''
+SPLIT_HELPERS = '''
 
 @cuda.jit(device=True, forceinline=True)
 def put_partial(ws, sl, acc, r, col, M, N):
@@ -616,7 +616,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
 
     w(_epilogue_source(var))
     if var.split_k:
-        w(_SPLIT_HELPERS)
+        w(SPLIT_HELPERS)
     return "\n".join(lines)
 
 
