@@ -7,14 +7,8 @@
 #   bench   decode shapes against cuBLAS and the copy bandwidth, the default GEMM, FP8, the user
 #           epilogue's overhead, attention on every shape, a profile of the Hopper GEMM's stalls.
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_round2.sh tests|bench
-set -uo pipefail
-out=${OUT:-out}
+source "$(dirname "$0")/gpu_common.sh"
 what=${1:-tests}
-mkdir -p "$out"
-export NUMBATC_CACHE_DIR=${NUMBATC_CACHE_DIR:-/tmp/numbatc-cache}
-py="python3 -W ignore"
-t() { local limit=$1; shift; timeout "$limit" "$@" 2>&1; echo "[exit $? after limit ${limit}s: $*]"; }
-start=$SECONDS
 
 if [[ $what == tests ]]; then
   $py scripts/pytest_shards.py --shards 9 --timeout 300 --out /tmp/shards1 \

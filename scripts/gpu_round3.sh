@@ -3,13 +3,7 @@
 # sm80_gemm and sm90_gemm -- every GEMM GPU test, the user epilogue's overhead -- and split-K
 # slice counts and the portable split-K form for M = 128 / 256 against the heuristic.
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_round3.sh
-set -uo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-export NUMBATC_CACHE_DIR=${NUMBATC_CACHE_DIR:-/tmp/numbatc-cache}
-py="python3 -W ignore"
-t() { local limit=$1; shift; timeout "$limit" "$@" 2>&1; echo "[exit $? after limit ${limit}s: $*]"; }
-start=$SECONDS
+source "$(dirname "$0")/gpu_common.sh"
 $py scripts/pytest_shards.py --shards 14 --timeout 240 --out /tmp/shards1 \
   tests/gpu/test_gemm_gpu.py tests/gpu/test_sm90_gemm_gpu.py tests/gpu/test_gemm_fp8_gpu.py \
   tests/gpu/test_gemm_interop_gpu.py -- --tb=short > "$out/tests.txt" 2>&1

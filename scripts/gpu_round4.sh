@@ -3,13 +3,7 @@
 # tests, compute-sanitizer on it, the decode benchmark with it (and sm90 forced for M <= 64);
 # the Hopper attention kernel's configs on the quick shapes.
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_round4.sh
-set -uo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-export NUMBATC_CACHE_DIR=${NUMBATC_CACHE_DIR:-/tmp/numbatc-cache}
-py="python3 -W ignore"
-t() { local limit=$1; shift; timeout "$limit" "$@" 2>&1; echo "[exit $? after limit ${limit}s: $*]"; }
-start=$SECONDS
+source "$(dirname "$0")/gpu_common.sh"
 $py scripts/pytest_shards.py --shards 12 --timeout 200 --out /tmp/shards1 \
   tests/gpu/test_gemm_gpu.py tests/gpu/test_gemm_interop_gpu.py -- --tb=short > /tmp/tests.txt 2>&1 &
 (

@@ -3,12 +3,7 @@
 # attention kernel (Nsight Compute at head_dim 128, seqlen 4096), memcheck on the FP8 GEMM, and
 # the attention quick benchmark with head_dim 128 on the ping-pong default.
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_round5.sh
-set -uo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-export NUMBATC_CACHE_DIR=${NUMBATC_CACHE_DIR:-/tmp/numbatc-cache}
-py="python3 -W ignore"
-t() { local limit=$1; shift; timeout "$limit" "$@" 2>&1; echo "[exit $? after limit ${limit}s: $*]"; }
+source "$(dirname "$0")/gpu_common.sh"
 {
   t 70 ncu --clock-control none -k regex:attention -c 1 --section SpeedOfLight \
     --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \

@@ -8,14 +8,8 @@
 #   attention.txt  bench attention, portable and Hopper kernels
 #   sanitize.txt   compute-sanitizer memcheck / racecheck / synccheck on scripts/sanitize_cases.py
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh [tests|bench|all]
-set -uo pipefail
-out=${OUT:-out}
+source "$(dirname "$0")/gpu_common.sh"
 what=${1:-all}
-mkdir -p "$out"
-export NUMBATC_CACHE_DIR=${NUMBATC_CACHE_DIR:-/tmp/numbatc-cache}
-py="python3 -W ignore"
-t() { local limit=$1; shift; timeout "$limit" "$@" 2>&1; echo "[exit $? after limit ${limit}s: $*]"; }
-start=$SECONDS
 : "${GPU_TESTS:=tests/gpu/test_launch_gpu.py tests/gpu/test_cluster_gpu.py tests/gpu/test_barrier_gpu.py tests/gpu/test_softmax_gpu.py tests/gpu/test_sm90_gemm_gpu.py tests/gpu/test_gemm_fp8_gpu.py tests/gpu/test_gemm_gpu.py tests/gpu/test_attention_gpu.py}"
 : "${SM90_ATTN_TESTS:=tests/gpu/test_sm90_attention_gpu.py}"
 

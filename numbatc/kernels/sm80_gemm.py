@@ -448,6 +448,21 @@ def full_tile_epilogue(w, tiles, var, inside, indent="    "):
         w(f"{x}    store_tile(out, c, bias, {acc}, {row}, {col}, M, N, ldc, ldo, alpha, beta{ea})")
 
 
+def split_source(var, a_kmajor, b_kmajor):
+    """(extra kernel parameters, the K-slice prologue, the additions to A's and B's start
+    indices) of a split-K variant (see Sm80Variant.split_k), all "" otherwise: blockIdx.y is
+    the slice, K becomes the slice's length and the operands' start indices move to its first
+    k.  Shared by sm80_gemm and sm90_gemm (whose producer takes the start indices)."""
+    if not var.split_k:
+        return "", "", "", ""
+    return (", ws, counters, k_chunk, splits",
+            "    split = cuda.blockIdx.y\n"
+            "    kbeg = split * k_chunk\n"
+            "    K = min(K - kbeg, k_chunk)\n",
+            " + kbeg" if a_kmajor else " + kbeg * lda",
+            " + kbeg" if b_kmajor else " + kbeg * ldb")
+
+
 def split_epilogue_source(w, tiles, var, tile_id, sync, leader, indent="    "):
     """Emit split-K's epilogue (see Sm80Variant.split_k) for fragments ``tiles`` = [(acc
     expression, row expression, column expression)] in store_tile's m16n8 layout: store the
@@ -555,15 +570,7 @@ def swz_b(o):
     # x[i + j * ld] (device pointers on the GPU, 1-d arrays in the emulation).
     a_start = "m0 * lda + a_c0 + a_r0 * lda" if a_kmajor else "a_r0 * lda + m0 + a_c0"
     b_start = "n0 * ldb + b_c0 + b_r0 * ldb" if b_kmajor else "b_r0 * ldb + n0 + b_c0"
-    split_args = split_range = split_a = split_b = ""
-    if var.split_k:
-        split_args = ", ws, counters, k_chunk, splits"
-        # K becomes this block's slice; the operands' start indices move to its first k.
-        split_range = ("    split = cuda.blockIdx.y\n"
-                       "    kbeg = split * k_chunk\n"
-                       "    K = min(K - kbeg, k_chunk)\n")
-        split_a = " + kbeg" if a_kmajor else " + kbeg * lda"
-        split_b = " + kbeg" if b_kmajor else " + kbeg * ldb"
+    split_args, split_range, split_a, split_b = split_source(var, a_kmajor, b_kmajor)
     w(f'''
 
 @cuda.jit(cache={var.epilogue is None})

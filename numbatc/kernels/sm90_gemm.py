@@ -392,18 +392,11 @@ def swz(o):
         b_part = dict(start=b_start, smem=f"rank * {cfg.b_part_bytes}", n_lim="N - n0",
                       k0=f"k0 + rank * {BK // C}")
     ea = ", eargs" if var.epilogue is not None else ""  # a user epilogue's extra arrays
-    split_args = split_range = split_a = split_b = ""
-    if var.split_k:
-        # split-K (sm80_gemm.Sm80Variant.split_k): this block's K slice; the producer's start
-        # indices move to its first k; the consumers' epilogue goes through the workspace
-        if C > 1:
-            raise ValueError(f"sm90 config {cfg.name}: split-K is for single-CTA configs")
-        split_args = ", ws, counters, k_chunk, splits"
-        split_range = ("    split = cuda.blockIdx.y\n"
-                       "    kbeg = split * k_chunk\n"
-                       "    K = min(K - kbeg, k_chunk)\n")
-        split_a = " + kbeg" if a_kmajor else " + kbeg * lda"
-        split_b = " + kbeg" if b_kmajor else " + kbeg * ldb"
+    # split-K (sm80_gemm.Sm80Variant.split_k): this block's K slice; the producer's start
+    # indices move to its first k; the consumers' epilogue goes through the workspace
+    if var.split_k and C > 1:
+        raise ValueError(f"sm90 config {cfg.name}: split-K is for single-CTA configs")
+    split_args, split_range, split_a, split_b = sm80_gemm.split_source(var, a_kmajor, b_kmajor)
     forward_loop = ""
     if C > 1:
         w(f"""
