@@ -39,7 +39,13 @@ def _build(pyname):
         bid = literal_value(pyname, barrier_id, "the barrier id (a literal 1..15)",
                             valid=NAMED_BARRIER_IDS)
         if bid is None:
-            return None
+            # numba retries with the literal when the argument has one; a run-time value has
+            # none, and this names the rule instead of numba's "No match"
+            from numba.cuda.core.errors import RequireLiteralValue
+
+            raise RequireLiteralValue(f"{pyname}: the barrier id must be a compile-time "
+                                      f"constant 1..15 (it is encoded in the instruction), "
+                                      f"got a run-time {barrier_id}")
         check_integer(pyname, nthreads, "the thread count (a multiple of 32)")
         count = literal_value(pyname, nthreads, "the thread count") if isinstance(
             nthreads, types.IntegerLiteral) else None

@@ -30,3 +30,13 @@ def test_bad_ids_and_counts_are_named(bid, count, message):
 
     with pytest.raises(TypingError, match=message):
         compile_ptx(kernel, (types.int32[:],), "sm_90a")
+
+
+def test_run_time_barrier_id_is_named():
+    """The id is encoded in the instruction: a run-time value gets the rule, not numba's
+    generic "No match"."""
+    def kernel(x, i):
+        named_barrier_sync(i, 64)
+
+    with pytest.raises(Exception, match="compile-time constant 1..15"):
+        compile_ptx(kernel, (types.int32[:], types.int32), "sm_80")
