@@ -117,3 +117,12 @@ def test_every_config_fits_shared_memory():
     for cfg in attn.CONFIGS.values():
         for d in attn.HEAD_DIMS:
             attn.check_fits(cfg, d)
+
+
+@pytest.mark.parametrize("name", ["n128_2s_ov_fx", "n128_2s_ov_pp_fx"])
+def test_fast_exp_configs_use_the_two_instruction_exponential(name):
+    """fast_exp: every exponential is ex2.approx.ftz, every score's argument one fma.rn."""
+    ptx = _ptx(name, 128, "bfloat16", True, True)
+    plain = _ptx(name.removesuffix("_fx"), 128, "bfloat16", True, True)
+    assert "ex2.approx.f32" not in ptx and ptx.count("ex2.approx.ftz.f32") >= 64 + 2
+    assert ptx.count("fma.rn.f32") >= 64 > plain.count("fma.rn.f32")

@@ -103,6 +103,9 @@ class Sm90AttnConfig:
     producer_regs: int = 56
     consumer_regs: int = 224
     pingpong: bool = False  # FA3's inter-warpgroup ping-pong (named barriers; needs overlap)
+    # P = ex2.approx.ftz(fma(s, scale_log2, -max)): FFMA + MUFU.EX2 per score (intrinsics.
+    # fastmath) instead of math.exp2's denormal-scaled ex2 after a separate multiply and subtract
+    fast_exp: bool = False
 
     def __post_init__(self):
         problems = []
@@ -147,9 +150,12 @@ CONFIGS = {
         Sm90AttnConfig("n64_2s", 64, producer_regs=64, consumer_regs=216),
         Sm90AttnConfig("n64_2s_ov", 64, overlap=True),
         Sm90AttnConfig("n128_3s_ov", 128, stages=3, overlap=True),
-        # opt-in, unmeasured on the GPU: FA3's inter-warpgroup ping-pong on top of _ov
+        # FA3's inter-warpgroup ping-pong on top of _ov (head_dim 128's default)
         Sm90AttnConfig("n128_2s_ov_pp", 128, overlap=True, pingpong=True),
         Sm90AttnConfig("n64_2s_ov_pp", 64, overlap=True, pingpong=True),
+        # opt-in, not yet run on a GPU: the two-instruction exponential (fast_exp)
+        Sm90AttnConfig("n128_2s_ov_fx", 128, overlap=True, fast_exp=True),
+        Sm90AttnConfig("n128_2s_ov_pp_fx", 128, overlap=True, pingpong=True, fast_exp=True),
     )
 }
 
@@ -306,10 +312,18 @@ def store_pair(out, base, v0, v1):
             o(f"{ind}mx = quad_max({_tree('max', regs)}) * scale_log2")
             o(f"{ind}m_new = max(m_{h}, mx)")
             o(f"{ind}base_{h} = m_new if m_new != NEG_INF else ZERO  # a row with no key yet")
-            o(f"{ind}alpha_{h} = math.exp2(m_{h} - base_{h})")
+            if cfg.fast_exp:
+                o(f"{ind}alpha_{h} = nt.ex2_approx(m_{h} - base_{h})")
+                o(f"{ind}nbase_{h} = -base_{h}")
+            else:
+                o(f"{ind}alpha_{h} = math.exp2(m_{h} - base_{h})")
             o(f"{ind}m_{h} = m_new")
         for v in range(NS):
-            o(f"{ind}p_{v} = math.exp2(sacc[{v}] * scale_log2 - base_{(v // 2) % 2})")
+            if cfg.fast_exp:
+                o(f"{ind}p_{v} = nt.ex2_approx(nt.fma_f32(sacc[{v}], scale_log2, "
+                  f"nbase_{(v // 2) % 2}))")
+            else:
+                o(f"{ind}p_{v} = math.exp2(sacc[{v}] * scale_log2 - base_{(v // 2) % 2})")
         for h in range(2):
             terms = [f"p_{v}" for v in range(NS) if (v // 2) % 2 == h]
             o(f"{ind}l_{h} = l_{h} * alpha_{h} + {_tree('+', terms)}")

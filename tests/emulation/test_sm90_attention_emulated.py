@@ -54,6 +54,9 @@ CASES = [
     (1, 150, 150, 2, 1, 64, True, "bfloat16", "n64_2s_ov_pp"),
     (1, 40, 300, 1, 1, 128, False, "float16", "n128_2s_ov_pp"),  # 3 tiles wrap 2 stages
     (1, 130, 30, 1, 1, 64, True, "bfloat16", "n128_2s_ov_pp"),   # block 0: consumer 0 sees none
+    # the two-instruction exponential (ex2.approx.ftz of an fma): masked rows, -inf maxima
+    (1, 70, 200, 2, 1, 128, True, "bfloat16", "n128_2s_ov_fx"),
+    (1, 150, 150, 1, 1, 64, True, "float16", "n128_2s_ov_pp_fx"),
 ]
 
 
