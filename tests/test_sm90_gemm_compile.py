@@ -194,13 +194,21 @@ def test_split_k_variant_keeps_setmaxnreg_without_spills(name, tmp_path):
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log
 
 
-def test_split_k_is_refused_for_clusters_and_fp8():
+def test_split_k_is_refused_for_clusters():
     var = sm90_gemm.Sm90Variant("row", "row", "bfloat16", "bfloat16", None, None, None,
                                 split_k=True)
     cluster = next(c for c in sm90_gemm.CONFIGS.values() if c.cluster_m > 1)
     with pytest.raises(ValueError, match="split-K is for single-CTA configs"):
         sm90_gemm.kernel_source(cluster, var)
-    fp8 = sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e4m3fn", "bfloat16",
-                                   None, None, None, split_k=True, b_dtype="float8_e4m3fn")
-    with pytest.raises(ValueError, match="no split-K"):
-        sm90_gemm.check_variant(fp8)
+
+
+def test_fp8_split_k_variant_assembles(tmp_path):
+    var = sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e4m3fn", "bfloat16", None, None, None,
+                                   split_k=True, b_dtype="float8_e5m2")
+    cfg = sm90_gemm.FP8_CONFIGS["fp8_128x256x128_4s_w1"]
+    ptx = compile_ptx(sm90_gemm.kernel_for(cfg, var), sm90_gemm.signature(var), "sm_90a",
+                      launch_bounds=(cfg.threads, 1))
+    assert "atom.global.add.u32" in ptx and "e4m3.e5m2" in ptx
+    log = whole_program_ptxas(ptx, tmp_path)
+    assert "C7508" not in log and "C7509" not in log, log
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log

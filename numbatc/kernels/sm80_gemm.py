@@ -734,16 +734,18 @@ def launch(cfg: Sm80Config, var: Sm80Variant, a, b, c, bias, out, m, n, k, lda, 
 
 def launch_gemm_kernel(kernel, var, grid, threads, shared_bytes, cluster, a, b, c, bias, out, m,
                        n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m, epilogue_args,
-                       prepare, split=None):
+                       prepare, split=None, kernel_signature=None):
     """Launch a generated GEMM kernel with sm80_gemm's arguments (sm90_gemm's too): prepared
     (returning the relaunch function, see :func:`launch`) where it can be, else through
-    ``intrinsics.launch.launch`` with a user epilogue's arrays as a final tuple argument."""
+    ``intrinsics.launch.launch`` with a user epilogue's arrays as a final tuple argument.
+    ``kernel_signature``: the argument types where they are not :func:`signature`'s (sm90_gemm's
+    fp8 form takes uint8 operand pointers)."""
     from numba import config
 
     from intrinsics import launch as launching
 
     if prepare and not config.ENABLE_CUDASIM:
-        sig = signature(var)
+        sig = kernel_signature or signature(var)
         eflat = ()
         if var.epilogue is not None:
             _, sig = with_epilogue_args(kernel, var, (), sig, epilogue_args)
@@ -767,7 +769,8 @@ def launch_gemm_kernel(kernel, var, grid, threads, shared_bytes, cluster, a, b, 
     if split is not None:
         ws, counters, k_chunk, splits = split(stream)
         args += (ws, counters, np.int64(k_chunk), np.int64(splits))
-    args, sig = with_epilogue_args(kernel, var, args, signature(var), epilogue_args)
+    args, sig = with_epilogue_args(kernel, var, args, kernel_signature or signature(var),
+                                   epilogue_args)
     launching.launch(kernel, grid, threads, args, shared_bytes=shared_bytes, cluster=cluster,
                      stream=stream, signature=sig)
     return None

@@ -228,8 +228,6 @@ def check_variant(var: Sm90Variant):
             raise ValueError("sm90_gemm's fp8 form needs both operands K-major (wgmma's 8-bit "
                              "forms have no transposes): a_layout 'row' and b_layout 'col', got "
                              f"{var.a_layout!r}, {var.b_layout!r}")
-        if getattr(var, "split_k", False):
-            raise ValueError("sm90_gemm's fp8 form has no split-K variant")
         return
     if var.in_dtype not in ("bfloat16", "float16"):
         raise ValueError(f"sm90_gemm takes bfloat16 or float16 inputs (or float8_e4m3fn / "
@@ -615,43 +613,10 @@ def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, 
     loads it through the driver's whole-program JIT (nvJitLink's relocatable compilation would
     drop the instruction)."""
     cluster = (cfg.cluster_m, 1, 1) if cfg.cluster_m > 1 else None
-    if var.in_dtype in FP8_DTYPES:
-        return _launch_fp8(kernel_for(cfg, var), var, grid_for(cfg, m, n), cfg.threads,
-                           cfg.shared_bytes, cluster, (a, b, c, bias, out, m, n, k, lda, ldb,
-                                                       ldc, ldo), alpha, beta, stream, group_m,
-                           epilogue_args, prepare)
     grid = grid_for(cfg, m, n)
     if split is not None:  # split-K (sm80_gemm.launch's ``split``)
         grid = (grid, split(stream)[3])
     return sm80_gemm.launch_gemm_kernel(
         kernel_for(cfg, var), var, grid, cfg.threads, cfg.shared_bytes, cluster,
         a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m,
-        epilogue_args, prepare, split=split)
-
-
-def _launch_fp8(kernel, var, grid, threads, shared_bytes, cluster, operands, alpha, beta, stream,
-                group_m, epilogue_args, prepare):
-    """sm80_gemm.launch_gemm_kernel with the fp8 signature (uint8 operand pointers): prepared
-    (returning the relaunch function) where it can be, else an ordinary launch."""
-    import numpy as np
-    from numba import config
-
-    from intrinsics import launch as launching
-
-    a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo = operands
-    if prepare and var.epilogue is None and not config.ENABLE_CUDASIM:
-        prepared = launching.prepare(kernel, grid, threads, signature(var),
-                                     shared_bytes=shared_bytes, cluster=cluster)
-        if prepared is not None:
-            def relaunch(a, b, c, bias, out, alpha, beta, stream):
-                prepared(stream, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta,
-                         group_m)
-
-            relaunch(a, b, c, bias, out, alpha, beta, stream)
-            return relaunch
-    args = (a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, np.float32(alpha), np.float32(beta),
-            group_m)
-    args, sig = sm80_gemm.with_epilogue_args(kernel, var, args, signature(var), epilogue_args)
-    launching.launch(kernel, grid, threads, args, shared_bytes=shared_bytes, cluster=cluster,
-                     stream=stream, signature=sig)
-    return None
+        epilogue_args, prepare, split=split, kernel_signature=signature(var))

@@ -142,6 +142,28 @@ def test_numbatc_gemm_with_scales_and_the_fused_epilogue(monkeypatch, capsys):
     check(got, ref, alpha * float(sa) * sb * (np.abs(av) @ np.abs(wv.T)) + 1, "float16")
 
 
+def test_numbatc_gemm_fp8_split_k(monkeypatch, capsys):
+    """FP8 with NUMBATC_SPLIT_K (opt-in for FP8 until it has run on a GPU): three K slices of
+    128 values (the last one short), c + bias through the last block's epilogue, twice (the tile
+    counters must have been reset)."""
+    monkeypatch.setenv("NUMBATC_SPLIT_K", "3")
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    gen = np.random.default_rng()
+    m, n, k = 5, 24, 300
+    for _ in range(2):
+        a, av = operand(gen, m, k, "e4m3")
+        w, wv = operand(gen, n, k, "e5m2")
+        c = gen.standard_normal((m, n)).astype(np.float16)
+        bias = gen.standard_normal(n).astype(np.float16)
+        out = numbatc.gemm(_marked(a, "e4m3"), _marked(w, "e5m2", transpose=True),
+                           c=cuda.to_device(c), beta=0.5, bias=cuda.to_device(bias),
+                           out_dtype="float16", scale_a=0.5, scale_b=2.0)
+        got = out.copy_to_host().astype(np.float64)
+        ref = av @ wv.T + 0.5 * c.astype(np.float64) + bias.astype(np.float64)
+        check(got, ref, np.abs(av) @ np.abs(wv.T) + 1, "float16")
+    assert "split-K, 3 slices of 128" in capsys.readouterr().err
+
+
 def test_numbatc_gemm_ml_dtypes_default_output():
     """ml_dtypes float8 device arrays (no markers), bfloat16 output by default, without forcing
     the kernel (the emulation stands in for an sm_90a GPU); a row-major b is refused."""
