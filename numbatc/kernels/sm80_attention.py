@@ -316,7 +316,7 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         load_kv(smem, {QE + 2 * KE}, v, v_start, v_ss, Sk, t)
     nt.cp_async_commit_group()
 ''')
-    lane_vars("qa", f"wrow + lane % 16", "lane // 16")
+    lane_vars("qa", "wrow + lane % 16", "lane // 16")
     lane_vars("kb", "(lane // 16) * 8 + lane % 8", "(lane // 8) % 2")
     lane_vars("vb", "((lane // 8) % 2) * 8 + lane % 8", "lane // 16")
     for i in range(MI):
@@ -420,7 +420,7 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
             w(f"    inv_{h} = np.float32(1) / l if l > ZERO else ZERO")
             if var.with_lse:
                 w(f"    row = row_base + {16 * i + 8 * h}")
-                w(f"    if tq == 0 and row < Sq:")
+                w("    if tq == 0 and row < Sq:")
                 w(f"        lse[bh * Sq + row] = (m_{i}_{h} + math.log2(l)) * LN2 if l > ZERO else NEG_INF")
         # NOTE: scaled in place before any store: computing the scaled values as store
         # arguments let LLVM hoist them all above the row checks, doubling O's registers
@@ -430,8 +430,8 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
               f"o_{i}_{d}[2] * inv_1, o_{i}_{d}[3] * inv_1)")
         for h in range(2):
             w(f"    row = row_base + {16 * i + 8 * h}")
-            w(f"    if row < Sq:")
-            w(f"        ob = o_start + row * o_ss + tq")
+            w("    if row < Sq:")
+            w("        ob = o_start + row * o_ss + tq")
             for d in range(D // 8):
                 w(f"        store_pair(out, ob + {8 * d}, o_{i}_{d}[{2 * h}], o_{i}_{d}[{2 * h + 1}])")
     w("\n\ngemm_kernel = attention_kernel  # the entry point sm80_gemm.load_generated returns")

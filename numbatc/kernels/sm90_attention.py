@@ -605,15 +605,15 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         w(f"        inv_{hh} = np.float32(1) / l if l > ZERO else ZERO")
         if var.with_lse:
             w(f"        row = row0 + {8 * hh}")
-            w(f"        if tq == 0 and row < Sq:")
+            w("        if tq == 0 and row < Sq:")
             w(f"            lse[np.int64(bh) * Sq + row] = (m_{hh} + math.log2(l)) * LN2 if l > ZERO else NEG_INF")
     # NOTE (sm80_attention): scaled in place before any store, so that LLVM cannot hoist the
     # scaled values above the row checks and double O's registers.
     w("        o = " + _tup([f"o[{v}] * inv_{(v // 2) % 2}" for v in range(NO)]))
     for hh in range(2):
         w(f"        row = row0 + {8 * hh}")
-        w(f"        if row < Sq:")
-        w(f"            ob = o_start + row * o_ss + tq")
+        w("        if row < Sq:")
+        w("            ob = o_start + row * o_ss + tq")
         for jj in range(D // 8):
             w(f"            store_pair(out, ob + {8 * jj}, o[{4 * jj + 2 * hh}], o[{4 * jj + 2 * hh + 1}])")
     w("\n\ngemm_kernel = attention_kernel  # the entry point sm80_gemm.load_generated returns")
