@@ -26,7 +26,7 @@ from intrinsics.convert import (
     unpack_bf16x2,
     unpack_f16x2,
 )
-from intrinsics.fastmath import ex2_approx, fma_f32
+from intrinsics.fastmath import ex2_approx, fma_f32, tanh_approx
 from intrinsics.cp_async import (
     cp_async_op,
     cp_async_4,

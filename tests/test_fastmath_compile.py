@@ -1,5 +1,6 @@
-"""ex2_approx / fma_f32 without a GPU: each compiles to its one PTX instruction for every
-architecture the project claims and assembles; ptxas makes ex2_approx one MUFU.EX2 where
+"""ex2_approx / fma_f32 / tanh_approx without a GPU: each compiles to its one PTX instruction for
+every architecture the project claims and assembles (tanh_approx in place of libdevice's
+tanhf); ptxas makes ex2_approx one MUFU.EX2 where
 math.exp2 needs denormal handling around it; in the CPU emulation 2**x flushes subnormal results
 and the FMA rounds once."""
 
@@ -25,6 +26,24 @@ def test_one_instruction_each(arch):
                       arch)
     assert ptx.count("ex2.approx.ftz.f32") == 1 and ptx.count("fma.rn.f32") == 1, ptx
     assert len(assemble(ptx, arch)) > 0
+
+
+@pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_tanh_is_one_instruction(arch):
+    def kernel(out, x):
+        i = cuda.threadIdx.x
+        out[i] = nt.tanh_approx(x[i])
+
+    def plain(out, x):
+        i = cuda.threadIdx.x
+        out[i] = math.tanh(x[i])
+
+    sig = (types.float32[:], types.float32[:])
+    ptx = compile_ptx(kernel, sig, arch)
+    assert ptx.count("tanh.approx.f32") == 1 and "ex2" not in ptx
+    assert len(assemble(ptx, arch)) > 0
+    assert "ex2.approx" in compile_ptx(plain, sig, arch)  # libdevice's tanhf: ex2, rcp, ...
 
 
 @pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")
@@ -69,3 +88,11 @@ def test_emulation():
     want = np.exp2(2.0 * x.astype(np.float64) - 1).astype(np.float32)
     want[np.abs(want) < 2.0**-126] = 0  # 2**-141 flushes
     assert np.array_equal(out, want), (out, want)
+
+    @cuda.jit
+    def tanh_kernel(out, x):
+        i = cuda.threadIdx.x
+        out[i] = nt.tanh_approx(x[i])
+
+    tanh_kernel[1, 5](out, x)
+    assert np.array_equal(out, np.tanh(x.astype(np.float64)).astype(np.float32))
