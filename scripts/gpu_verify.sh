@@ -4,8 +4,9 @@
 # GPU to themselves), then compute-sanitizer on small shapes. Each block writes its own file under
 # $OUT as it finishes, so a round cut short still returns what it did.
 #   tests.txt      per-shard summaries and failing node ids; testlogs.txt the shards' logs
-#   bench.txt      gemm (sm90 configs, FP8 vs torch._scaled_mm, epilogue overhead), softmax, host
-#   attention.txt  bench attention, portable and Hopper kernels
+#   bench.txt      gemm quick, epilogue overhead (incl. tanh.approx), FP8 decode with and without
+#                  split-K
+#   attention.txt  bench attention, Hopper configs with and without the fast exponential
 #   sanitize.txt   compute-sanitizer memcheck / racecheck / synccheck on scripts/sanitize_cases.py
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh [tests|bench|all]
 source "$(dirname "$0")/gpu_common.sh"
@@ -27,21 +28,22 @@ if [[ $what == tests || $what == all ]]; then
 fi
 
 if [[ $what == bench || $what == all ]]; then
+  # What the third session wrote after its last GPU round (docs/PERFORMANCE.md says what each
+  # predicts): the user epilogue with tanh.approx, FP8 split-K at decode sizes, the attention
+  # configs with the two-instruction exponential.
   {
-    for cfg in 128x256x64_4s_w1_pf 128x256x64_4s_w1; do
-      echo "== sm90:$cfg"
-      NUMBATC_GEMM_KERNEL=sm90:$cfg t 60 $py -m numbatc.bench gemm --shapes quick | grep -E "^ +[0-9]"
-    done
-    echo "== fp8 e4m3 (heuristic) vs torch._scaled_mm"
-    t 60 $py -m numbatc.bench gemm --shapes quick --dtype float8_e4m3 | grep -E "^ +[0-9]|rror"
-    t 60 $py -m numbatc.bench epilogue --shapes quick | tail -6
-    t 60 $py -m numbatc.bench softmax --shapes quick | tail -9
-    t 60 $py scripts/host_overhead.py --shape 1024,1024,1024 | tail -14
+    t 60 $py -m numbatc.bench gemm --shapes quick | grep -E "^ +[0-9]"
+    t 60 $py -m numbatc.bench epilogue --shapes quick | tail -7
+    echo "== fp8 e4m3 decode: heuristic (no split), then NUMBATC_SPLIT_K=4"
+    t 70 $py -m numbatc.bench gemm --shapes decode --dtype float8_e4m3 | grep -E "^ +[0-9]|rror|copy"
+    NUMBATC_SPLIT_K=4 t 70 $py -m numbatc.bench gemm --shapes decode --dtype float8_e4m3 | grep -E "^ +[0-9]|rror"
     echo "[bench done at $((SECONDS - start)) s]"
   } > "$out/bench.txt"
   {
-    t 90 $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]|rror"
-    NUMBATC_ATTN_KERNEL=sm90 t 90 $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]|rror"
+    for cfg in n128_2s_ov_pp n128_2s_ov_pp_fx n128_2s_ov n128_2s_ov_fx; do
+      echo "== sm90:$cfg"
+      NUMBATC_ATTN_KERNEL=sm90:$cfg t 80 $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]|rror"
+    done
     echo "[attention bench done at $((SECONDS - start)) s]"
   } > "$out/attention.txt"
 fi
