@@ -16,9 +16,9 @@ what=${1:-all}
 
 if [[ $what == tests || $what == all ]]; then
   # The Hopper attention kernel in its own shards: a hang there must not take other tests along.
-  $py scripts/pytest_shards.py --shards 11 --timeout 280 --out /tmp/shards1 $GPU_TESTS -- --tb=short \
+  $py scripts/pytest_shards.py --shards 9 --timeout 280 --out /tmp/shards1 $GPU_TESTS -- --tb=short \
     > /tmp/tests1.txt 2>&1 &
-  $py scripts/pytest_shards.py --shards 3 --timeout 250 --out /tmp/shards2 $SM90_ATTN_TESTS -- --tb=short \
+  $py scripts/pytest_shards.py --shards 7 --timeout 280 --out /tmp/shards2 $SM90_ATTN_TESTS -- --tb=short \
     -k "not timing" > /tmp/tests2.txt 2>&1 &
   ( t 120 $py examples/ex05_fused_softmax.py | tail -3 ) > /tmp/ex05.txt 2>&1 &
   wait
