@@ -6,6 +6,7 @@ reason for any fallback) to stderr.
 
 import os
 import sys
+import threading
 
 import numpy as np
 from numba import cuda
@@ -83,6 +84,7 @@ def choose_split(cfg, m, n, k, family=sm80_gemm, blocks_per_sm=2, max_m=64):
 
 #: (device, stream handle) -> [workspace, counters, retired buffers] for split-K launches.
 _WORKSPACES: dict = {}
+_WORKSPACE_LOCK = threading.Lock()
 
 
 def split_workspace(device, floats, counters):
@@ -93,21 +95,34 @@ def split_workspace(device, floats, counters):
     outgrown are kept alive too: a kernel queued before the growth may still use them."""
 
     def get(stream):
-        key = (device, stream if isinstance(stream, int) else id(stream))
+        handle = stream if isinstance(stream, int) else id(stream)
+        # NOTE: handle 2 is CU_STREAM_PER_THREAD, a different stream in every host thread: two
+        # threads' split-K launches on it may run at once, so each thread gets its own buffers
+        key = (device, handle, threading.get_ident() if handle == 2 else None)
         entry = _WORKSPACES.get(key)
         if entry is None or entry[0].size < floats or entry[1].size < counters:
-            old = entry
-            ws = cuda.device_array(max(floats, old[0].size if old else 0), np.float32)
-            cnt = cuda.to_device(np.zeros(max(counters, old[1].size if old else 0), np.int32))
-            entry = [ws, cnt, (old[2] + [old[0], old[1]]) if old else []]
-            if _EMULATED:
-                entry += [_flat(ws, []), _flat(cnt, [])]
-            else:
-                entry += [ws.device_ctypes_pointer.value, cnt.device_ctypes_pointer.value]
-            _WORKSPACES[key] = entry
+            with _WORKSPACE_LOCK:  # two threads growing one stream's buffers: one allocates
+                return _grow(key, floats, counters)
         return entry[3], entry[4]
 
     return get
+
+
+def _grow(key, floats, counters):
+    """split_workspace's allocation (under _WORKSPACE_LOCK): buffers of at least the sizes asked
+    for the key, the outgrown ones kept alive."""
+    old = _WORKSPACES.get(key)
+    if old is not None and old[0].size >= floats and old[1].size >= counters:
+        return old[3], old[4]  # another thread grew them meanwhile
+    ws = cuda.device_array(max(floats, old[0].size if old else 0), np.float32)
+    cnt = cuda.to_device(np.zeros(max(counters, old[1].size if old else 0), np.int32))
+    entry = [ws, cnt, (old[2] + [old[0], old[1]]) if old else []]
+    if _EMULATED:
+        entry += [_flat(ws, []), _flat(cnt, [])]
+    else:
+        entry += [ws.device_ctypes_pointer.value, cnt.device_ctypes_pointer.value]
+    _WORKSPACES[key] = entry
+    return entry[3], entry[4]
 
 
 def _variant(p):

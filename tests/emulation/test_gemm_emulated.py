@@ -87,3 +87,31 @@ def test_split_k_in_the_emulation(m, n, k, splits, layouts, epilogue, monkeypatc
         scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + 1
         assert np.all(np.abs(got - ref) <= 2.0**-20 * np.abs(ref) + 1e-5 * scale), np.nanmax(np.abs(got - ref))
     assert f"split-K, {splits} slices" in capfd.readouterr().err
+
+
+def test_split_workspace_per_stream_and_per_thread_default_stream():
+    """Launches on one stream run one after another, so one stream's split-K launches share
+    buffers; the per-thread default stream (handle 2) is a different stream in every thread, so
+    each thread gets its own."""
+    import threading
+
+    from numbatc.kernels import dispatch
+
+    get = dispatch.split_workspace(0, 64, 4)
+    seen = {}
+    alive = threading.Barrier(4)  # all four threads at once (a finished thread's id is reused)
+
+    def run(name, stream):
+        alive.wait()
+        seen[name] = get(stream)[0]
+        alive.wait()
+
+    threads = [threading.Thread(target=run, args=args)
+               for args in (("a5", 5), ("b5", 5), ("a2", 2), ("b2", 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen["a5"] is seen["b5"]
+    assert seen["a2"] is not seen["b2"]
+    assert get(7)[0] is not seen["a5"]
