@@ -8,7 +8,7 @@
 #                  split-K
 #   attention.txt  bench attention, Hopper configs with and without the fast exponential
 #   sanitize.txt   compute-sanitizer memcheck / racecheck / synccheck on scripts/sanitize_cases.py
-# Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh [tests|bench|all]
+# Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh [tests|bench|all|profile]
 source "$(dirname "$0")/gpu_common.sh"
 what=${1:-all}
 : "${GPU_TESTS:=tests/gpu/test_launch_gpu.py tests/gpu/test_cluster_gpu.py tests/gpu/test_barrier_gpu.py tests/gpu/test_softmax_gpu.py tests/gpu/test_sm90_gemm_gpu.py tests/gpu/test_gemm_fp8_gpu.py tests/gpu/test_gemm_gpu.py tests/gpu/test_attention_gpu.py}"
@@ -46,6 +46,22 @@ if [[ $what == bench || $what == all ]]; then
     done
     echo "[attention bench done at $((SECONDS - start)) s]"
   } > "$out/attention.txt"
+fi
+
+if [[ $what == profile ]]; then
+  # Where the Hopper GEMM's and attention's warps stall, per SASS instruction (Nsight Compute's
+  # source counters: the top stall locations), for issue 5's and 6's next steps.
+  for case in gemm attention; do
+    if [[ $case == gemm ]]; then
+      code="a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16); numbatc.gemm(a, a)"
+    else
+      code="q = torch.randn(4, 4096, 16, 128, device='cuda', dtype=torch.bfloat16); numbatc.attention(q, q, q)"
+    fi
+    t 150 ncu --clock-control none -k regex:"gemm_kernel|attention_kernel" -c 1 \
+      --section WarpStateStats --section SourceCounters --print-details all \
+      $py -c "import torch, numbatc; $code; torch.cuda.synchronize()" \
+      | grep -vE "^==PROF==|^\s*$" | head -150 > "$out/profile_$case.txt"
+  done
 fi
 
 if [[ $what == sanitize || $what == all ]]; then
