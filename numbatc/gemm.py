@@ -529,7 +529,11 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
     ``out_dtype`` (default: the input dtype; 'float32' on request), or ``out`` written in place
     (it must not overlap a, b or bias; it may be c itself). Runs on the caller's current stream
     (torch's or CuPy's, else Numba's default). M or N == 0 gives an empty result; K == 0 gives
-    activation(beta * c + bias) (zeros without c and bias).
+    activation(beta * c + bias) (zeros without c and bias). Small M (<= 64, or <= 256 on compute
+    capability 9.0) may split K across blocks (``NUMBATC_SPLIT_K=<n>`` forces n slices): the
+    partial products go to a float32 workspace that numbatc keeps per device and stream (slices
+    x M x N values, grown when a larger problem needs it, kept for the process), and are summed in
+    a fixed order, so results do not depend on the block schedule.
     """
     scaled = scale_a is not None or scale_b is not None
     if (_FAST and type(epilogue_args) is tuple and (epilogue is not None or not epilogue_args)
