@@ -120,6 +120,23 @@ def _whole_program_kernel(compiled, device):
 _PLANS = {}
 
 
+def _launch_dims(grid, block, cluster):
+    """(grid, block, cluster) as 3-tuples (cluster None when absent), or a LaunchError naming
+    the rule broken: at most 1024 threads a block, a cluster shape that divides the grid and
+    holds at most 16 blocks."""
+    grid = _dim3(grid, "grid")
+    block = _dim3(block, "block")
+    if block[0] * block[1] * block[2] > 1024:
+        raise LaunchError(f"a block has at most 1024 threads, got {block}")
+    if cluster is not None:
+        cluster = _dim3(cluster, "cluster")
+        if any(g % c for g, c in zip(grid, cluster)):
+            raise LaunchError(f"the cluster shape {cluster} must divide the grid {grid}")
+        if cluster[0] * cluster[1] * cluster[2] > 16:
+            raise LaunchError(f"a cluster has at most 16 blocks, got {cluster}")
+    return grid, block, cluster
+
+
 def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, whole_program=None,
            signature=None):
     """Launch a ``cuda.jit`` kernel with optional >48 KB dynamic shared memory and clusters.
@@ -136,18 +153,9 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, wh
     The compiled kernel, its loaded function and its attributes are cached per (kernel,
     signature, shared memory, cluster), so a repeated launch only marshals the arguments.
     """
-    grid = _dim3(grid, "grid")
-    block = _dim3(block, "block")
-    if block[0] * block[1] * block[2] > 1024:
-        raise LaunchError(f"a block has at most 1024 threads, got {block}")
+    grid, block, cluster = _launch_dims(grid, block, cluster)
     if shared_bytes < 0:
         raise LaunchError(f"shared_bytes must be >= 0, got {shared_bytes}")
-    if cluster is not None:
-        cluster = _dim3(cluster, "cluster")
-        if any(g % c for g, c in zip(grid, cluster)):
-            raise LaunchError(f"the cluster shape {cluster} must divide the grid {grid}")
-        if cluster[0] * cluster[1] * cluster[2] > 16:
-            raise LaunchError(f"a cluster has at most 16 blocks, got {cluster}")
 
     from numba import config as numba_config
 
@@ -393,16 +401,7 @@ def prepare(kernel, grid, block, signature, shared_bytes=0, cluster=None, whole_
     layout = param_layout(signature)
     if layout is None:
         return None
-    grid = _dim3(grid, "grid")
-    block = _dim3(block, "block")
-    if block[0] * block[1] * block[2] > 1024:
-        raise LaunchError(f"a block has at most 1024 threads, got {block}")
-    if cluster is not None:
-        cluster = _dim3(cluster, "cluster")
-        if any(g % c for g, c in zip(grid, cluster)):
-            raise LaunchError(f"the cluster shape {cluster} must divide the grid {grid}")
-        if cluster[0] * cluster[1] * cluster[2] > 16:
-            raise LaunchError(f"a cluster has at most 16 blocks, got {cluster}")
+    grid, block, cluster = _launch_dims(grid, block, cluster)
     compiled, core_kernel = _plan_for(kernel, signature, shared_bytes, cluster, whole_program)
     return PreparedLaunch(core_kernel.handle, grid, block, shared_bytes, layout, keep=compiled,
                           cluster=cluster)
