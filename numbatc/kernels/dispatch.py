@@ -208,6 +208,17 @@ def _pointer(operand, keep):
     return _flat(operand.view, keep) if _EMULATED else operand.ptr
 
 
+def _epilogue_extra(p):
+    """The launch keyword for a user epilogue's arguments: {"epilogue_args": their Numba views
+    (numbers as they are)}, or {} without a user epilogue."""
+    if p.epilogue is None:
+        return {}
+    from numbatc._interop import CudaArray, kernel_view
+
+    return {"epilogue_args": tuple(kernel_view(x) if isinstance(x, CudaArray) else x
+                                   for x in p.epilogue_args)}
+
+
 def _kernel_family(p):
     """(module, config) for the problem.
 
@@ -323,12 +334,7 @@ def _launch_sm100(p, cfg, var):
     keep += [ta, tb, a_view, b_view]
     c = _pointer(p.c, keep) if p.c is not None else out
     bias = _pointer(p.bias, keep) if p.bias is not None else out
-    extra = {}
-    if p.epilogue is not None:
-        from numbatc._interop import CudaArray, kernel_view
-
-        extra["epilogue_args"] = tuple(kernel_view(x) if isinstance(x, CudaArray) else x
-                                       for x in p.epilogue_args)
+    extra = _epilogue_extra(p)
     sm100_gemm.launch(cfg, var, ta.device, tb.device, c, bias, out, p.m, p.n, p.k,
                       p.c.ld if p.c is not None else 0, p.out.ld, p.alpha, p.beta,
                       stream=p.stream if _EMULATED else p.stream_handle, **extra)
@@ -390,12 +396,7 @@ def _launch_block_scaled(p):
     keep += [ta, tb, a_view, b_view, sfa, sfb]
     c = _pointer(p.c, keep) if p.c is not None else out
     bias = _pointer(p.bias, keep) if p.bias is not None else out
-    extra = {}
-    if p.epilogue is not None:
-        from numbatc._interop import CudaArray, kernel_view
-
-        extra["epilogue_args"] = tuple(kernel_view(x) if isinstance(x, CudaArray) else x
-                                       for x in p.epilogue_args)
+    extra = _epilogue_extra(p)
     sg.launch(cfg, var, ta.device, tb.device, sfa, sfb, c, bias, out, p.m, p.n, p.k,
               p.c.ld if p.c is not None else 0, p.out.ld, p.alpha, p.beta,
               stream=p.stream if _EMULATED else p.stream_handle, **extra)
@@ -452,12 +453,7 @@ def launch_gemm(p):
     ldc = p.c.ld if p.c is not None else 0
     # The raw stream handle: intrinsics.launch caches its stream object, so a warm call builds
     # no Numba array or stream objects at all.
-    extra = {}
-    if p.epilogue is not None:
-        from numbatc._interop import CudaArray, kernel_view
-
-        extra["epilogue_args"] = tuple(kernel_view(x) if isinstance(x, CudaArray) else x
-                                       for x in p.epilogue_args)
+    extra = _epilogue_extra(p)
     if fast:
         extra["prepare"] = True
     splits = 1
