@@ -195,6 +195,18 @@ def keep(x, col, row, Sk, off):
 '''
 
 
+def store_o_rows(w, ind, D, row, reg):
+    """Emit the stores of a 16-row O fragment block's rows row(0) and row(1) (each thread: the
+    pairs of columns tq, tq + 1 of every 8-column group; ``reg(h, d, c)`` names the register
+    of row h, column group d, column c), skipping rows past Sq.  Both attention kernels."""
+    for h in range(2):
+        w(f"{ind}row = {row(h)}")
+        w(f"{ind}if row < Sq:")
+        w(f"{ind}    ob = o_start + row * o_ss + tq")
+        for d in range(D // 8):
+            w(f"{ind}    store_pair(out, ob + {8 * d}, {reg(h, d, 0)}, {reg(h, d, 1)})")
+
+
 def kernel_source(cfg: AttnConfig, var: AttnVariant) -> str:
     """Python source of the kernel for one configuration and variant."""
     D, DP = var.head_dim, var.padded_dim
@@ -428,12 +440,8 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         for d in range(D // 8):
             w(f"    o_{i}_{d} = (o_{i}_{d}[0] * inv_0, o_{i}_{d}[1] * inv_0, "
               f"o_{i}_{d}[2] * inv_1, o_{i}_{d}[3] * inv_1)")
-        for h in range(2):
-            w(f"    row = row_base + {16 * i + 8 * h}")
-            w("    if row < Sq:")
-            w("        ob = o_start + row * o_ss + tq")
-            for d in range(D // 8):
-                w(f"        store_pair(out, ob + {8 * d}, o_{i}_{d}[{2 * h}], o_{i}_{d}[{2 * h + 1}])")
+        store_o_rows(w, "    ", D, lambda h: f"row_base + {16 * i + 8 * h}",
+                     lambda h, d, c: f"o_{i}_{d}[{2 * h + c}]")
     w("\n\ngemm_kernel = attention_kernel  # the entry point sm80_gemm.load_generated returns")
     return "\n".join(lines) + "\n"
 
@@ -552,12 +560,6 @@ def launch_attention(p):
     import os
     import sys
 
-    from numba import config
-
-    from numbatc._interop import kernel_view
-    from numbatc.kernels.dispatch import _flat
-
-    emulated = bool(config.ENABLE_CUDASIM)
     cfg = choose_config(p.head_dim)
     var = AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None)
     if os.environ.get("NUMBATC_PRINT_CONFIG"):
@@ -568,6 +570,22 @@ def launch_attention(p):
               f"{' (packed, not 16-byte aligned: ' + ', '.join(packed) + ')' if packed else ''}",
               file=sys.stderr)
     keep = []
+    args, stream = kernel_arguments(p, keep)
+    launch(cfg, var, *args, stream=stream)
+
+
+def kernel_arguments(p, keep):
+    """(the launch arguments after cfg and var, the stream to launch on) for an
+    AttentionProblem, as both attention kernels take them: q, k, v (packed copies where not
+    16-byte aligned, see _operand), out, lse (0 / a dummy without it), the sizes, the strides
+    and the scale; device pointers on the GPU, flat arrays in the emulation.  ``keep`` holds
+    temporaries alive until the launch is queued."""
+    from numba import config
+
+    from numbatc._interop import kernel_view
+    from numbatc.kernels.dispatch import _flat
+
+    emulated = bool(config.ENABLE_CUDASIM)
     stream = p.stream
     q, q_st = _operand(p.q, stream, keep)
     k, k_st = _operand(p.k, stream, keep)
@@ -578,6 +596,6 @@ def launch_attention(p):
     else:
         out = p.out.ptr
         lse = p.lse.ptr if p.lse is not None else 0
-    launch(cfg, var, q, k, v, out, lse, p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.group,
-           q_st, k_st, v_st, _strides3(p.out), p.scale,
-           stream=stream if emulated else p.stream_handle)
+    args = (q, k, v, out, lse, p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.group,
+            q_st, k_st, v_st, _strides3(p.out), p.scale)
+    return args, stream if emulated else p.stream_handle

@@ -610,12 +610,8 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
     # NOTE (sm80_attention): scaled in place before any store, so that LLVM cannot hoist the
     # scaled values above the row checks and double O's registers.
     w("        o = " + _tup([f"o[{v}] * inv_{(v // 2) % 2}" for v in range(NO)]))
-    for hh in range(2):
-        w(f"        row = row0 + {8 * hh}")
-        w("        if row < Sq:")
-        w("            ob = o_start + row * o_ss + tq")
-        for jj in range(D // 8):
-            w(f"            store_pair(out, ob + {8 * jj}, o[{4 * jj + 2 * hh}], o[{4 * jj + 2 * hh + 1}])")
+    sm80_attention.store_o_rows(w, "        ", D, lambda hh: f"row0 + {8 * hh}",
+                                lambda hh, jj, c: f"o[{4 * jj + 2 * hh + c}]")
     w("\n\ngemm_kernel = attention_kernel  # the entry point sm80_gemm.load_generated returns")
     return "\n".join(lines) + "\n"
 
@@ -684,26 +680,8 @@ def unsupported(p):
 def launch_attention(p, cfg=None):
     """Launch the kernel for a :class:`numbatc.attention.AttentionProblem` on its stream (the
     caller checked :func:`unsupported`); ``cfg`` defaults to :func:`choose_config`."""
-    from numba import config
-
-    from numbatc._interop import kernel_view
-    from numbatc.kernels.dispatch import _flat
-    from numbatc.kernels.sm80_attention import _operand, _strides3
-
-    emulated = bool(config.ENABLE_CUDASIM)
     cfg = cfg or choose_config(p.head_dim)
     var = AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None)
     keep = []
-    stream = p.stream
-    q, q_st = _operand(p.q, stream, keep)
-    k, k_st = _operand(p.k, stream, keep)
-    v, v_st = _operand(p.v, stream, keep)
-    if emulated:
-        out = _flat(kernel_view(p.out), keep)
-        lse = _flat(kernel_view(p.lse), keep) if p.lse is not None else np.zeros(1, np.float32)
-    else:
-        out = p.out.ptr
-        lse = p.lse.ptr if p.lse is not None else 0
-    launch(cfg, var, q, k, v, out, lse, p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.group,
-           q_st, k_st, v_st, _strides3(p.out), p.scale,
-           stream=stream if emulated else p.stream_handle)
+    args, stream = sm80_attention.kernel_arguments(p, keep)
+    launch(cfg, var, *args, stream=stream)
