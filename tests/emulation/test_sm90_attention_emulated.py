@@ -20,25 +20,7 @@ pytestmark = [pytest.mark.emulation,
 pytest.importorskip("ml_dtypes")
 
 from tests.gpu.test_attention_gpu import check  # noqa: E402
-
-
-@pytest.fixture
-def sm90_runs(monkeypatch):
-    """Force a config; return the list of configs sm90_attention launched with."""
-    used = []
-    real = sm90_attention.launch_attention
-
-    def recording(p, cfg=None):
-        used.append(cfg.name)
-        return real(p, cfg)
-
-    monkeypatch.setattr(sm90_attention, "launch_attention", recording)
-
-    def force(name):
-        monkeypatch.setenv("NUMBATC_ATTN_KERNEL", f"sm90:{name}")
-        return used
-
-    return force
+from tests.gpu.test_sm90_attention_gpu import sm90  # noqa: E402,F401 (the fixture)
 
 
 CASES = [
@@ -61,7 +43,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("b, sq, sk, hq, hkv, d, causal, dtype, cfg", CASES)
-def test_sm90_attention_in_the_emulation(sm90_runs, monkeypatch, b, sq, sk, hq, hkv, d, causal,
+def test_sm90_attention_in_the_emulation(sm90, monkeypatch, b, sq, sk, hq, hkv, d, causal,
                                          dtype, cfg):
     from intrinsics.emulate import barrier as emulated_barrier
 
@@ -76,21 +58,21 @@ def test_sm90_attention_in_the_emulation(sm90_runs, monkeypatch, b, sq, sk, hq, 
         return result
 
     monkeypatch.setattr(emulated_barrier, "_arrive", arrive)
-    used = sm90_runs(cfg)
+    used = sm90(cfg)
     check(b, sq, sk, hq, hkv, d, causal, dtype)
     assert used == [cfg]
     assert bool(touched) == sm90_attention.CONFIGS[cfg].pingpong
     assert all(bar["arrived"] == 0 for bar in touched), "a named barrier left part-full"
 
 
-def test_no_keys(sm90_runs):
-    used = sm90_runs("n128_2s_ov")
+def test_no_keys(sm90):
+    used = sm90("n128_2s_ov")
     check(1, 5, 0, 2, 2, 64, False)
     assert used == ["n128_2s_ov"]
 
 
-def test_other_head_dims_stay_on_sm80(sm90_runs, capsys, monkeypatch):
-    used = sm90_runs("n128_2s_ov")
+def test_other_head_dims_stay_on_sm80(sm90, capsys, monkeypatch):
+    used = sm90("n128_2s_ov")
     monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
     check(1, 3, 5, 1, 1, 32, False)
     assert used == []
