@@ -514,6 +514,8 @@ def main(argv=None):
                         help="also time every sm80 tile configuration on the shapes (forced through "
                              "NUMBATC_SM80_CONFIG), to tune the heuristic")
     args = parser.parse_args(argv)
+    if args.dtype.startswith("float8") and args.what != "gemm":
+        parser.error(f"--dtype {args.dtype} is for the gemm benchmark only")
     try:
         import torch
     except ImportError:

@@ -79,3 +79,10 @@ def test_split_k_choice(m, n, k, want, monkeypatch):
     monkeypatch.setenv("NUMBATC_SPLIT_K", "3")
     splits, chunk = dispatch.choose_split(dispatch.choose_sm80(m, n, k), m, n, k)
     assert splits * chunk >= k > (splits - 1) * chunk and chunk % 64 == 0 or (splits, chunk) == (1, k)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "four", "2.5"])
+def test_bad_split_k_is_named(value, monkeypatch):
+    monkeypatch.setenv("NUMBATC_SPLIT_K", value)
+    with pytest.raises(ValueError, match="NUMBATC_SPLIT_K=.*a positive number of K slices"):
+        dispatch.choose_split(dispatch.choose_sm80(1, 4096, 4096), 1, 4096, 4096)

@@ -68,7 +68,7 @@ def choose_split(cfg, m, n, k, family=sm80_gemm, blocks_per_sm=2, max_m=64):
     k_tiles = -(-k // cfg.bk)
     forced = os.environ.get("NUMBATC_SPLIT_K")
     if forced:
-        splits = int(forced)
+        splits = int(forced) if forced.strip().isdigit() else 0
         if splits < 1:
             raise ValueError(f"NUMBATC_SPLIT_K={forced!r}: a positive number of K slices")
     elif m > max_m:
