@@ -49,19 +49,17 @@ if [[ $what == bench || $what == all ]]; then
 fi
 
 if [[ $what == profile ]]; then
-  # Where the Hopper GEMM's and attention's warps stall, per SASS instruction (Nsight Compute's
-  # source counters: the top stall locations), for issue 5's and 6's next steps.
-  for case in gemm attention; do
-    if [[ $case == gemm ]]; then
-      code="a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16); numbatc.gemm(a, a)"
-    else
-      code="q = torch.randn(4, 4096, 16, 128, device='cuda', dtype=torch.bfloat16); numbatc.attention(q, q, q)"
-    fi
-    t 150 ncu --clock-control none -k regex:"gemm_kernel|attention_kernel" -c 1 \
-      --section WarpStateStats --section SourceCounters --print-details all \
-      $py -c "import torch, numbatc; $code; torch.cuda.synchronize()" \
-      | grep -vE "^==PROF==|^\s*$" | head -150 > "$out/profile_$case.txt"
-  done
+  # Where the Hopper GEMM's warps stall, per SASS instruction: one Nsight Compute report with the
+  # source counters, then its summary sections and its per-instruction source page (SASS with
+  # the stall-sample columns) as CSV, for issue 5's next steps. PROFILE_CODE picks the problem.
+  : "${PROFILE_CODE:=a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16); numbatc.gemm(a, a)}"
+  t 200 ncu --clock-control none -k regex:"gemm_kernel|attention_kernel" -c 1 \
+    --section SpeedOfLight --section WarpStateStats --section SourceCounters \
+    --section MemoryWorkloadAnalysis --import-source no -o /tmp/prof -f \
+    $py -c "import torch, numbatc; $PROFILE_CODE; torch.cuda.synchronize()" | tail -5 > "$out/profile.txt"
+  t 60 ncu -i /tmp/prof.ncu-rep --print-details all | grep -vE "^\s*$" | head -250 >> "$out/profile.txt"
+  t 60 ncu -i /tmp/prof.ncu-rep --page source --csv --print-source sass > "$out/profile_sass.csv"
+  echo "[profile done at $((SECONDS - start)) s]" >> "$out/profile.txt"
 fi
 
 if [[ $what == sanitize || $what == all ]]; then
