@@ -70,6 +70,11 @@ CASES = [
     (130, 136, 264, WRAP_C2, "row", "row", "bfloat16", None),             # cluster, B split by k
     (72, 40, 328, WRAP_C2_W1, "col", "col", "float16", "gelu"),           # cluster, B split by n,
                                                                           # rank 1 past M
+    # tiles wholly inside the operands take the producer's unchecked copies (load_*_inside),
+    # their ragged last k tile and the edge tiles the checked ones
+    (160, 136, 200, WRAP_W1, "row", "col", "bfloat16", None),             # K-major A and B
+    (136, 130, 128, WRAP, "col", "row", "float16", "gelu"),               # MN-major A and B
+    (260, 136, 200, WRAP_C2_W1, "row", "col", "bfloat16", None),          # cluster, B split by n
 ]
 
 
