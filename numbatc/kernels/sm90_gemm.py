@@ -46,6 +46,8 @@ dispatcher folds scale_a * scale_b into alpha.
 import functools
 from dataclasses import dataclass
 
+import numpy as np
+
 from numbatc.kernels import sm80_gemm
 
 __all__ = ["Sm90Config", "Sm90Variant", "Sm90Fp8Variant", "CONFIGS", "FP8_CONFIGS",
@@ -68,20 +70,21 @@ class Sm90Fp8Variant(sm80_gemm.Sm80Variant):
 
 
 def signature(var):
-    """The kernel's argument types (sm80_gemm.signature's; fp8 operands as uint8 pointers)."""
-    if var.in_dtype not in FP8_DTYPES:
-        return sm80_gemm.signature(var)
-    return _fp8_signature(var)
+    """The kernel's argument types: sm80_gemm.signature's, with a and b as uint8 pointers for
+    every input dtype -- the producer addresses its copies in bytes, so that a copy's address
+    is one multiply-add from its row's (a GEP on a 2-byte type adds a scaling per copy)."""
+    return _byte_signature(var)
 
 
 @functools.cache
-def _fp8_signature(var):
+def _byte_signature(var):
     from dataclasses import replace
 
     from numba import types
 
     u8 = types.CPointer(types.uint8)
-    return (u8, u8) + tuple(sm80_gemm.signature(replace(var, in_dtype="bfloat16"))[2:])
+    as_bf16 = replace(var, in_dtype="bfloat16") if var.in_dtype in FP8_DTYPES else var
+    return (u8, u8) + tuple(sm80_gemm.signature(as_bf16)[2:])
 
 _THREADS_PER_WG = 128
 _SWIZZLE = 128  # bytes: BK = 64 two-byte elements fill one 128-byte swizzle row
@@ -281,7 +284,8 @@ def _loader(w, cfg, op, k_major, part=1):
     count = rows * per_row // _THREADS_PER_WG
     assert step % 8 == 0 or 8 % step == 0, step
     row_lim, col_lim = ("mn_lim", "k_lim") if k_major else ("k_lim", "mn_lim")
-    koff = "k0" if k_major else "k0 * ld"
+    # src is a byte pointer and start, ld are in bytes (r0, c0 and the limits in elements)
+    koff = f"k0 * {eb}" if k_major else "k0 * ld"
 
     def offset(r):
         """Source text: the unswizzled byte offset of (row r0 + r, column c0) in the tile."""
@@ -315,22 +319,36 @@ def load_{op}(smem, base, src, start, ld, r0, c0, mn_lim, k0, k_lim):
         CP(smem, d{q} + {delta(i, q)}, src, g, nbytes)
     else:
         CP(smem, d{q} + {delta(i, q)}, src, 0, 0)""")
-    # The same copies for a tile wholly inside the operand (the producer checks that once per
-    # k tile): no bounds, no byte counts -- plain 16-byte cp.async, an address add each.
+    # The same tile when it lies wholly inside the operand (the producer checks that once per
+    # k tile): plain 16-byte copies, no bounds or byte counts, and a mapping of threads that
+    # keeps addresses cheap.  Thread p copies the 16 bytes at byte column 16 * (p % 8) + 128 * j
+    # of rows p // 8 + 16 * i: a warp covers 4 rows x 128 contiguous bytes per copy (whole
+    # lines); the swizzle depends on the row mod 8 alone, constant for the thread; the
+    # column's 128-byte steps j are immediate offsets on both sides (MN-major tiles: one atom,
+    # 1024 bytes, further in shared memory); rows step by 16 * ld, one multiply-add each.
+    per_thread_row = per_row // 8
+    passes = rows // 16
+    assert per_row % 8 == 0 and rows % 16 == 0, (per_row, rows)
+
+    def inside_delta(i, j):
+        if k_major:
+            return i * 16 * 128
+        return i * 2 * mn * 16 + j * 1024
+
+    first = "(p // 8) * 128 + (p % 8) * 16" if k_major else \
+        f"((p // 8) // 8) * {mn * 16} + ((p // 8) % 8) * 128 + (p % 8) * 16"
     w(f"""
 @cuda.jit(device=True, forceinline=True)
-def load_{op}_inside(smem, base, src, start, ld, r0, c0, k0):
-    g = start + {koff}
-    row_ld = np.int64(nt.wgmma_fence_operand(np.int32({step} * ld)))""")
-    bases = []
-    for i in range(count):
-        q = (i * step) % 8
-        if q not in bases:
-            bases.append(q)
-            w(f"    d{q} = base + swz({offset(q)})")
-        if i:
-            w("    g += row_ld")
-        w(f"    CP_IN(smem, d{q} + {delta(i, q)}, src, g)")
+def load_{op}_inside(smem, base, src, org, ld, p, k0):
+    # {rows} x {cols} tile, {passes * per_thread_row} copies per thread, no bounds
+    g = org + (p // 8) * ld + (p % 8) * 16 + {koff}
+    row16 = np.int64(nt.wgmma_fence_operand(np.int32(16 * ld)))
+    d = base + swz({first})""")
+    for i in range(passes):
+        for j in range(per_thread_row):
+            src = "g" if i == 0 else f"g + {i} * row16"
+            src += f" + {128 * j}" if j else ""
+            w(f"    CP_IN(smem, d + {inside_delta(i, j)}, src, {src})")
     return per_row
 
 
@@ -393,6 +411,7 @@ def swz(o):
 
     a_start = "(m0 + p_ar0) * lda + p_ac0" if a_kmajor else "p_ar0 * lda + m0 + p_ac0"
     b_start = "(n0 + p_br0) * ldb + p_bc0" if b_kmajor else "p_br0 * ldb + n0 + p_bc0"
+    eb = cfg.elem_bytes
     # With a cluster, CTA rank q loads part q of B: K-major B, rows (n) q * BN/C ..; MN-major B,
     # k rows q * BK/C .. of every k tile.  Either way part q is bytes q * b_part_bytes .. of the
     # tile in shared memory (whole 1024-byte swizzle repeats), which the bulk copy to the peer
@@ -516,10 +535,16 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
         p_ac0 = (p % {a_per_row}) * {epc}
         p_br0 = p // {b_per_row}
         p_bc0 = (p % {b_per_row}) * {epc}
-        a_start = {a_start}{split_a}
+        # byte offsets: this thread's first copy (a_start, b_start), the tile's origin (a_org,
+        # b_org) and the leading dimensions (lda_b, ldb_b)
+        a_start = ({a_start}{split_a}) * {eb}
+        a_org = ({a_start.replace("p_ar0", "0").replace("p_ac0", "0")}{split_a}) * {eb}
+        lda_b = lda * {eb}
         m_lim = M - m0
         n_lim = {b_part["n_lim"]}
-        b_start = {b_part["start"]}{split_b}
+        b_start = ({b_part["start"]}{split_b}) * {eb}
+        b_org = ({b_part["start"].replace("p_br0", "0").replace("p_bc0", "0")}{split_b}) * {eb}
+        ldb_b = ldb * {eb}
         # the tile's M and N extents lie inside the operands: then every k tile but a ragged last
         # one is copied without bounds checks
         inside = m_lim >= {BM} and n_lim >= {BN // C if b_kmajor else BN}
@@ -530,11 +555,11 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
             k0 = kt * {BK}
             kb = {b_part["k0"]}
             if inside and k0 + {BK} <= K:
-                load_a_inside(smem, base, a, a_start, lda, p_ar0, p_ac0, k0)
-                load_b_inside(smem, base + {cfg.a_bytes} + {b_part["smem"]}, b, b_start, ldb, p_br0, p_bc0, kb)
+                load_a_inside(smem, base, a, a_org, lda_b, p, k0)
+                load_b_inside(smem, base + {cfg.a_bytes} + {b_part["smem"]}, b, b_org, ldb_b, p, kb)
             else:
-                load_a(smem, base, a, a_start, lda, p_ar0, p_ac0, m_lim, k0, K - k0)
-                load_b(smem, base + {cfg.a_bytes} + {b_part["smem"]}, b, b_start, ldb, p_br0, p_bc0, n_lim, kb, K - kb)
+                load_a(smem, base, a, a_start, lda_b, p_ar0, p_ac0, m_lim, k0, K - k0)
+                load_b(smem, base + {cfg.a_bytes} + {b_part["smem"]}, b, b_start, ldb_b, p_br0, p_bc0, n_lim, kb, K - kb)
 {publish}{forward_loop}
         nt.cp_async_wait_all()
     else:
@@ -638,9 +663,17 @@ def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, 
     drop the instruction)."""
     cluster = (cfg.cluster_m, 1, 1) if cfg.cluster_m > 1 else None
     grid = grid_for(cfg, m, n)
+    # the kernel reads a and b through byte pointers (see signature): the emulation's flat
+    # arrays are viewed as bytes; on the GPU they are device pointers already
+    a, b = (x if isinstance(x, (int, np.integer)) else _byte_view(x) for x in (a, b))
     if split is not None:  # split-K (sm80_gemm.launch's ``split``)
         grid = (grid, split(stream)[3])
     return sm80_gemm.launch_gemm_kernel(
         kernel_for(cfg, var), var, grid, cfg.threads, cfg.shared_bytes, cluster,
         a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m,
         epilogue_args, prepare, split=split, kernel_signature=signature(var))
+
+
+def _byte_view(x):
+    """A flat emulated operand (numpy array, or numba's simulated device array) as uint8."""
+    return getattr(x, "_ary", x).view(np.uint8)
