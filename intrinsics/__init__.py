@@ -27,6 +27,7 @@ from intrinsics.convert import (
     unpack_f16x2,
 )
 from intrinsics.fastmath import ex2_approx, fma_f32, tanh_approx
+from intrinsics.gmem import st_global_b32
 from intrinsics.cp_async import (
     cp_async_op,
     cp_async_4,

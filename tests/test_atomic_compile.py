@@ -1,6 +1,7 @@
 """atomic_add_global without a GPU: on typed pointers and arrays of int32 / uint32 / float32 it
 compiles to atom.global.add (relaxed) for every architecture the project claims and assembles;
-other element types are refused at typing time; in the CPU emulation concurrent adds from every
+other element types are refused at typing time; in the CPU emulation
+(tests/emulation/test_stores_emulated.py) concurrent adds from every
 thread of several blocks all count and each thread sees a distinct old value."""
 
 import numpy as np
@@ -34,18 +35,3 @@ def test_other_element_types_are_refused():
     with pytest.raises(Exception, match="int32, uint32 or float32"):
         compile_ptx(_kernel, (types.CPointer(types.int64), types.float32[:], types.float32[:]),
                     "sm_80")
-
-
-@pytest.mark.emulation
-@pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="needs NUMBA_ENABLE_CUDASIM=1")
-def test_concurrent_adds_in_the_emulation():
-    @cuda.jit
-    def kernel(counters, olds):
-        t = cuda.threadIdx.x + cuda.blockIdx.x * cuda.blockDim.x
-        olds[t] = nt.atomic_add_global(counters, 0, np.int32(1))
-
-    counters = cuda.to_device(np.zeros(1, np.int32))
-    olds = cuda.to_device(np.full(96, -1, np.int32))
-    kernel[3, 32](counters, olds)
-    assert counters.copy_to_host()[0] == 96
-    assert sorted(olds.copy_to_host()) == list(range(96))

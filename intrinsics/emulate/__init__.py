@@ -24,6 +24,7 @@ FAMILIES = {
     "intrinsics.smem": "intrinsics.emulate.smem",
     "intrinsics.barrier": "intrinsics.emulate.barrier",
     "intrinsics.atomic": "intrinsics.emulate.atomic",
+    "intrinsics.gmem": "intrinsics.emulate.gmem",
     "intrinsics.fastmath": "intrinsics.emulate.fastmath",
     "intrinsics.convert": "intrinsics.emulate.convert",
     "intrinsics.mma": "intrinsics.emulate.mma",

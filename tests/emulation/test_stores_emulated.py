@@ -1,0 +1,49 @@
+"""Global-memory writes of the intrinsics in the CPU emulation: atomic_add_global's concurrent adds
+from every thread of several blocks all count, each thread seeing a distinct old value;
+st_global_b32's four bytes land at the element's address (two uint16 elements), and a misaligned
+address is an error, as on the GPU.  (Their PTX: tests/test_atomic_compile.py,
+tests/test_gmem_compile.py.)"""
+
+import numpy as np
+import pytest
+from numba import config, cuda
+
+import intrinsics as nt
+
+pytestmark = [pytest.mark.emulation,
+              pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="needs NUMBA_ENABLE_CUDASIM=1")]
+
+
+def test_concurrent_adds_in_the_emulation():
+    @cuda.jit
+    def kernel(counters, olds):
+        t = cuda.threadIdx.x + cuda.blockIdx.x * cuda.blockDim.x
+        olds[t] = nt.atomic_add_global(counters, 0, np.int32(1))
+
+    counters = cuda.to_device(np.zeros(1, np.int32))
+    olds = cuda.to_device(np.full(96, -1, np.int32))
+    kernel[3, 32](counters, olds)
+    assert counters.copy_to_host()[0] == 96
+    assert sorted(olds.copy_to_host()) == list(range(96))
+
+
+def _pairs(out, x):
+    t = cuda.threadIdx.x
+    nt.st_global_b32(out, 2 * t, nt.pack_bf16x2(x[2 * t], x[2 * t + 1]))
+
+
+def test_pairs_land_in_the_emulation():
+    import ml_dtypes
+
+    x = np.random.default_rng().standard_normal(64).astype(np.float32)
+    out = cuda.to_device(np.full(64, 0xFFFF, np.uint16))
+    cuda.jit(_pairs)[1, 32](out, cuda.to_device(x))
+    got = out.copy_to_host().view(ml_dtypes.bfloat16).astype(np.float32)
+    assert np.array_equal(got, x.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+    @cuda.jit
+    def odd(out):
+        nt.st_global_b32(out, 1, np.uint32(7))
+
+    with pytest.raises(Exception, match="not 4-byte aligned"):
+        odd[1, 1](cuda.to_device(np.zeros(4, np.uint16)))
