@@ -717,9 +717,10 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
 # dict lookup, an overlap test on byte ranges, the stream lookup and one cuLaunchKernel with a
 # parameter buffer made once (intrinsics.launch.PreparedLaunch).  The key holds everything the
 # checks above read besides pointer values: each array's probe key (None for an absent one),
-# a's and b's pointer modulo 16 (alignment decides packing), whether beta is 0 (decides whether
-# c is read; alpha and beta themselves only need to be real numbers of the types in
-# _REAL_TYPES, checked on every call), activation, out_dtype, the dispatch environment
+# a's and b's pointer modulo 16 (alignment decides packing), out's (its alignment decides
+# whether column pairs are stored as one word, Sm80Variant.out_pairs), whether beta is 0
+# (decides whether c is read; alpha and beta themselves only need to be real numbers of the
+# types in _REAL_TYPES, checked on every call), activation, out_dtype, the dispatch environment
 # variables and the thread (a NULL-stream launch runs in the thread's current context, which
 # the checked call made current).  Pointer-dependent checks run on every call: out against
 # each input's byte range; where ranges meet, the full (exact) check decides.
@@ -748,8 +749,8 @@ def _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype, scaled=Fal
     pout = _probe_or_absent(out)
     if pa is None or pb is None or pc is None or pbias is None or pout is None:
         return None, None
-    key = (pa[1], pb[1], pc[1], pbias[1], pout[1], pa[0] & 15, pb[0] & 15, beta == 0,
-           activation, out_dtype, _env_key(), threading.get_ident()) + ((True,) if scaled else ())
+    key = (pa[1], pb[1], pc[1], pbias[1], pout[1], pa[0] & 15, pb[0] & 15, pout[0] & 15,
+           beta == 0, activation, out_dtype, _env_key(), threading.get_ident()) + ((True,) if scaled else ())
     return key, (pa[0], pb[0], pc[0], pbias[0], pout[0])
 
 

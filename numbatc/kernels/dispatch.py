@@ -126,10 +126,14 @@ def _grow(key, floats, counters):
 
 
 def _variant(p):
+    # a row-major 16-bit out whose start and rows are 4-byte aligned takes a column pair in one
+    # 32-bit store (Sm80Variant.out_pairs)
+    out_pairs = (p.out.layout == "row" and p.out_dtype in ("bfloat16", "float16")
+                 and p.out.alignment >= 4)
     if getattr(p, "tensor_scales", None) is not None:  # FP8, per-tensor scales: sm90_gemm
         from numbatc.kernels import sm90_gemm
 
-        return sm90_gemm.Sm90Fp8Variant(
+        return sm90_gemm.Sm90Fp8Variant(out_pairs=out_pairs, 
             a_layout=p.a.layout, b_layout=p.b.layout, in_dtype=p.in_dtype,
             out_dtype=p.out_dtype, c_dtype=p.c.dtype if p.c is not None else None,
             bias_dtype=p.bias_dtype, activation=p.activation, out_layout=p.out.layout,
@@ -147,6 +151,7 @@ def _variant(p):
         c_layout=p.c.layout if p.c is not None else "row",
         epilogue=p.epilogue,
         epilogue_args=len(p.epilogue_args),
+        out_pairs=out_pairs,
     )
 
 

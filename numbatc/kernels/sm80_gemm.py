@@ -131,6 +131,10 @@ class Sm80Variant:
     # float32 partial tile to its slice of a workspace, and the last block of a tile to arrive
     # (a per-tile counter) sums the slices in order (deterministic) and runs the epilogue.
     split_k: bool = False
+    # out is row-major bf16/f16 with 4-byte aligned rows (start and ldo): in tiles wholly inside
+    # the matrix a fragment's column pair (even column) is one 32-bit store (intrinsics.gmem)
+    # instead of two 16-bit ones.  Set by the dispatcher from out's alignment.
+    out_pairs: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,12 +259,16 @@ def _epilogue_source(var: Sm80Variant) -> str:
     }[var.activation]
     o0 = _flat(var.out_layout, "r", "col", "ldo")
     o1 = _flat(var.out_layout, "r", "col + 1", "ldo")
+    put2 = None  # put_pair's store, where it differs from store_pair's
     if var.out_dtype in ("bfloat16", "float16"):
         pack = "nt.pack_bf16x2" if var.out_dtype == "bfloat16" else "nt.pack_f16x2"
         store2 = (f"    p = {pack}(v0, v1)\n"
                   f"    out[{o0}] = np.uint16(p & 0xFFFF)\n"
                   "    if both:\n"
                   f"        out[{o1}] = np.uint16(p >> 16)")
+        if var.out_pairs:
+            assert var.out_layout == "row", "out_pairs needs a row-major out"
+            put2 = f"    nt.st_global_b32(out, {o0}, {pack}(v0, v1))"
     else:
         store2 = (f"    out[{o0}] = v0\n"
                   "    if both:\n"
@@ -329,7 +337,7 @@ def value_tile(c, bias, acc, r, col, ldc, alpha, beta{ea}):
 @cuda.jit(device=True, forceinline=True)
 def put_pair(out, r, col, v0, v1, ldo):
     both = True
-{store2}
+{store2 if put2 is None else put2}
 
 
 @cuda.jit(device=True, forceinline=True)
@@ -425,7 +433,8 @@ def full_tile_epilogue(w, tiles, var, inside, indent="    "):
     """Emit the epilogue of fragments ``tiles`` = [(acc, row, column expressions)]: when
     ``inside`` (the block's whole tile lies in the matrix) every fragment's values first
     (value_tile: its loads of c and of a user epilogue's arrays), then every store (put_tile);
-    otherwise store_tile per fragment with its bounds checks.
+    otherwise store_tile per fragment with its bounds checks.  With nothing to load (no c, no
+    user epilogue) the inside path exists only for out_pairs' 32-bit stores.
 
     NOTE: store_tile per fragment interleaves each fragment's loads with the previous one's
     stores to ``out``, which may alias c or a user epilogue's arrays, so neither compiler may
@@ -434,15 +443,22 @@ def full_tile_epilogue(w, tiles, var, inside, indent="    "):
     H200).  Values first lets all the loads be in flight together."""
     ea = ", eargs" if var.epilogue is not None else ""
     x = indent
-    if var.epilogue is None and var.c_dtype is None:  # nothing to load: one pass is as good
+    if var.epilogue is None and var.c_dtype is None and not var.out_pairs:
+        # per-element stores either way, and at most the bias (cached) to load: one pass
         for acc, row, col in tiles:
             w(f"{x}store_tile(out, c, bias, {acc}, {row}, {col}, M, N, ldc, ldo, alpha, beta)")
         return
     w(f"{x}if {inside}:")
-    for i, (acc, row, col) in enumerate(tiles):
-        w(f"{x}    ev_{i} = value_tile(c, bias, {acc}, {row}, {col}, ldc, alpha, beta{ea})")
-    for i, (acc, row, col) in enumerate(tiles):
-        w(f"{x}    put_tile(out, ev_{i}, {row}, {col}, ldo)")
+    if var.epilogue is None and var.c_dtype is None and var.bias_dtype is None:
+        # nothing to load: each fragment's values, then its pair stores
+        for acc, row, col in tiles:
+            w(f"{x}    put_tile(out, value_tile(c, bias, {acc}, {row}, {col}, ldc, alpha, beta), "
+              f"{row}, {col}, ldo)")
+    else:
+        for i, (acc, row, col) in enumerate(tiles):
+            w(f"{x}    ev_{i} = value_tile(c, bias, {acc}, {row}, {col}, ldc, alpha, beta{ea})")
+        for i, (acc, row, col) in enumerate(tiles):
+            w(f"{x}    put_tile(out, ev_{i}, {row}, {col}, ldo)")
     w(f"{x}else:")
     for acc, row, col in tiles:
         w(f"{x}    store_tile(out, c, bias, {acc}, {row}, {col}, M, N, ldc, ldo, alpha, beta{ea})")

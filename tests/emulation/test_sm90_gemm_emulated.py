@@ -78,8 +78,17 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("m, n, k, cfg, a_layout, b_layout, dtype, epilogue", CASES)
-def test_sm90_gemm_in_the_emulation(m, n, k, cfg, a_layout, b_layout, dtype, epilogue):
+# bf16 outputs whose column pairs inside the matrix are 32-bit stores (Sm80Variant.out_pairs)
+PAIR_CASES = [
+    (160, 136, 200, WRAP_W1, "row", "col", "bfloat16", "gelu"),
+    (136, 130, 128, WRAP, "col", "row", "float16", "silu"),
+    (260, 136, 200, WRAP_C2_W1, "row", "row", "bfloat16", "gelu"),
+]
+
+
+@pytest.mark.parametrize("m, n, k, cfg, a_layout, b_layout, dtype, epilogue, pairs",
+                         [c + (False,) for c in CASES] + [c + (True,) for c in PAIR_CASES])
+def test_sm90_gemm_in_the_emulation(m, n, k, cfg, a_layout, b_layout, dtype, epilogue, pairs):
     cfg = sm90_gemm.CONFIGS[cfg] if isinstance(cfg, str) else cfg
     gen = np.random.default_rng()
     a = gen.standard_normal((m, k)).astype(_np_dtype(dtype))
@@ -88,7 +97,7 @@ def test_sm90_gemm_in_the_emulation(m, n, k, cfg, a_layout, b_layout, dtype, epi
     out_dtype = "bfloat16" if epilogue else "float32"
     var = sm90_gemm.Sm90Variant(a_layout, b_layout, dtype, out_dtype,
                                 out_dtype if epilogue else None, dtype if epilogue else None,
-                                epilogue)
+                                epilogue, out_pairs=pairs)
     da, lda = _flat(a, a_layout, NAN16[dtype])
     db, ldb = _flat(b, b_layout, NAN16[dtype])
     ldo = (n + 7) // 8 * 8
