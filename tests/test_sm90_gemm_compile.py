@@ -181,7 +181,7 @@ def test_fp8_variants_and_configs_are_checked():
                for n, c in sm90_gemm.FP8_CONFIGS.items())
 
 
-@pytest.mark.parametrize("name", ["128x256x64_4s_w1", "128x128x64_4s_w1"])
+@pytest.mark.parametrize("name", ["128x256x64_4s", "128x256x64_4s_w1", "128x128x64_4s_w1"])
 def test_split_k_variant_keeps_setmaxnreg_without_spills(name, tmp_path):
     """Split-K (small M): the consumers' epilogue through the workspace, a named barrier over the
     256 consumer threads, the tile counter's atom.global.add; as the driver compiles it."""

@@ -260,10 +260,12 @@ def _kernel_family(p):
     if reason is None:
         name = choice.partition(":")[2]
         if not name:
-            # NOTE: measured on the H200 (docs/PERFORMANCE.md): 128x256x64_4s_w1 439 TFLOP/s at
-            # 8192^3 against 404 for the two-CTA cluster form (_c2), which halves B's L2
-            # traffic but did not need to: L2 throughput was 54 % with it.
-            name = "128x256x64_4s_w1" if p.n > 128 else "128x128x64_4s_w1"
+            # NOTE: measured on the H200 (docs/PERFORMANCE.md, fourth session): with the
+            # producer's unchecked inside copies and the pair-store epilogue, 128x256x64_4s
+            # (no wgmma group in flight) 567-641 TFLOP/s at 4096^3 against 558-632 for _w1, and
+            # 571-581 against 562-565 at 8192^3, in the same runs; the two-CTA cluster form
+            # (_c2, half of B's L2 traffic) 378 / 435: L2 throughput is ~60 %, not the limit.
+            name = "128x256x64_4s" if p.n > 128 else "128x128x64_4s_w1"
         if name not in sm90_gemm.CONFIGS:
             raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: no sm90 config {name!r}; choose "
                              f"from {sorted(sm90_gemm.CONFIGS)}")

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.gpu(cc=(9, 0)), pytest.mark.hardware_only]
 
 
 @pytest.fixture(params=["sm90:128x256x64_4s_c2", "sm90:128x256x64_4s_w1_pf", "sm90:128x128x64_4s",
-                        "sm90:128x256x64_4s_w1"])
+                        "sm90:128x256x64_4s_w1", "sm90:128x256x64_4s"])
 def sm90(request, monkeypatch):
     monkeypatch.setenv("NUMBATC_GEMM_KERNEL", request.param)
     return request.param
