@@ -3,7 +3,7 @@
     compute-sanitizer --tool memcheck  python3 scripts/sanitize_cases.py gemm_sm90
     compute-sanitizer --tool racecheck python3 scripts/sanitize_cases.py attention_sm80 ...
 
-Kinds: gemm_sm80, gemm_sm90, gemm_sm90_split (split-K forced), gemm_fp8, attention_sm80, attention_sm90, softmax, gemm_softmax.
+Kinds: gemm_sm80, gemm_sm90, gemm_sm90_split (split-K forced), gemm_sm90_persistent, gemm_fp8, attention_sm80, attention_sm90, softmax, gemm_softmax.
 Each case prints one line with its max error; a wrong result exits 1 (the sanitizer's own report
 decides the rest). Small shapes keep the sanitizer's slowdown (10-100x) within seconds, and
 ragged ones exercise the edge paths.
@@ -83,6 +83,12 @@ def gemm_softmax():
         check(f"gemm_softmax {m}x{k}x{n}", got, torch.softmax(0.1 * (a.float() @ b.float()), -1), 2e-2)
 
 
+def gemm_sm90_persistent():
+    # more tiles than SMs: each block of the persistent configuration walks several
+    GEMM.append((2056, 4360, 136))
+    gemm("sm90:128x256x64_4s_pt")
+
+
 def gemm_sm90_split():
     os.environ["NUMBATC_SPLIT_K"] = "3"
     gemm("sm90")
@@ -91,7 +97,7 @@ def gemm_sm90_split():
 
 KINDS = {
     "gemm_sm80": lambda: gemm("sm80"), "gemm_sm90": lambda: gemm("sm90"), "gemm_fp8": gemm_fp8,
-    "gemm_sm90_split": gemm_sm90_split,
+    "gemm_sm90_split": gemm_sm90_split, "gemm_sm90_persistent": gemm_sm90_persistent,
     "attention_sm80": lambda: attention("sm80"), "attention_sm90": lambda: attention("sm90"),
     "softmax": softmax, "gemm_softmax": gemm_softmax,
 }

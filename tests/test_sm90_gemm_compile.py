@@ -42,7 +42,8 @@ def test_assembles_for_sm90a_without_local_memory(name, var):
     assert len(mma) == cfg.bk // 16
     assert all(f".m64n{cfg.bn}k16.f32." in line and trans in line for line in mma), mma[0]
     publish = "cp.async.wait_group 1;" if cfg.pfence else "cp.async.mbarrier.arrive.noinc.shared::cta.b64"
-    for text in ("setmaxnreg.dec.sync.aligned.u32 40;", "setmaxnreg.inc.sync.aligned.u32 232;",
+    for text in (f"setmaxnreg.dec.sync.aligned.u32 {cfg.producer_regs};",
+                 f"setmaxnreg.inc.sync.aligned.u32 {cfg.consumer_regs};",
                  publish, "fence.proxy.async.shared::cta",
                  f"wgmma.wait_group.sync.aligned {cfg.inflight};", ".maxntid 384, 1, 1",
                  ".extern .shared .align 1024"):
@@ -54,7 +55,8 @@ def test_assembles_for_sm90a_without_local_memory(name, var):
     assert len(assemble(ptx, "sm_90a")) > 0
 
 
-@pytest.mark.parametrize("name", ["128x256x64_3s", "128x128x64_4s", "128x256x64_4s_w1"])
+@pytest.mark.parametrize("name", ["128x256x64_3s", "128x128x64_4s", "128x256x64_4s_w1",
+                                  "128x256x64_4s_pt", "128x256x64_4s_w1_pt"])
 def test_whole_program_keeps_setmaxnreg_without_spills(name, tmp_path):
     """As the driver compiles it (intrinsics.launch loads setmaxnreg kernels whole-program): the
     register split is honoured and the 40-register producer does not spill."""
@@ -147,7 +149,8 @@ def test_fp8_assembles_for_sm90a_without_spills(name, var, tmp_path):
     assert len(mma) == cfg.bk // 32 == 4
     assert all(f".m64n{cfg.bn}k32.f32.{types} " in line and line.rstrip().endswith("p, 1, 1; }")
                for line in mma), mma[0]
-    for text in ("setmaxnreg.dec.sync.aligned.u32 40;", "setmaxnreg.inc.sync.aligned.u32 232;",
+    for text in (f"setmaxnreg.dec.sync.aligned.u32 {cfg.producer_regs};",
+                 f"setmaxnreg.inc.sync.aligned.u32 {cfg.consumer_regs};",
                  "cp.async.mbarrier.arrive.noinc.shared::cta.b64", "fence.proxy.async.shared::cta",
                  f"wgmma.wait_group.sync.aligned {cfg.inflight};", ".maxntid 384, 1, 1"):
         assert text in ptx, text

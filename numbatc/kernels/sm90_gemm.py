@@ -44,6 +44,7 @@ dispatcher folds scale_a * scale_b into alpha.
 """
 
 import functools
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,6 +117,10 @@ class Sm90Config:
     # plain arrival on the full barrier -- the writer-side pattern CUTLASS uses for generic
     # stores read by the async proxy; keeps the consumers' loop free of MEMBAR.
     pfence: bool = False
+    # One block per SM walking tiles (blockIdx.x, + gridDim.x, ...): the producer fills the next
+    # tile's stages while the consumers store this one, and no block launches per tile.
+    # Split-K variants ignore it (one block per tile and K slice).
+    persistent: bool = False
 
     def __post_init__(self):
         problems = []
@@ -137,6 +142,8 @@ class Sm90Config:
             problems.append(f"cluster_m must be 1 or 2, got {self.cluster_m}")
         if self.pfence and self.cluster_m > 1:
             problems.append("pfence is implemented for cluster_m = 1 only")
+        if self.persistent and (self.cluster_m > 1 or self.pfence):
+            problems.append("persistent is implemented for cluster_m = 1 without pfence")
         if self.pfence and self.stages < self.inflight + 2:
             # the arrival for tile kt comes after the wait for tile kt + 1's stage
             problems.append(f"pfence needs stages >= inflight + 2, got stages={self.stages}, "
@@ -202,6 +209,12 @@ CONFIGS = {
         # the proxy fence on the producer side (see Sm90Config.pfence)
         Sm90Config("128x256x64_4s_w1_pf", 256, 4, inflight=1, pfence=True),
         Sm90Config("128x128x64_4s_w1_pf", 128, 4, inflight=1, pfence=True),
+        # one block per SM walking the tiles (the tile loop's state needs more than 40 producer
+        # registers; the consumers use 168)
+        Sm90Config("128x256x64_4s_pt", 256, 4, persistent=True, producer_regs=56,
+                   consumer_regs=224),
+        Sm90Config("128x256x64_4s_w1_pt", 256, 4, inflight=1, persistent=True, producer_regs=56,
+                   consumer_regs=224),
         # pairs of CTAs along M share B: each loads half from global memory and forwards it
         Sm90Config("128x256x64_4s_c2", 256, 4, cluster_m=2),
         Sm90Config("128x256x64_4s_w1_c2", 256, 4, inflight=1, cluster_m=2),
@@ -470,7 +483,6 @@ def forward(smem, bars, j, rank):
     else:
         publish = f"""            # fires once this thread's copies (all of them so far) have landed
             nt.cp_async_mbarrier_arrive_noinc(bars, {"s" if C == 1 else f"{2 * S} + s"})"""
-    consumer_fence = "" if cfg.pfence else "\n            nt.fence_proxy_async_shared()"
     release = f"nt.mbarrier_arrive(bars, {S} + {{s}})"
     if C > 1:
         release += f"\n{{pad}}nt.mbarrier_arrive_cluster(bars, {S} + {{s}}, 1 - rank)"
@@ -478,6 +490,40 @@ def forward(smem, bars, j, rank):
     # LIST_TO_TUPLE, which numba's IR peephole rejects; a sum of 16-value tuples types as one
     # UniTuple and folds away.
     zeros = " + ".join(["(" + "z, " * 16 + ")"] * (BN // 32))
+    # A persistent kernel (cfg.persistent; split-K variants keep one block per tile and slice)
+    # walks tiles blockIdx.x, + gridDim.x, ...; its stage counter ``it`` runs on across tiles,
+    # so the producer fills the next tile's stages while the consumers store this one.
+    pers = cfg.persistent and not var.split_k
+    ix = "it" if pers else "kt"  # the stage/phase counter
+    w(f"""
+
+@cuda.jit(device=True, forceinline=True)
+def tile_coords(pid, M, N, group_m):
+    # Rasterisation: blocks walk GROUP_M tile-rows at a time so that neighbours share B in L2.
+    # NOTE: in 32-bit unsigned arithmetic, every step truncated: a 64-bit division by a run-time
+    # value is a subroutine call in SASS, and a call anywhere in the kernel makes ptxas serialize
+    # every wgmma (C7509, "wgmma.mma_async instructions are serialized due to the presence of
+    # Extern calls").  numba widens uint32 arithmetic to 64 bits; the truncations let LLVM narrow
+    # the divisions back to div.u32.
+    gm = np.uint32(group_m)
+    tiles_m = np.uint32((M + {BM * C - 1}) // {BM * C})
+    tiles_n = np.uint32((N + {BN - 1}) // {BN})
+    in_group = np.uint32(gm * tiles_n)
+    first_m = np.uint32(np.uint32(pid // in_group) * gm)
+    size_m = min(np.uint32(tiles_m - first_m), gm)
+    in_pos = np.uint32(pid % in_group)
+    tm = np.uint32(first_m + np.uint32(in_pos % size_m))
+    tn = np.uint32(in_pos // size_m)
+    return tm, tn""")
+    rank = "np.int64(nt.cluster_ctarank())" if C > 1 else "0"
+    origin = [f"m0 = (np.int64(tm) * {C} + rank) * {BM}", f"n0 = np.int64(tn) * {BN}"]
+    if pers:
+        head = f"""    rank = 0
+    n_tiles = np.int64((M + {BM - 1}) // {BM}) * np.int64((N + {BN - 1}) // {BN})
+"""
+    else:
+        head = (f"    tm, tn = tile_coords(np.uint32(cuda.blockIdx.x // {C}), M, N, group_m)\n"
+                f"    rank = {rank}\n" + "".join(f"    {x}\n" for x in origin))
     w(f'''
 
 @cuda.jit(cache={var.epilogue is None}, launch_bounds=({cfg.threads}, 1))
@@ -492,26 +538,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     t = cuda.threadIdx.x
     wg = t // 128
 
-    # Rasterisation: blocks walk GROUP_M tile-rows at a time so that neighbours share B in L2.
-    # NOTE: in 32-bit unsigned arithmetic, every step truncated: a 64-bit division by a run-time
-    # value is a subroutine call in SASS, and a call anywhere in the kernel makes ptxas serialize
-    # every wgmma (C7509, "wgmma.mma_async instructions are serialized due to the presence of
-    # Extern calls").  numba widens uint32 arithmetic to 64 bits; the truncations let LLVM narrow
-    # the divisions back to div.u32.
-    pid = np.uint32(cuda.blockIdx.x // {C})
-    gm = np.uint32(group_m)
-    tiles_m = np.uint32((M + {BM * C - 1}) // {BM * C})
-    tiles_n = np.uint32((N + {BN - 1}) // {BN})
-    in_group = np.uint32(gm * tiles_n)
-    first_m = np.uint32(np.uint32(pid // in_group) * gm)
-    size_m = min(np.uint32(tiles_m - first_m), gm)
-    in_pos = np.uint32(pid % in_group)
-    tm = np.uint32(first_m + np.uint32(in_pos % size_m))
-    tn = np.uint32(in_pos // size_m)
-    rank = {"np.int64(nt.cluster_ctarank())" if C > 1 else "0"}
-    m0 = (np.int64(tm) * {C} + rank) * {BM}
-    n0 = np.int64(tn) * {BN}
-{split_range}    k_tiles = (K + {BK - 1}) // {BK}
+{head}{split_range}    k_tiles = (K + {BK - 1}) // {BK}
 
     if t == 0:
         for s in range({S}):
@@ -521,7 +548,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
         nt.fence_mbarrier_init()
     {"cuda.syncthreads()" if C == 1 else "nt.cluster_sync()  # the peer's barriers are initialised before any remote use"}
 
-    # Phase bookkeeping: k tile kt uses stage s = kt % {S} in round r = kt // {S}.  full[s]
+    # Phase bookkeeping: k tile {ix} uses stage s = {ix} % {S} in round r = {ix} // {S}.  full[s]
     # completes phase r when fill r has landed: consumers wait with parity r & 1.  The producer
     # may refill stage s for round r once empty[s] completed phase r - 1: it waits with parity
     # (r + 1) & 1 -- for r = 0 that is parity 1 on a fresh barrier (phase 0), which reads as
@@ -535,33 +562,48 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
         p_ac0 = (p % {a_per_row}) * {epc}
         p_br0 = p // {b_per_row}
         p_bc0 = (p % {b_per_row}) * {epc}
-        # byte offsets: this thread's first copy (a_start, b_start), the tile's origin (a_org,
-        # b_org) and the leading dimensions (lda_b, ldb_b)
-        a_start = ({a_start}{split_a}) * {eb}
-        a_org = ({a_start.replace("p_ar0", "0").replace("p_ac0", "0")}{split_a}) * {eb}
         lda_b = lda * {eb}
-        m_lim = M - m0
-        n_lim = {b_part["n_lim"]}
-        b_start = ({b_part["start"]}{split_b}) * {eb}
-        b_org = ({b_part["start"].replace("p_br0", "0").replace("p_bc0", "0")}{split_b}) * {eb}
-        ldb_b = ldb * {eb}
-        # the tile's M and N extents lie inside the operands: then every k tile but a ragged last
-        # one is copied without bounds checks
-        inside = m_lim >= {BM} and n_lim >= {BN // C if b_kmajor else BN}
-        for kt in range(k_tiles):
-            s = kt % {S}
-            nt.mbarrier_wait_parity(bars, {S} + s, ((kt // {S}) + 1) & 1)
-            base = s * {cfg.stage_bytes}
-            k0 = kt * {BK}
-            kb = {b_part["k0"]}
-            if inside and k0 + {BK} <= K:
-                load_a_inside(smem, base, a, a_org, lda_b, p, k0)
-                load_b_inside(smem, base + {cfg.a_bytes} + {b_part["smem"]}, b, b_org, ldb_b, p, kb)
-            else:
-                load_a(smem, base, a, a_start, lda_b, p_ar0, p_ac0, m_lim, k0, K - k0)
-                load_b(smem, base + {cfg.a_bytes} + {b_part["smem"]}, b, b_start, ldb_b, p_br0, p_bc0, n_lim, kb, K - kb)
-{publish}{forward_loop}
-        nt.cp_async_wait_all()
+        ldb_b = ldb * {eb}''')
+    # NOTE: a while loop: numba's range() with a run-time step divides for its trip count, a
+    # 64-bit division that compiles to a call, and a call serialises every wgmma (C7509)
+    tile_loop = ["it = 0",
+                 "tile = np.int64(cuda.blockIdx.x)",
+                 "while tile < n_tiles:",
+                 "    tm, tn = tile_coords(np.uint32(tile), M, N, group_m)"] + \
+        [f"    {x}" for x in origin]
+    x8 = " " * 8
+    if pers:
+        w("\n".join(x8 + x for x in tile_loop))
+    body = f"""# byte offsets: this thread's first copy (a_start, b_start), the tile's origin (a_org,
+# b_org); the leading dimensions in bytes (lda_b, ldb_b)
+a_start = ({a_start}{split_a}) * {eb}
+a_org = ({a_start.replace("p_ar0", "0").replace("p_ac0", "0")}{split_a}) * {eb}
+m_lim = M - m0
+n_lim = {b_part["n_lim"]}
+b_start = ({b_part["start"]}{split_b}) * {eb}
+b_org = ({b_part["start"].replace("p_br0", "0").replace("p_bc0", "0")}{split_b}) * {eb}
+# the tile's M and N extents lie inside the operands: then every k tile but a ragged last
+# one is copied without bounds checks
+inside = m_lim >= {BM} and n_lim >= {BN // C if b_kmajor else BN}
+for kt in range(k_tiles):
+    s = {ix} % {S}
+    nt.mbarrier_wait_parity(bars, {S} + s, (({ix} // {S}) + 1) & 1)
+    base = s * {cfg.stage_bytes}
+    k0 = kt * {BK}
+    kb = {b_part["k0"]}
+    if inside and k0 + {BK} <= K:
+        load_a_inside(smem, base, a, a_org, lda_b, p, k0)
+        load_b_inside(smem, base + {cfg.a_bytes} + {b_part["smem"]}, b, b_org, ldb_b, p, kb)
+    else:
+        load_a(smem, base, a, a_start, lda_b, p_ar0, p_ac0, m_lim, k0, K - k0)
+        load_b(smem, base + {cfg.a_bytes} + {b_part["smem"]}, b, b_start, ldb_b, p_br0, p_bc0, n_lim, kb, K - kb)"""
+    pad = x8 + ("    " if pers else "")
+    w("\n".join(pad + x for x in body.split("\n")))
+    w(textwrap.indent(publish, "    " if pers else "") + forward_loop)
+    if pers:
+        w(pad + "    it += 1")
+        w(pad + "tile += cuda.gridDim.x")
+    w(f'''        nt.cp_async_wait_all()
     else:
         # ---- consumer warpgroups -----------------------------------------------------------
         nt.setmaxnreg_inc({cfg.consumer_regs})
@@ -570,51 +612,62 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
         # descriptors' start address (bits 0-13 hold address >> 4; no carry leaves the field).
         da0 = nt.smem_desc(smem, cw * {a_part}, {a_lay.lbo}, {a_lay.sbo}, {_SWIZZLE})
         db0 = nt.smem_desc(smem, {cfg.a_bytes}, {b_lay.lbo}, {b_lay.sbo}, {_SWIZZLE})
-        z = np.float32(0)
-        acc = nt.wgmma_fence_operand({zeros})  # written by ordinary code: pin before wgmma
-        for kt in range(k_tiles):
-            s = kt % {S}
-            nt.mbarrier_wait_parity(bars, s, (kt // {S}) & 1)
-            # NOTE: the PTX ISA's async-proxy operations are the bulk copies, wgmma and the
-            # like; plain cp.async is not one of them, so its writes are generic-proxy writes,
-            # and wgmma.mma_async reads shared memory through the async proxy: the two need a
-            # fence.proxy.async between them ("accessing the same memory location across
-            # multiple proxies needs a cross-proxy fence").  The writer cannot fence after its
-            # copies land (only the mbarrier sees that), so the reader fences, after the
-            # full-barrier wait (an acquire) made the copies visible to it.  Not yet confirmed
-            # on hardware; the CPU emulation tracks ordinary stores only, not cp.async landings.
-            # (With pfence the producer fenced instead.){consumer_fence}
-            st = np.uint64(s * {cfg.stage_bytes // 16})
-            nt.wgmma_fence()''')
+        z = np.float32(0)''')
+    if pers:
+        w("\n".join(x8 + x for x in tile_loop))
+    cons = [f"acc = nt.wgmma_fence_operand({zeros})  # written by ordinary code: pin before wgmma",
+            "for kt in range(k_tiles):",
+            f"    s = {ix} % {S}",
+            f"    nt.mbarrier_wait_parity(bars, s, ({ix} // {S}) & 1)"]
+    cons += """    # NOTE: the PTX ISA's async-proxy operations are the bulk copies, wgmma and the
+    # like; plain cp.async is not one of them, so its writes are generic-proxy writes,
+    # and wgmma.mma_async reads shared memory through the async proxy: the two need a
+    # fence.proxy.async between them ("accessing the same memory location across
+    # multiple proxies needs a cross-proxy fence").  The writer cannot fence after its
+    # copies land (only the mbarrier sees that), so the reader fences, after the
+    # full-barrier wait (an acquire) made the copies visible to it.  Not yet confirmed
+    # on hardware; the CPU emulation tracks ordinary stores only, not cp.async landings.""".split("\n")
+    cons.append("    # (With pfence the producer fenced instead.)")
+    if not cfg.pfence:
+        cons.append("    nt.fence_proxy_async_shared()")
+    cons += [f"    st = np.uint64(s * {cfg.stage_bytes // 16})", "    nt.wgmma_fence()"]
     for ks in range(BK // kinst):
         a_k = a_lay.k_offset(ks * kinst) // 16
         b_k = b_lay.k_offset(ks * kinst) // 16
-        w(f"            acc = MMA(acc, da0 + st + np.uint64({a_k}), db0 + st + np.uint64({b_k}), 1)")
+        cons.append(f"    acc = MMA(acc, da0 + st + np.uint64({a_k}), db0 + st + np.uint64({b_k}), 1)")
     if cfg.inflight == 0:
-        w(f'''            nt.wgmma_commit_group()
-            # Wait for this tile's wgmma group, then release its stage.
-            nt.wgmma_wait_group(0)
-            acc = nt.wgmma_fence_operand(acc)
-            if t % 32 == 0:
-                {release.format(s="s", pad=" " * 16)}
-''')
+        cons += f"""    nt.wgmma_commit_group()
+    # Wait for this tile's wgmma group, then release its stage.
+    nt.wgmma_wait_group(0)
+    acc = nt.wgmma_fence_operand(acc)
+    if t % 32 == 0:
+        {release.format(s="s", pad=" " * 8)}""".split("\n")
+        if pers:
+            cons.append("    it += 1")
+        cons.append("")
     else:
-        w(f'''            nt.wgmma_commit_group()
-            # Keep this tile's group in flight (it overlaps the next full-barrier wait); the
-            # previous tile's group has retired, so its stage goes back to the producer.  The
-            # last tile's stage is never released: nobody waits for it.
-            nt.wgmma_wait_group(1)
-            acc = nt.wgmma_fence_operand(acc)
-            if kt > 0 and t % 32 == 0:
-                {release.format(s=f"(kt - 1) % {S}", pad=" " * 16)}
-        nt.wgmma_wait_group(0)
-        acc = nt.wgmma_fence_operand(acc)
-''')
-    w('''        # ---- epilogue: thread (warp w, lane l) of the warpgroup holds rows 16w + l/4 (+8) and
-        # columns 8j + 2(l%4) (+1) in registers 4j..4j+3 (intrinsics.wgmma.accumulator_coords)
-        lane = t % 32
-        row_base = m0 + cw * 64 + ((t % 128) // 32) * 16 + lane // 4
-        col_base = n0 + (lane % 4) * 2''')
+        last = ("The\n    # last tile's stage is never released: nobody waits for it." if not pers else
+                "The\n    # last k tile's stage is released after the loop (the next tile's fill waits for it).")
+        cons += f"""    nt.wgmma_commit_group()
+    # Keep this tile's group in flight (it overlaps the next full-barrier wait); the
+    # previous tile's group has retired, so its stage goes back to the producer.  {last}
+    nt.wgmma_wait_group(1)
+    acc = nt.wgmma_fence_operand(acc)
+    if kt > 0 and t % 32 == 0:
+        {release.format(s=f"({ix} - 1) % {S}", pad=" " * 8)}""".split("\n")
+        if pers:
+            cons.append("    it += 1")
+        cons += ["nt.wgmma_wait_group(0)", "acc = nt.wgmma_fence_operand(acc)"]
+        if pers:
+            cons += ["if k_tiles > 0 and t % 32 == 0:",
+                     f"    {release.format(s=f'(it - 1) % {S}', pad=' ' * 4)}"]
+        cons.append("")
+    cons += """# ---- epilogue: thread (warp w, lane l) of the warpgroup holds rows 16w + l/4 (+8) and
+# columns 8j + 2(l%4) (+1) in registers 4j..4j+3 (intrinsics.wgmma.accumulator_coords)
+lane = t % 32
+row_base = m0 + cw * 64 + ((t % 128) // 32) * 16 + lane // 4
+col_base = n0 + (lane % 4) * 2""".split("\n")
+    w("\n".join((pad + x) if x else "" for x in cons))
     tiles = [(f"(acc[{4 * j}], acc[{4 * j + 1}], acc[{4 * j + 2}], acc[{4 * j + 3}])", "row_base",
               f"col_base + {8 * j}") for j in range(BN // 8)]
     if var.split_k:
@@ -626,7 +679,9 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     else:
         # this warpgroup's 64 rows: the whole (64 x BN) part inside the matrix or not
         sm80_gemm.full_tile_epilogue(w, tiles, var, f"m0 + cw * 64 + 64 <= M and n0 + {BN} <= N",
-                                     indent="        ")
+                                     indent=pad)
+        if pers:
+            w(pad + "tile += cuda.gridDim.x")
     if C > 1:
         w("    # a CTA's shared memory and barriers must outlive its peer's last copy and arrival")
         w("    nt.cluster_sync()")
@@ -666,6 +721,8 @@ def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, 
     # the kernel reads a and b through byte pointers (see signature): the emulation's flat
     # arrays are viewed as bytes; on the GPU they are device pointers already
     a, b = (x if isinstance(x, (int, np.integer)) else _byte_view(x) for x in (a, b))
+    if cfg.persistent and split is None:
+        grid = min(grid, persistent_blocks())
     if split is not None:  # split-K (sm80_gemm.launch's ``split``)
         grid = (grid, split(stream)[3])
     return sm80_gemm.launch_gemm_kernel(
@@ -677,3 +734,20 @@ def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, 
 def _byte_view(x):
     """A flat emulated operand (numpy array, or numba's simulated device array) as uint8."""
     return getattr(x, "_ary", x).view(np.uint8)
+
+
+def persistent_blocks():
+    """Blocks of a persistent launch: one per SM of the current device (its multiprocessor
+    count, cached per device); 2 in the emulation, so that each block walks several tiles."""
+    from numba import config, cuda
+
+    if config.ENABLE_CUDASIM:
+        return 2
+    return _sm_count(cuda.get_current_device().id)
+
+
+@functools.cache
+def _sm_count(device_id):
+    from numba import cuda
+
+    return cuda.get_current_device().MULTIPROCESSOR_COUNT

@@ -35,6 +35,9 @@ WRAP_PF_W1 = sm90_gemm.Sm90Config("128x128x64_3s_w1_pf", 128, 3, inflight=1, pfe
 # barrier phase miscounted, is an EmulationError or a deadlock report.
 WRAP_C2 = sm90_gemm.Sm90Config("128x128x64_3s_c2", 128, 3, cluster_m=2)
 WRAP_C2_W1 = sm90_gemm.Sm90Config("128x128x64_4s_w1_c2", 128, 4, inflight=1, cluster_m=2)
+# persistent: the emulation launches 2 blocks (sm90_gemm.persistent_blocks), each walking tiles
+WRAP_PT = sm90_gemm.Sm90Config("128x128x64_2s_pt", 128, 2, persistent=True)
+WRAP_PT_W1 = sm90_gemm.Sm90Config("128x128x64_3s_w1_pt", 128, 3, inflight=1, persistent=True)
 
 
 def _np_dtype(name):
@@ -75,6 +78,9 @@ CASES = [
     (160, 136, 200, WRAP_W1, "row", "col", "bfloat16", None),             # K-major A and B
     (136, 130, 128, WRAP, "col", "row", "float16", "gelu"),               # MN-major A and B
     (260, 136, 200, WRAP_C2_W1, "row", "col", "bfloat16", None),          # cluster, B split by n
+    # persistent: 9 and 4 tiles over 2 blocks, the stage counter running on across tiles
+    (260, 264, 200, WRAP_PT, "row", "row", "bfloat16", None),
+    (200, 136, 136, WRAP_PT_W1, "col", "col", "float16", "gelu"),
 ]
 
 
@@ -83,6 +89,7 @@ PAIR_CASES = [
     (160, 136, 200, WRAP_W1, "row", "col", "bfloat16", "gelu"),
     (136, 130, 128, WRAP, "col", "row", "float16", "silu"),
     (260, 136, 200, WRAP_C2_W1, "row", "row", "bfloat16", "gelu"),
+    (260, 264, 136, WRAP_PT_W1, "row", "col", "bfloat16", "silu"),
 ]
 
 
