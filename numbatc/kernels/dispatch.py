@@ -125,6 +125,13 @@ def _grow(key, floats, counters):
     return entry[3], entry[4]
 
 
+# A split-K launch gives one block per tile and K slice, so a persistent configuration would
+# run as its non-persistent form; the heuristic's persistent choice runs split-K as the
+# configuration whose split form was measured and tested on the H200 instead (the same tile and
+# stages; 40 producer registers, where the persistent ones take 56).
+_SPLIT_TWIN = {"128x256x64_4s_pt": "128x256x64_4s_w1", "128x256x64_4s_w1_pt": "128x256x64_4s_w1"}
+
+
 def _variant(p):
     # a row-major 16-bit out whose start and rows are 4-byte aligned takes a column pair in one
     # 32-bit store (Sm80Variant.out_pairs)
@@ -260,12 +267,11 @@ def _kernel_family(p):
     if reason is None:
         name = choice.partition(":")[2]
         if not name:
-            # NOTE: measured on the H200 (docs/PERFORMANCE.md, fourth session): with the
-            # producer's unchecked inside copies and the pair-store epilogue, 128x256x64_4s
-            # (no wgmma group in flight) 567-641 TFLOP/s at 4096^3 against 558-632 for _w1, and
-            # 571-581 against 562-565 at 8192^3, in the same runs; the two-CTA cluster form
-            # (_c2, half of B's L2 traffic) 378 / 435: L2 throughput is ~60 %, not the limit.
-            name = "128x256x64_4s" if p.n > 128 else "128x128x64_4s_w1"
+            # NOTE: measured on the H200 (docs/PERFORMANCE.md, fourth session), same runs: the
+            # persistent 128x256x64_4s_pt 668 / 617 TFLOP/s at 4096^3 / 8192^3 against 638 / 581
+            # for one block per tile (128x256x64_4s), itself 1-4 % ahead of _w1; the two-CTA
+            # cluster form (_c2, half of B's L2 traffic) 378 / 435: L2 is not the limit.
+            name = "128x256x64_4s_pt" if p.n > 128 else "128x128x64_4s_w1"
         if name not in sm90_gemm.CONFIGS:
             raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: no sm90 config {name!r}; choose "
                              f"from {sorted(sm90_gemm.CONFIGS)}")
@@ -472,6 +478,8 @@ def launch_gemm(p):
         # NOTE: FP8 splits only when NUMBATC_SPLIT_K asks: its split form is emulation- and
         # assembly-verified but has not run on a GPU yet (the bf16 one has).
         splits, k_chunk = choose_split(cfg, p.m, p.n, p.k, family, blocks_per_sm=1, max_m=256)
+        if splits > 1 and cfg.name in _SPLIT_TWIN:
+            cfg = family.CONFIGS[_SPLIT_TWIN[cfg.name]]
     if splits > 1:
         import dataclasses
 
@@ -484,7 +492,8 @@ def launch_gemm(p):
 
         extra["split"] = split
         if printing:
-            print(f"numbatc.gemm: split-K, {splits} slices of {k_chunk}", file=sys.stderr)
+            print(f"numbatc.gemm: split-K, {splits} slices of {k_chunk} ({cfg.name})",
+                  file=sys.stderr)
     return family.launch(cfg, var, a, b, c, bias, out, p.m, p.n, p.k, lda, ldb, ldc, p.out.ld,
                          alpha, p.beta, stream=p.stream if _EMULATED else p.stream_handle,
                          **extra)

@@ -115,3 +115,25 @@ def test_split_workspace_per_stream_and_per_thread_default_stream():
     assert seen["a5"] is seen["b5"]
     assert seen["a2"] is not seen["b2"]
     assert get(7)[0] is not seen["a5"]
+
+
+@pytest.mark.parametrize("m, k, want", [
+    (260, 136, "K=136: sm90_gemm 128x256x64_4s_pt"),                         # persistent, 6 tiles
+    (130, 512, "split-K, 2 slices of 256 (128x256x64_4s_w1)"),              # its split-K twin
+])
+def test_hopper_heuristic_in_the_emulation(m, k, want, monkeypatch, capsys):
+    """The Hopper family's own choice (NUMBATC_GEMM_KERNEL=sm90 without a configuration): the
+    persistent configuration, whose 2 emulated blocks walk the tiles; split-K (M <= 256) runs as
+    the configuration whose split form was measured on the H200 (dispatch._SPLIT_TWIN)."""
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90")
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    monkeypatch.delenv("NUMBATC_SPLIT_K", raising=False)
+    gen = np.random.default_rng()
+    n = 264
+    a, b = _values(gen, (m, k), "bfloat16"), _values(gen, (k, n), "bfloat16")
+    out = numbatc.gemm(_device(a, "row"), _device(b, "row"))
+    assert want in capsys.readouterr().err
+    got = out.data.copy_to_host().view(ml_dtypes.bfloat16).astype(np.float64)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + 1
+    assert np.all(np.abs(got - ref) <= 2.0**-8 * np.abs(ref) + 1e-5 * scale)
