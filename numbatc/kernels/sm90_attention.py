@@ -153,7 +153,7 @@ CONFIGS = {
         # FA3's inter-warpgroup ping-pong on top of _ov (head_dim 128's default)
         Sm90AttnConfig("n128_2s_ov_pp", 128, overlap=True, pingpong=True),
         Sm90AttnConfig("n64_2s_ov_pp", 64, overlap=True, pingpong=True),
-        # opt-in, not yet run on a GPU: the two-instruction exponential (fast_exp)
+        # the two-instruction exponential (fast_exp); _pp_fx is the default for both head dims
         Sm90AttnConfig("n128_2s_ov_fx", 128, overlap=True, fast_exp=True),
         Sm90AttnConfig("n128_2s_ov_pp_fx", 128, overlap=True, pingpong=True, fast_exp=True),
     )
@@ -173,12 +173,15 @@ def choose_config(head_dim: int) -> Sm90AttnConfig:
     BLOCK_N = 128 for both head dims (FA3's tile for 64 and 128): the consumers hold O (D / 2
     registers), S (64) and P (32), which fits 232 registers (see tests/test_sm90_attention_compile
     for ptxas's counts).  Measured on the H200 (bench attention --shapes quick, each config
-    forced, docs/PERFORMANCE.md): head_dim 128 takes the ping-pong schedule (n128_2s_ov_pp:
-    causal seqlen 1024 183.8 against 109.3 TFLOP/s, the others within 5 %); head_dim 64 the
-    overlapped one (n128_2s_ov; _pp, 3 stages and BLOCK_N = 64 were equal or slower)."""
+    forced, docs/PERFORMANCE.md): the ping-pong schedule with the two-instruction exponential
+    (n128_2s_ov_pp_fx) for both head dims -- in the fourth session's run, at seqlen 4096 hd128
+    429.6 / 325.4 TFLOP/s (not causal / causal) against 421.5 / 313.2 for _pp (the third
+    session's choice, which had beaten _ov by 183.8 to 109.3 at causal seqlen 1024), hd64 323.7 /
+    251.3 against 307.2 / 227.1 for _ov (before, hd64's choice); short sequences within run
+    noise, except causal hd128 seqlen 1024 (188.9 against 146.5)."""
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"sm90_attention implements head_dim {HEAD_DIMS}, got {head_dim}")
-    return CONFIGS["n128_2s_ov_pp" if head_dim == 128 else "n128_2s_ov"]
+    return CONFIGS["n128_2s_ov_pp_fx"]
 
 
 # ---------------------------------------------------------------------------------------------

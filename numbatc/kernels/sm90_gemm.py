@@ -29,11 +29,19 @@ Edges: as in sm80_gemm, every copy is a cp.async with a source byte count -- 0 o
 matrix, the remaining bytes at a ragged edge -- so any M, N, K >= 1 works; the operands' start and
 leading dimension must be 16-byte aligned (the dispatcher packs operands that are not).
 
-First version, correctness first; the structure is that of a fast kernel.  ``inflight=0``
-configurations wait for each tile's wgmma group before releasing its stage; ``inflight=1`` ones
-(the ``_w1`` names) keep one group in flight (``wgmma_wait_group(1)``) and release the previous
-tile's stage.  Next steps: a persistent tile scheduler, and an epilogue through shared memory
-with 16-byte stores.
+``inflight=0`` configurations wait for each tile's wgmma group before releasing its stage;
+``inflight=1`` ones (the ``_w1`` names) keep one group in flight (``wgmma_wait_group(1)``) and
+release the previous tile's stage.  ``persistent`` ones (``_pt``, the default) launch one block
+per SM that walks tiles blockIdx.x, + gridDim.x, ...; the stage counter runs on across tiles,
+so the producer fills the next tile's stages while the consumers store this one.
+
+Where the time goes (Nsight Compute on the H200, docs/PERFORMANCE.md): the producer's copies
+must be cheap -- tiles wholly inside the operands take unchecked copies (``load_*_inside``,
+~2.5 SASS instructions per 16-byte copy: byte-addressed operands, 128-byte column steps as
+immediate offsets), only edge tiles the checked ones (~17); the epilogue stores straight from
+registers, a bf16/f16 column pair as one 32-bit store where out allows it
+(``Sm80Variant.out_pairs``).  Not written: an epilogue overlapped with another tile's main loop
+(consumers on different tiles, or a TMA store).
 
 FP8 (:data:`FP8_CONFIGS`, :class:`Sm90Fp8Variant`): a float8_e4m3fn or float8_e5m2, b either
 (they mix), both K-major -- wgmma's 8-bit forms have no transposes: a row-major (M, K), b
