@@ -4,8 +4,8 @@
 # GPU to themselves), then compute-sanitizer on small shapes. Each block writes its own file under
 # $OUT as it finishes, so a round cut short still returns what it did.
 #   tests.txt      per-shard summaries and failing node ids; testlogs.txt the shards' logs
-#   bench.txt      gemm quick, epilogue overhead (incl. tanh.approx), FP8 decode with and without
-#                  split-K
+#   bench.txt      gemm quick, epilogue overhead (incl. tanh.approx), FP8 quick (heuristic and the
+#                  persistent config), FP8 decode with and without split-K
 #   attention.txt  bench attention, Hopper configs with and without the fast exponential
 #   sanitize.txt   compute-sanitizer memcheck / racecheck / synccheck on scripts/sanitize_cases.py
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh [tests|bench|all|profile]
@@ -34,6 +34,10 @@ if [[ $what == bench || $what == all ]]; then
   {
     t 60 $py -m numbatc.bench gemm --shapes quick | grep -E "^ +[0-9]"
     t 60 $py -m numbatc.bench epilogue --shapes quick | tail -7
+    echo "== fp8 e4m3 quick: heuristic, then the persistent fp8_128x256x128_4s_pt (not yet measured)"
+    t 60 $py -m numbatc.bench gemm --shapes quick --dtype float8_e4m3 | grep -E "^ +[0-9]|rror"
+    NUMBATC_GEMM_KERNEL=sm90:fp8_128x256x128_4s_pt t 60 $py -m numbatc.bench gemm --shapes quick \
+      --dtype float8_e4m3 | grep -E "^ +[0-9]|rror"
     echo "== fp8 e4m3 decode: heuristic (no split), then NUMBATC_SPLIT_K=4"
     t 70 $py -m numbatc.bench gemm --shapes decode --dtype float8_e4m3 | grep -E "^ +[0-9]|rror|copy"
     NUMBATC_SPLIT_K=4 t 70 $py -m numbatc.bench gemm --shapes decode --dtype float8_e4m3 | grep -E "^ +[0-9]|rror"

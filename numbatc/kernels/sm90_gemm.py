@@ -237,6 +237,9 @@ FP8_CONFIGS = {
         Sm90Config("fp8_128x256x128_4s_w1", 256, 4, bk=128, inflight=1, elem_bytes=1),
         Sm90Config("fp8_128x128x128_4s_w1", 128, 4, bk=128, inflight=1, elem_bytes=1),
         Sm90Config("fp8_128x256x128_3s", 256, 3, bk=128, elem_bytes=1),
+        # opt-in, not yet run on a GPU: the persistent form (bf16's _pt is the default there)
+        Sm90Config("fp8_128x256x128_4s_pt", 256, 4, bk=128, elem_bytes=1, persistent=True,
+                   producer_regs=56, consumer_regs=224),
     )
 }
 

@@ -30,6 +30,9 @@ NAN8 = 0x7F
 WRAP = sm90_gemm.Sm90Config("fp8_128x128x128_2s", 128, 2, bk=128, elem_bytes=1)
 WRAP_W1 = sm90_gemm.Sm90Config("fp8_128x128x128_3s_w1", 128, 3, bk=128, inflight=1,
                                elem_bytes=1)
+# persistent: the emulation's 2 blocks walk 9 tiles
+WRAP_PT = sm90_gemm.Sm90Config("fp8_128x128x128_2s_pt", 128, 2, bk=128, elem_bytes=1,
+                               persistent=True)
 
 
 def operand(gen, rows, k, t):
@@ -70,6 +73,7 @@ CASES = [
     (72, 40, 300, WRAP, "e5m2", "e4m3", "gelu"),                     # wraps 2 stages, fused
     (65, 136, 520, WRAP_W1, "e4m3", "e5m2", "silu"),                 # in flight, wraps 3 stages
     (1, 8, 7, "fp8_128x128x128_4s_w1", "e4m3", "e4m3", None),        # 1 row, K < 16
+    (260, 264, 300, WRAP_PT, "e4m3", "e5m2", "gelu"),                # persistent, 9 tiles
 ]
 
 

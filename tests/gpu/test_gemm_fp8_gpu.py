@@ -131,3 +131,12 @@ def test_fp8_split_k(splits, monkeypatch):
             torch.cuda.synchronize()
             ref = activate(av @ wv.T + 0.5 * c.double() + bias.double(), "gelu")
             check(out, ref, av.abs() @ wv.abs().T, "bfloat16")
+
+
+@pytest.mark.parametrize("m, n, k, a_t, b_t, out_dtype, epilogue",
+                         [(2056, 4360, 264, "e4m3", "e5m2", "bfloat16", "gelu"), CASES[1]])
+def test_fp8_persistent(m, n, k, a_t, b_t, out_dtype, epilogue, monkeypatch):
+    """The persistent FP8 configuration, forced: 306 tiles (every block walks two or three) and a
+    small ragged problem."""
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:fp8_128x256x128_4s_pt")
+    test_fp8_per_tensor_scales(m, n, k, a_t, b_t, out_dtype, epilogue)
