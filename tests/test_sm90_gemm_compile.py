@@ -49,10 +49,29 @@ def test_assembles_for_sm90a_without_local_memory(name, var):
                  ".extern .shared .align 1024"):
         assert text in ptx, text
     assert "ld.local" not in ptx and "st.local" not in ptx
+    # the producer's two paths: every copy of a stage once unchecked (tiles inside the operands),
+    # once with a source byte count (edge tiles); the inside path must not be lost
+    copies = cfg.stage_bytes // 16 // 128 if cfg.cluster_m == 1 else None  # per thread
+    plain = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16;", ptx)
+    zfill = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16, %r\d+;", ptx)
+    if copies is not None:
+        assert len(plain) == copies and len(zfill) >= copies, (len(plain), len(zfill), copies)
     log = nvjitlink_info_log(ptx, options=("-O3", "-Xptxas=-v"))
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log
     assert "C7509" not in log, log  # "wgmma.mma_async instructions are serialized"
     assert len(assemble(ptx, "sm_90a")) > 0
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+def test_pair_stores_only_where_out_allows(pairs):
+    """Sm80Variant.out_pairs: a 16-bit out's column pairs inside the matrix as one st.global.b32
+    each (BN / 8 fragments x 2 rows per thread); without it, 16-bit stores only."""
+    var = sm90_gemm.Sm90Variant("row", "row", "bfloat16", "bfloat16", None, None, None,
+                                out_pairs=pairs)
+    ptx = compile_ptx(sm90_gemm.kernel_for(sm90_gemm.CONFIGS["128x256x64_4s_pt"], var),
+                      sm90_gemm.signature(var), "sm_90a", launch_bounds=(384, 1))
+    assert ptx.count("st.global.b32") == (2 * 256 // 8 if pairs else 0)
+    assert "st.global.b16" in ptx or "st.global.u16" in ptx  # the edge tiles' element stores
 
 
 @pytest.mark.parametrize("name", ["128x256x64_3s", "128x128x64_4s", "128x256x64_4s_w1",
