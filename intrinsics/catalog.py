@@ -253,6 +253,30 @@ def _barrier_probes():
                  "barrier.sync.aligned 15,"))
 
 
+def _global_memory_probes():
+    import intrinsics.atomic as at
+    import intrinsics.convert as cvt
+    import intrinsics.gmem as gm
+
+    def kernel(counters, out, x):
+        old = at.atomic_add_global(counters, 0, np.int32(1))
+        gm.st_global_b32(out, 2 * old, cvt.pack_bf16x2(x[0], x[1]))
+
+    yield Probe("global memory", "atomic add, 32-bit store", kernel,
+                (types.CPointer(types.int32), types.CPointer(types.uint16), types.float32[:]),
+                SM75, ("atom.global.add", "st.global.b32"))
+
+
+def _fastmath_probes():
+    import intrinsics.fastmath as fm
+
+    def kernel(x):
+        x[0] = fm.ex2_approx(fm.fma_f32(x[1], x[2], x[3])) + fm.tanh_approx(x[4])
+
+    yield Probe("fast math", "ex2.approx.ftz, fma.rn, tanh.approx", kernel, (types.float32[:],),
+                SM75, ("ex2.approx.ftz.f32", "fma.rn.f32", "tanh.approx.f32"))
+
+
 def _cluster_probes():
     import intrinsics.cluster as cl
     from intrinsics._core import SM90
@@ -435,8 +459,8 @@ def _tcgen05_probes():
 _TC_MMA = _TC_LD = _TC_ST = _TC_CP = None
 
 _FAMILIES = [_mma_probes, _mma_block_scale_probes, _ldmatrix_probes, _cp_async_probes, _cp_async_mbarrier_probes,
-             _convert_probes, _mbarrier_probes, _barrier_probes, _cluster_probes, _setmaxnreg_probes, _tma_probes,
-             _wgmma_probes, _tcgen05_probes]
+             _convert_probes, _mbarrier_probes, _barrier_probes, _global_memory_probes, _fastmath_probes,
+             _cluster_probes, _setmaxnreg_probes, _tma_probes, _wgmma_probes, _tcgen05_probes]
 
 
 def probes():
