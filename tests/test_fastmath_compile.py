@@ -1,12 +1,11 @@
 """ex2_approx / fma_f32 / tanh_approx without a GPU: each compiles to its one PTX instruction for
 every architecture the project claims and assembles (tanh_approx in place of libdevice's
 tanhf); ptxas makes ex2_approx one MUFU.EX2 where
-math.exp2 needs denormal handling around it; in the CPU emulation 2**x flushes subnormal results
-and the FMA rounds once."""
+math.exp2 needs denormal handling around it; in the CPU emulation
+(tests/emulation/test_fastmath_emulated.py) 2**x flushes subnormal results and the FMA rounds once."""
 
 import math
 
-import numpy as np
 import pytest
 from numba import config, cuda, types
 
@@ -72,27 +71,3 @@ def test_fewer_instructions_than_math_exp2():
         counts.append(sum(1 for line in sass.splitlines() if "/*" in line and ";" in line))
         assert "MUFU.EX2" in sass
     assert counts[0] < counts[1], counts
-
-
-@pytest.mark.emulation
-@pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="needs NUMBA_ENABLE_CUDASIM=1")
-def test_emulation():
-    @cuda.jit
-    def kernel(out, x):
-        i = cuda.threadIdx.x
-        out[i] = nt.ex2_approx(nt.fma_f32(x[i], np.float32(2), np.float32(-1)))
-
-    x = np.array([0, 1.5, -70, -np.inf, 3], np.float32)
-    out = np.zeros_like(x)
-    kernel[1, 5](out, x)
-    want = np.exp2(2.0 * x.astype(np.float64) - 1).astype(np.float32)
-    want[np.abs(want) < 2.0**-126] = 0  # 2**-141 flushes
-    assert np.array_equal(out, want), (out, want)
-
-    @cuda.jit
-    def tanh_kernel(out, x):
-        i = cuda.threadIdx.x
-        out[i] = nt.tanh_approx(x[i])
-
-    tanh_kernel[1, 5](out, x)
-    assert np.array_equal(out, np.tanh(x.astype(np.float64)).astype(np.float32))
