@@ -37,3 +37,11 @@ def test_example_passes_in_the_emulation(example):
     print(f"{example.stem}: {seconds:.1f} s in the emulation")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "PASS", result.stdout[-3000:]
+
+
+def test_emulated_tests_live_where_the_emulation_run_collects_them():
+    """The run above collects tests/gpu and tests/emulation only: an emulation-marked test
+    elsewhere would never run (two did, until they moved)."""
+    stray = [p.name for p in (ROOT / "tests").glob("*.py")
+             if "mark.emulation" in p.read_text() and p.name != pathlib.Path(__file__).name]
+    assert not stray, f"emulation tests outside tests/gpu and tests/emulation: {stray}"
