@@ -750,7 +750,8 @@ def _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype, scaled=Fal
     if pa is None or pb is None or pc is None or pbias is None or pout is None:
         return None, None
     key = (pa[1], pb[1], pc[1], pbias[1], pout[1], pa[0] & 15, pb[0] & 15, pout[0] & 15,
-           beta == 0, activation, out_dtype, _env_key(), threading.get_ident()) + ((True,) if scaled else ())
+           beta == 0, activation, out_dtype, _env_key(), threading.get_ident())
+    key += (True,) if scaled else ()
     return key, (pa[0], pb[0], pc[0], pbias[0], pout[0])
 
 

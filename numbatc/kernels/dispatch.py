@@ -140,12 +140,12 @@ def _variant(p):
     if getattr(p, "tensor_scales", None) is not None:  # FP8, per-tensor scales: sm90_gemm
         from numbatc.kernels import sm90_gemm
 
-        return sm90_gemm.Sm90Fp8Variant(out_pairs=out_pairs, 
+        return sm90_gemm.Sm90Fp8Variant(
             a_layout=p.a.layout, b_layout=p.b.layout, in_dtype=p.in_dtype,
             out_dtype=p.out_dtype, c_dtype=p.c.dtype if p.c is not None else None,
             bias_dtype=p.bias_dtype, activation=p.activation, out_layout=p.out.layout,
             c_layout=p.c.layout if p.c is not None else "row", epilogue=p.epilogue,
-            epilogue_args=len(p.epilogue_args), b_dtype=p.b_dtype)
+            epilogue_args=len(p.epilogue_args), b_dtype=p.b_dtype, out_pairs=out_pairs)
     return sm80_gemm.Sm80Variant(
         a_layout=p.a.layout,
         b_layout=p.b.layout,

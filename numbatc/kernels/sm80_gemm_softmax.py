@@ -28,6 +28,7 @@ from numbatc.kernels.sm80_gemm import (  # the shared main loop's pieces
     Sm80Config,
     Sm80Variant,
     load_generated,
+    tile_row_bytes,
 )
 
 __all__ = ["CONFIGS", "MAX_N", "choose", "kernel_for", "kernel_source", "launch", "signature"]
@@ -63,12 +64,11 @@ def choose(m, n):
 def kernel_source(cfg: Sm80Config, var: Sm80Variant) -> str:
     """Python source of the kernel.  ``var``: operand layouts, in/out/bias dtypes (c and the
     activation unused)."""
-    BM, BN, BK = cfg.bm, cfg.bn, cfg.bk
+    BM, BK = cfg.bm, cfg.bk
     WM, WN, WARPS_N = cfg.warp_m, cfg.warp_n, cfg.warps_n
     MI, NJ = WM // 16, WN // 8
     a_kmajor, b_kmajor = var.a_layout == "row", var.b_layout == "col"
-    a_rowb = (BK if a_kmajor else BM) * 2
-    b_rowb = (BK if b_kmajor else BN) * 2
+    a_rowb, b_rowb = tile_row_bytes(cfg, var)
     a_elems = BM * BK
     lines = []
     w = lines.append

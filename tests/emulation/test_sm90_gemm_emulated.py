@@ -146,6 +146,8 @@ def test_bad_config_is_named():
         sm90_gemm.Sm90Config("bad", 100, 3)
     with pytest.raises(ValueError, match="stages >= inflight"):
         sm90_gemm.Sm90Config("c2", 128, 3, inflight=1, cluster_m=2)
+    with pytest.raises(ValueError, match="persistent is implemented for cluster_m = 1"):
+        sm90_gemm.Sm90Config("pt_c2", 128, 4, persistent=True, cluster_m=2)
     with pytest.raises(ValueError, match="pfence needs stages >= inflight"):
         sm90_gemm.Sm90Config("pf", 128, 2, inflight=1, pfence=True)
     with pytest.raises(ValueError, match="more than the 64512 a block of 384 threads"):
