@@ -19,7 +19,7 @@ def _state(thread, op, barrier_id, nthreads):
         raise EmulationError(f"{thread.where()}: {op}: the thread count must be a multiple of "
                              f"32 and at most the block's {len(thread.block.threads)} threads, "
                              f"got {count}")
-    barriers = thread.block.state.setdefault("named_barriers", {})
+    barriers = thread.block.once("named_barriers", dict)  # the caller holds launch.cond
     bar = barriers.setdefault(bid, {"count": count, "arrived": 0, "generation": 0})
     if bar["arrived"] and bar["count"] != count:
         raise EmulationError(f"{thread.where()}: {op}: barrier {bid} is in use with a count of "

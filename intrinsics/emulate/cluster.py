@@ -119,9 +119,9 @@ def _barrier_state(thread):
     least k times (``count[k]``), the threads waiters have seen exited, and per phase the
     launch.progress of the last look for exited threads with its answer (``scans``: shared by
     the waiters, one look per change instead of one per waiter)."""
-    return thread.block.cluster.state.setdefault(
+    return thread.block.cluster.once(
         "barrier.cluster",
-        {"arrived": {}, "waited": {}, "count": {}, "exited": set(), "scans": {}})
+        lambda: {"arrived": {}, "waited": {}, "count": {}, "exited": set(), "scans": {}})
 
 
 def _arrive(op):

@@ -295,7 +295,7 @@ def mbarrier_init(bars, index, count):
     count = _check_count(thread, op, "the arrival count", count, 1)
     launch = thread.launch
     with launch.cond:
-        table = thread.block.state.setdefault("mbarrier", {})
+        table = thread.block.once("mbarrier", dict)
         old = table.get(address)
         if old is not None and old.valid:
             raise EmulationError(

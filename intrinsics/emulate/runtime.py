@@ -110,6 +110,10 @@ class SharedSpace:
         self.static = {}
         self.dynamic_bytes = dynamic_bytes
         self.dynamic_base = None
+        # The threads of a block run as Python threads: each array is placed by the first thread
+        # that reaches its declaration, and the check and the placement are one step under this
+        # lock (without it two threads could each place their own copy of "the" array).
+        self.lock = threading.Lock()
 
     def _tracked(self, raw):
         array = raw.view(TrackedArray)
@@ -147,17 +151,21 @@ class SharedSpace:
         if shape == 0:
             # Dynamic shared memory follows the static arrays (the hardware places it likewise);
             # 1024-byte aligned, as the widest swizzle needs.
-            if self.dynamic_base is None:
-                self.dynamic_base = self._place(self.dynamic_bytes, 1024)
+            with self.lock:
+                if self.dynamic_base is None:
+                    self.dynamic_base = self._place(self.dynamic_bytes, 1024)
             count = self.dynamic_bytes // dtype.itemsize
             raw = self.memory[self.dynamic_base: self.dynamic_base + count * dtype.itemsize]
             return self._tracked(raw.view(dtype))
-        if key not in self.static:
-            shape = (shape,) if np.isscalar(shape) else tuple(shape)
-            nbytes = int(np.prod(shape)) * dtype.itemsize
-            base = self._place(nbytes, alignment)
-            self.static[key] = self._tracked(self.memory[base: base + nbytes].view(dtype).reshape(shape))
-        return self.static[key]
+        with self.lock:
+            array = self.static.get(key)
+            if array is None:
+                shape = (shape,) if np.isscalar(shape) else tuple(shape)
+                nbytes = int(np.prod(shape)) * dtype.itemsize
+                base = self._place(nbytes, alignment)
+                array = self._tracked(self.memory[base: base + nbytes].view(dtype).reshape(shape))
+                self.static[key] = array
+        return array
 
     def address(self, array, index):
         """Shared address of ``array[index]``; EmulationError if ``array`` is not in this space."""
@@ -215,8 +223,9 @@ class EmuThread(threading.Thread):
             super().run()
         except BaseException as exc:  # reported by the launch, with the thread's position
             self.exception = exc
-            if self.launch.failed is None:
-                self.launch.failed = exc
+            with self.launch.cond:
+                if self.launch.failed is None:  # the first failure is the cause
+                    self.launch.failed = exc
         finally:
             with self.launch.cond:
                 self.finished = True
@@ -264,12 +273,25 @@ class Block:
         self.shared = SharedSpace(launch.dynamic_bytes)
         self.threads = []
         self.meetings = {}
-        self.state = {}  # per-block state of the families (mbarriers ...)
+        self.state = {}  # per-block state of the families (mbarriers ...): create it with once()
+        self.lock = threading.Lock()
+
+    def once(self, key, factory):
+        """``self.state[key]``, made by ``factory()`` the first time any thread of the block asks.
+
+        Every piece of per-block state that threads create lazily goes through here: the check
+        and the creation are one step under the block's lock, so the block gets exactly one."""
+        with self.lock:
+            value = self.state.get(key)
+            if value is None:
+                value = self.state[key] = factory()
+        return value
 
     def meeting(self, key, members, name, exits_ok=False):
-        meeting = self.meetings.get(key)
-        if meeting is None:
-            meeting = self.meetings[key] = _Rendezvous(name, members, exits_ok)
+        with self.lock:
+            meeting = self.meetings.get(key)
+            if meeting is None:
+                meeting = self.meetings[key] = _Rendezvous(name, members, exits_ok)
         return meeting
 
     def barrier(self, thread, value=None, reduce=None):
@@ -290,7 +312,10 @@ class Cluster:
         self.index = index
         self.blocks = []
         self.meetings = {}
-        self.state = {}
+        self.state = {}  # per-cluster state of the families: create it with once()
+        self.lock = threading.Lock()
+
+    once = Block.once
 
     def rank_of(self, block):
         return self.blocks.index(block)
@@ -518,15 +543,17 @@ class _Shared:
 
     def array(self, shape, dtype, alignment=None):
         import sys
-        import traceback
 
         from numba import types as nbtypes
         from numba.np import numpy_support
 
         if isinstance(dtype, nbtypes.Type):
             dtype = numpy_support.as_dtype(dtype)
-        frame = traceback.extract_stack(sys._getframe())[-2]
-        return current().block.shared.array((frame.filename, frame.lineno), shape, dtype, alignment)
+        # One array per declaration, as the compiler allocates: the declaring code object and
+        # bytecode offset name it (two declarations on one source line are two arrays).
+        frame = sys._getframe(1)
+        key = (frame.f_code, frame.f_lasti)
+        return current().block.shared.array(key, shape, dtype, alignment)
 
 
 def launch(kernel, grid, block, args, shared_bytes=0, cluster=None):

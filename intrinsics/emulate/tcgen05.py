@@ -145,10 +145,7 @@ class Tmem:
 
 def tmem_of(block):
     """The Tmem of ``block`` (created on first use)."""
-    tmem = block.state.get(_KEY)
-    if tmem is None:
-        tmem = block.state.setdefault(_KEY, Tmem(block))
-    return tmem
+    return block.once(_KEY, lambda: Tmem(block))
 
 
 def _addr(address):

@@ -73,9 +73,7 @@ _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 def _state(thread):
     """The wgmma state of ``thread``'s warpgroup (in its block's state dict)."""
     key = ("wgmma", thread.warp // 4)
-    state = thread.block.state.get(key)
-    if state is None:
-        state = thread.block.state.setdefault(key, {
+    return thread.block.once(key, lambda: {
             "group": thread.warp // 4,
             "first": thread.block.threads[4 * (thread.warp // 4) * 32],  # warp 4g, lane 0
             "fenced": False,
@@ -85,7 +83,6 @@ def _state(thread):
             "open": [],  # the uncommitted group: [(seq, reads)]
             "groups": collections.deque(),  # committed groups, oldest first
         })
-    return state
 
 
 def _who(state):
@@ -372,7 +369,7 @@ def wgmma_fence_operand(frag):
 
 def _check_exit(block):
     """A warpgroup must not finish with mma_async uncommitted or groups not waited for."""
-    for key, state in block.state.items():
+    for key, state in list(block.state.items()):
         if not (isinstance(key, tuple) and key[0] == "wgmma"):
             continue
         if state["open"]:
