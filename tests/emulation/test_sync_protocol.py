@@ -3,7 +3,7 @@ emulation must catch (mbarrier, cluster barrier, setmaxnreg, TMA and bulk copies
 small kernel, and the EmulationError must name the block, warp, lane and the object.
 
 Run with ``NUMBA_ENABLE_CUDASIM=1 python3 -m pytest -q -m emulation tests/emulation``
-(tests/test_emulation_suite.py does, in a child process)."""
+(the second pytest run of the README's test command does)."""
 
 import numpy as np
 import pytest

@@ -4,8 +4,8 @@ block-scaled MXFP8 and NVFP4 against a model of the block-scaled formats -- the 
 shapes against the fragment table, the builders' device twins, and the protocol mistakes the
 emulation must catch (each an EmulationError naming block, warp, lane and the TMEM address).
 
-Run with ``NUMBA_ENABLE_CUDASIM=1 python3 -m pytest -q -m emulation tests/emulation`` (the child
-run of tests/test_emulation_suite.py does)."""
+Run with ``NUMBA_ENABLE_CUDASIM=1 python3 -m pytest -q -m emulation tests/emulation`` (the second pytest
+run of the README's test command does)."""
 
 import functools
 

@@ -3,7 +3,7 @@ block, warp, lane and the object), the bit-exact result for integer-valued input
 descriptor device functions running as Python under the simulator.
 
 Run with ``NUMBA_ENABLE_CUDASIM=1 python3 -m pytest -q -m emulation tests/emulation``
-(tests/test_emulation_suite.py does, in a child process)."""
+(the second pytest run of the README's test command does)."""
 
 import functools
 
