@@ -69,8 +69,8 @@ def _time_gpu(fn, torch, reps, warmup=3):
     back-to-back calls: each timed group enqueues enough calls to last about a millisecond, so
     the host's time between calls overlaps the GPU's work as it does in a real program (the
     host cost of a call shows only where it exceeds the kernel's; see first_call_s and
-    host_overhead_us for it).  NOTE: until 2026-11-30 (third session) each event pair timed one
-    call after a synchronisation, which added the call's host time to every figure."""
+    host_overhead_us for it).  Timing one call per event pair after a synchronisation would add
+    the call's host time to every figure (docs/PERFORMANCE.md has figures taken that way)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()

@@ -174,11 +174,9 @@ def choose_config(head_dim: int) -> Sm90AttnConfig:
     registers), S (64) and P (32), which fits 232 registers (see tests/test_sm90_attention_compile
     for ptxas's counts).  Measured on the H200 (bench attention --shapes quick, each config
     forced, docs/PERFORMANCE.md): the ping-pong schedule with the two-instruction exponential
-    (n128_2s_ov_pp_fx) for both head dims -- in the fourth session's run, at seqlen 4096 hd128
-    429.6 / 325.4 TFLOP/s (not causal / causal) against 421.5 / 313.2 for _pp (the third
-    session's choice, which had beaten _ov by 183.8 to 109.3 at causal seqlen 1024), hd64 323.7 /
-    251.3 against 307.2 / 227.1 for _ov (before, hd64's choice); short sequences within run
-    noise, except causal hd128 seqlen 1024 (188.9 against 146.5)."""
+    (n128_2s_ov_pp_fx) is best or equal-best for both head dims on every long shape (at seqlen
+    4096 hd128 429.6 / 325.4 TFLOP/s not causal / causal against 421.5 / 313.2 for _pp, hd64
+    323.7 / 251.3 against 307.2 / 227.1 for _ov)."""
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"sm90_attention implements head_dim {HEAD_DIMS}, got {head_dim}")
     return CONFIGS["n128_2s_ov_pp_fx"]

@@ -47,7 +47,7 @@ def sm90(monkeypatch, device_cc):
 
 
 def test_small_cases_first(sm90):
-    """The emulated cases, on the hardware: the first thing to run next session."""
+    """The emulated cases (tests/emulation/test_sm90_attention_emulated.py), on the hardware."""
     for name, args in [
         ("n128_2s", (1, 1, 1, 1, 1, 64, False, "bfloat16")),
         ("n128_2s", (1, 70, 70, 2, 1, 64, True, "float16")),
