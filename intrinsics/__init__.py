@@ -139,7 +139,9 @@ from intrinsics.tma import (
     tma_load,
     tma_load_im2col,
     tma_load_multicast,
+    tma_prefetch,
     tma_prefetch_descriptor,
+    tensormap_fence_acquire,
     tma_store,
 )
 from intrinsics.wgmma import (

@@ -334,6 +334,7 @@ def _tma_probe(rank):
         tma.tma_load(smem, 0, tmap, coords(c), bars, 0)
         tma.tma_load_multicast(smem, 0, tmap, coords(c), bars, 0, c[5])
         tma.tma_store(tmap, coords(c), smem, 0)
+        tma.tma_prefetch(tmap, coords(c))
         tma.bulk_commit_group()
         tma.bulk_wait_group(0)
         tma.bulk_wait_group_read(0)
@@ -348,9 +349,10 @@ def _tma_probes():
 
     sig = (types.uint64[:], types.int32[:], types.uint8[:])
     for rank in range(1, 6):
-        yield Probe("tma", f"{rank}d load/multicast/store", _tma_probe(rank), sig, SM90,
+        yield Probe("tma", f"{rank}d load/multicast/store/prefetch", _tma_probe(rank), sig, SM90,
                     (f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes",
-                     ".multicast::cluster", f"cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group"))
+                     ".multicast::cluster", f"cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group",
+                     f"cp.async.bulk.prefetch.tensor.{rank}d.L2.global.tile"))
 
     def bulk(tmap, c, out):
         smem = cuda.shared.array(4096, np.uint8, alignment=1024)

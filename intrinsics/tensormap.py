@@ -62,6 +62,26 @@ the driver's order, never a bare ``CUDA_ERROR_INVALID_VALUE``.
 Device-side requirements the host cannot check (PTX ISA 9.7.9.25.5.1): the shared-memory box
 must be 128-byte aligned, and aligned to the swizzle pattern's repeat (256 B for 32B, 512 B for
 64B, 1024 B for 128B swizzle) for the pattern to match :func:`intrinsics.smem.swizzle_offset`.
+
+Where a tensor copy may start: the 16-byte rule
+----------------------------------------------
+The innermost start coordinate of a tensor copy, in bytes (coordinate x element size; im2col:
+the channel coordinate), must be a multiple of 16.  The PTX ISA and the driver documentation do
+not state this; the lent H200 showed it (driver 580.159.04, 2026-12-01): a 2-d tile load of a
+48x96 float32 tensor, box 16x16, no swizzle, ran exactly for innermost starts of 0, 4, 8 and -4
+elements (0, 16, 32, -16 bytes) and raised CUDA_ERROR_ILLEGAL_INSTRUCTION for 3, 1 and 90
+(12, 4, 360 bytes) -- in numbatc, in Triton and in plain CUDA C++ alike.  ``scripts/tma_rules.py``
+then measured the whole family (216 probes, docs/TMA.md and docs/TMA_PROBES.md): the rule holds
+for loads, multicast, im2col (the channel coordinate), prefetches and stores, for element sizes
+1/2/4, every swizzle, ranks 1-5 and box widths 16-512 B; loads may start at any outer coordinate
+and over the edges (negative or past the end, aligned innermost), filled exactly; a store may
+have no negative coordinate at all (:func:`_store_problem`; past the far end it is clipped).
+
+:func:`start_problem` is the rule, in one place: the emulation refuses a copy that breaks it
+(EmulationError naming block, thread, coordinates and byte offset) and
+:meth:`TensorMap.check_start` refuses a start known on the host (ValueError).  A start that is a
+multiple of the box's innermost extent always obeys it, since ``box[-1] * elementSize`` is a
+multiple of 16 bytes (the driver's rule above).
 """
 
 from dataclasses import dataclass
@@ -76,6 +96,8 @@ __all__ = [
     "TmaType",
     "check_im2col",
     "check_tiled",
+    "smem_row_pitch",
+    "start_problem",
     "tma_type",
 ]
 
@@ -473,6 +495,90 @@ def check_im2col(dtype, address, shape, strides, lower_corner, upper_corner, cha
 
 
 # ---------------------------------------------------------------------------------------------
+# Where a copy may start (measured on the H200; see the module docstring)
+# ---------------------------------------------------------------------------------------------
+
+START_ALIGN = 16  # bytes: the innermost start of a tensor copy
+
+
+def start_problem(dtype, coords, mode="tiled", op="load"):
+    """Why the hardware refuses a tensor copy (``op``: 'load' -- loads, multicast, im2col and
+    prefetches -- or 'store') of a ``mode`` ('tiled' or 'im2col') map of ``dtype`` whose box
+    starts at ``coords`` (device order: innermost first, as the intrinsics take them), or None
+    when the start is legal.
+
+    NOTE: the rule as the H200 measured it (module docstring): the innermost coordinate times
+    the element size must be a multiple of 16 bytes; negative multiples (-16) run too.  For
+    im2col the innermost coordinate is the channel start.  Adjust this one function when
+    ``scripts/tma_rules.py`` shows more (the emulation and TensorMap.check_start both use it).
+    """
+    t = tma_type(dtype)
+    coords = tuple(int(c) for c in coords)
+    if not coords:
+        return "no coordinates"
+    inner = coords[0]
+    offset = inner * t.element_bytes
+    if offset % START_ALIGN == 0:
+        return _store_problem(coords) if op == "store" else None
+    step = START_ALIGN / t.element_bytes
+    step = int(step) if step == int(step) else step
+    what = "the channel coordinate (im2col's innermost)" if mode == "im2col" else (
+        "the innermost coordinate")
+    return (
+        f"{what} {inner} x {t.element_bytes} B ({t.name}) is byte offset {offset:g}, not a "
+        f"multiple of {START_ALIGN}: a tensor copy must start its innermost dimension on a "
+        f"16-byte boundary (the 16-byte rule; a tile load that breaks it raises "
+        f"CUDA_ERROR_ILLEGAL_INSTRUCTION on the H200) -- start at a multiple of {step} elements"
+    )
+
+
+def _store_problem(coords):
+    """The store-only part of :func:`start_problem`.
+
+    NOTE: on the H200 (first tma_rules run, 2026-12-01) a 2-d float32 tile store at coords
+    (-4, -5) raised CUDA_ERROR_ILLEGAL_INSTRUCTION (row 134) while one at (88, 40), past the end,
+    ran exactly; in the GPU test shards the first fault of two shards was a store with negative
+    outer coordinates only ((8, 0, 3, -1, 1) and (28, -3, 2), innermost 32 and 112 bytes).
+    Until the 'tile store, negative start' probes (--only followup) separate innermost from
+    outer, any negative coordinate on a store is refused."""
+    negative = [axis for axis, c in enumerate(coords) if c < 0]
+    if not negative:
+        return None
+    return (
+        f"coordinate(s) {negative} (innermost first) of {coords} are negative: a tensor store "
+        f"whose box starts before the tensor faulted on the H200 (CUDA_ERROR_ILLEGAL_INSTRUCTION; "
+        f"stores past the far end are clipped) -- store the part inside the tensor instead"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a box lands in shared memory: the row pitch under a swizzle
+# ---------------------------------------------------------------------------------------------
+
+# Measured on the H200 (scripts/tma_rules.py's footprint probes, docs/TMA.md): under a swizzle,
+# a box row narrower than the swizzle span still takes the whole span in shared memory ('span':
+# 16-, 32- and 64-byte rows under 128B swizzle landed 128 bytes apart, 16/32-byte rows under
+# 64B 64 apart, 16-byte rows under 32B 32 apart), so an allocation sized for packed rows
+# ('dense') overflows: the first run's narrow-row loads raised CUDA_ERROR_ILLEGAL_ADDRESS.
+# 'dense' stays selectable for tests of the model itself.
+SMEM_ROW_MODEL = "span"
+
+
+def smem_row_pitch(inner_bytes, swizzle, model=None):
+    """Bytes from the start of one box row (its innermost extent, ``inner_bytes`` bytes in
+    shared memory) to the next under ``swizzle`` (0, 32, 64, 128): ``inner_bytes`` for the
+    'dense' model, ``max(inner_bytes, swizzle)`` for 'span' (``model`` defaults to
+    :data:`SMEM_ROW_MODEL`).  Byte ``c`` of row ``r`` then sits at logical offset
+    ``r * pitch + c``, which the swizzle permutes (``intrinsics.smem.swizzle_offset_host``)."""
+    model = model or SMEM_ROW_MODEL
+    if model == "dense" or not swizzle:
+        return inner_bytes
+    if model == "span":
+        return max(inner_bytes, swizzle)
+    raise ValueError(f"smem_row_pitch: model must be 'dense' or 'span', got {model!r}")
+
+
+# ---------------------------------------------------------------------------------------------
 # The source tensor
 # ---------------------------------------------------------------------------------------------
 
@@ -561,12 +667,13 @@ def _encode(kind, params):
         raise TensorMapError(f"{function}: cuInit failed with {err.name}")
 
     u32, u64 = d.cuuint32_t, d.cuuint64_t
+    strides = list(params["globalStrides"]) or rank1_strides(params)
     args = [
         getattr(d.CUtensorMapDataType, params["tensorDataType"]),
         params["tensorRank"],
         params["globalAddress"],
         [u64(v) for v in params["globalDim"]],
-        [u64(v) for v in params["globalStrides"]],
+        [u64(v) for v in strides],
     ]
     if kind == "Tiled":
         args += [[u32(v) for v in params["boxDim"]]]
@@ -589,9 +696,38 @@ def _encode(kind, params):
         raise TensorMapError(
             f"{function} refused the tensor map with {err.name} although it passed numbatc's "
             f"checks of the documented rules; parameters (driver order, innermost first): "
-            f"{listing}"
+            f"{listing}" + (f" (globalStrides passed as {strides}: rank 1, see rank1_strides)"
+                            if params["tensorRank"] == 1 else "")
         )
     return tmap
+
+
+# How a rank-1 map's (absent) globalStrides reach the driver.  "size": one stride, the tensor's
+# byte size rounded up to 16 (Triton's init1DTMADescriptor passes the byte size; CUTLASS's
+# make_tma_copy_desc a pointer into a zeroed array, i.e. 0); "zero": [0]; "sixteen": [16];
+# "none": an empty list, which cuda.bindings passes as NULL.
+# NOTE: with "none" the H200 refused every rank-1 map (CUDA_ERROR_INVALID_VALUE; driver
+# 580.159.04, scripts/tma_rules.py rows 81-85, 2026-12-01).  The driver reads tensorRank - 1 = 0
+# strides, so any non-NULL array should do; which ones it takes: the 'rank-1 encoding' probes
+# (scripts/tma_rules.py --only followup).  Set this once they have run.
+RANK1_STRIDES = "size"
+
+
+def rank1_strides(params, how=None):
+    """The globalStrides list handed to the driver for a rank-1 map (``params``: driver order);
+    ``how`` defaults to :data:`RANK1_STRIDES`."""
+    how = how or RANK1_STRIDES
+    if how == "none":
+        return []
+    if how == "zero":
+        return [0]
+    if how == "sixteen":
+        return [16]
+    if how == "size":
+        bits = next(t.bits for t in TMA_TYPES.values() if t.enum == params["tensorDataType"])
+        nbytes = int(params["globalDim"][0]) * bits // 8
+        return [-(-max(nbytes, 1) // 16) * 16]
+    raise ValueError(f"rank1_strides: how must be 'size', 'zero', 'sixteen' or 'none', got {how!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -688,6 +824,29 @@ class TensorMap:
         encoded = None if _simulated() else _encode("Im2col", driver_params)
         return cls("im2col", params, driver_params, encoded, owner)
 
+    # -- where a copy may start -----------------------------------------------------------------
+
+    def check_start(self, coords, op="load"):
+        """Check a box start known on the host: ``coords`` in device order (innermost first, as
+        ``tma_load`` takes them), one per dimension; ``op`` 'load' or 'store'.  Returns them as
+        a tuple of ints, or raises ValueError naming the rule (:func:`start_problem`) and, for
+        the 16-byte rule, the nearest legal starts.
+        """
+        where = f"TensorMap.{self.mode}.check_start"
+        coords = _ints(where, "coords (innermost first)", coords, self.rank)
+        problem = start_problem(self.dtype, coords, self.mode, op)
+        if problem is not None and (coords[0] * self.dtype.element_bytes) % START_ALIGN == 0:
+            raise ValueError(f"{where}: the box at coords {coords} (innermost first) cannot be "
+                             f"stored: {problem}")
+        if problem is not None:
+            step = int(START_ALIGN // self.dtype.element_bytes) or 1
+            lower = coords[0] - coords[0] % step
+            raise ValueError(
+                f"{where}: the box at coords {coords} (innermost first) cannot be copied: "
+                f"{problem}; e.g. innermost {lower} or {lower + step}"
+            )
+        return coords
+
     # -- derived values ------------------------------------------------------------------------
 
     @property
@@ -721,6 +880,18 @@ class TensorMap:
         """Bytes one load delivers to shared memory (out-of-bounds fill included): the count
         to give ``mbarrier.arrive.expect_tx``."""
         return prod(self.smem_box) * self.dtype.smem_bits // 8
+
+    @property
+    def smem_row_bytes(self):
+        """Bytes of one box row (the innermost extent) in shared memory."""
+        return self.smem_box[-1] * self.dtype.smem_bits // 8
+
+    @property
+    def smem_bytes(self):
+        """Bytes of shared memory one load spans from its base (:func:`smem_row_pitch`): what to
+        allocate per box.  Equal to :attr:`box_bytes` unless narrow rows are padded."""
+        rows = prod(self.smem_box[:-1])
+        return rows * smem_row_pitch(self.smem_row_bytes, self.swizzle)
 
     @property
     def words(self):

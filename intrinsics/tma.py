@@ -25,6 +25,15 @@ Conventions:
 - Coordinates are a tuple of 1..5 integers (cast to ``.s32``), innermost dimension first, as in
   PTX: ``(col, row)`` for a row-major matrix.  They may be negative or run past the end: loads
   fill the outside with zeros (or NaN), stores drop it.
+- The 16-byte rule: the innermost coordinate times the element size (im2col: the channel
+  coordinate) must be a multiple of 16 bytes, negative ones included.  NOTE: measured on the
+  lent H200 (driver 580.159.04) for a 2-d float32 tile load, box 16x16, no swizzle: innermost
+  starts of 0, 16, 32 and -16 bytes ran exactly, 12, 4 and 360 bytes raised
+  CUDA_ERROR_ILLEGAL_INSTRUCTION (which poisons the context); ``scripts/tma_rules.py`` measured
+  the same for every form, element size, swizzle and rank (docs/TMA.md).  The emulation holds
+  every copy to it (``intrinsics.tensormap.start_problem``) and ``TensorMap.check_start``
+  checks a start known on the host.  Stores: no negative coordinate either (every store with
+  one faulted on the H200; stores past the far end are clipped).
 - Shared-memory operands are an array and an element index (a shared array and its element for
   the data, a ``uint64`` shared array and its element for the mbarrier).  The data address must
   be 128-byte aligned and, with swizzling, aligned to the pattern's repeat (1024 B for 128B);
@@ -79,6 +88,7 @@ __all__ = [
     "tma_load",
     "tma_load_im2col",
     "tma_load_multicast",
+    "tma_prefetch",
     "tma_prefetch_descriptor",
     "tensormap_fence_acquire",
     "tma_store",
@@ -92,8 +102,9 @@ __all__ = [
 @dataclass(frozen=True)
 class TensorCopy:
     """One ``cp.async.bulk.tensor`` form.  ``direction`` is 'g2s' (global -> shared, completes
-    on an mbarrier) or 's2g' (shared -> global, completes in a bulk group); ``mode`` the load
-    mode ('tile' or 'im2col'); ``ranks`` the tensor ranks it takes."""
+    on an mbarrier), 's2g' (shared -> global, completes in a bulk group) or 'l2' (the prefetch
+    into L2, ``cp.async.bulk.prefetch.tensor``: nothing completes); ``mode`` the load mode
+    ('tile' or 'im2col'); ``ranks`` the tensor ranks it takes."""
 
     name: str
     direction: str
@@ -106,6 +117,8 @@ class TensorCopy:
         """The instruction (without operands) for a rank-``rank`` tensor."""
         if self.direction == "s2g":
             return f"cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group"
+        if self.direction == "l2":
+            return f"cp.async.bulk.prefetch.tensor.{rank}d.L2.global.{self.mode}"
         mode = ".im2col" if self.mode == "im2col" else ""
         multicast = ".multicast::cluster" if self.multicast else ""
         return (
@@ -117,11 +130,14 @@ class TensorCopy:
         """(asm template, operand constraints) for a rank-``rank`` tensor.
 
         Operand order: g2s -- dst (r), tensor map (l), coords (r each), mbarrier (r), im2col
-        offsets (h each), cta mask (h); s2g -- tensor map (l), coords (r each), src (r).
+        offsets (h each), cta mask (h); s2g -- tensor map (l), coords (r each), src (r);
+        l2 (prefetch) -- tensor map (l), coords (r each).
         """
         if self.direction == "s2g":
             text = f"{self.ptx(rank)} [$0, {register_list(1, rank)}], [${rank + 1}];"
             return text, ["l"] + ["r"] * rank + ["r"]
+        if self.direction == "l2":
+            return f"{self.ptx(rank)} [$0, {register_list(1, rank)}];", ["l"] + ["r"] * rank
         bar = 2 + rank
         text = f"{self.ptx(rank)} [$0], [$1, {register_list(2, rank)}], [${bar}]"
         constraints = ["r", "l"] + ["r"] * rank + ["r"]
@@ -146,6 +162,7 @@ TENSOR_COPIES = {
         TensorCopy("tma_load_multicast", "g2s", "tile", True, _ALL_RANKS, SM90),
         TensorCopy("tma_load_im2col", "g2s", "im2col", False, (3, 4, 5), SM90),
         TensorCopy("tma_store", "s2g", "tile", False, _ALL_RANKS, SM90),
+        TensorCopy("tma_prefetch", "l2", "tile", False, _ALL_RANKS, SM90),
     ]
 }
 
@@ -210,11 +227,21 @@ def _cast_all(context, builder, tuple_ty, value, to):
 
 def _doc(copy, summary, args):
     forms = "\n".join(f"    {copy.template(r)[0]}" for r in copy.ranks)
+    section = ("9.7.9.25.5.3, cp.async.bulk.prefetch.tensor" if copy.direction == "l2"
+               else "9.7.9.25.5.1, cp.async.bulk.tensor")
     return (
         f"{summary}\n\nEmits, for a tensor of rank N = len(coords) in "
-        f"{copy.ranks[0]}..{copy.ranks[-1]} (PTX ISA 9.7.9.25.5.1, cp.async.bulk.tensor)::\n\n"
-        f"{forms}\n\n{args}\n\nNeeds {copy.arch.text}."
+        f"{copy.ranks[0]}..{copy.ranks[-1]} (PTX ISA {section})::\n\n"
+        f"{forms}\n\n{args}\n\n{_START_RULE}\n\nNeeds {copy.arch.text}."
     )
+
+
+_START_RULE = (
+    "The innermost coordinate times the element size (im2col: the channel coordinate) must be "
+    "a multiple of 16 bytes (the 16-byte rule, see the module docstring and docs/TMA.md: the "
+    "H200 raises CUDA_ERROR_ILLEGAL_INSTRUCTION otherwise, for every form measured).  The "
+    "emulation refuses a start that breaks it."
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,6 +391,38 @@ _tma_store.__doc__ = _doc(
 _tma_store.__name__ = "tma_store"
 tma_store = intrinsic(_tma_store)
 tma_store.spec = _STORE
+
+
+_PREFETCH = TENSOR_COPIES["tma_prefetch"]
+
+
+def _tma_prefetch(typingctx, tmap, coords):
+    _check_tmap(_PREFETCH.name, tmap)
+    rank = _check_coords(_PREFETCH, coords)
+    sig = types.void(tmap, coords)
+    template, constraints = _PREFETCH.template(rank)
+
+    def codegen(context, builder, sig, args):
+        require_arch(_PREFETCH.ptx(rank), _PREFETCH.arch)
+        tys = sig.args
+        ops = [_tmap_address(context, builder, tys[0], args[0])]
+        ops += _cast_all(context, builder, tys[1], args[1], types.int32)
+        asm(builder, template, constraints, [], ops, memory=True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_tma_prefetch.__doc__ = _doc(
+    _PREFETCH,
+    "Prefetch one box of the tensor described by ``tmap`` into the L2 cache (a hint: nothing "
+    "lands in shared memory, nothing completes, nothing is waited for).",
+    "``tma_prefetch(tmap, coords)``: ``tmap`` the ``uint64[:]`` from ``TensorMap.device``, "
+    "``coords`` the box's first element, innermost dimension first, as for ``tma_load``.",
+)
+_tma_prefetch.__name__ = "tma_prefetch"
+tma_prefetch = intrinsic(_tma_prefetch)
+tma_prefetch.spec = _PREFETCH
 
 
 # ---------------------------------------------------------------------------------------------

@@ -430,3 +430,124 @@ def test_module_names_its_sources():
     doc = tensormap.__doc__
     assert "cuTensorMapEncodeTiled" in doc and "cuTensorMapEncodeIm2col" in doc
     assert "innermost first" in doc
+
+
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("how, want", [("size", [1008]), ("zero", [0]), ("sixteen", [16]),
+                                       ("none", [])])
+def test_rank1_map_gets_one_stride(fake_driver, monkeypatch, how, want):
+    """cuda.bindings passes an empty globalStrides list as NULL, which the H200's driver refused
+    for every rank-1 map; _encode hands it rank1_strides instead (the tensor's byte size rounded
+    up to 16 by default: 250 float32 -> 1008)."""
+    monkeypatch.setattr(tensormap, "RANK1_STRIDES", how)
+    tmap = TensorMap.tiled(FakeDeviceArray((250,)), box=(16,))
+    ((_, args),) = fake_driver.calls
+    assert args[1] == 1 and _plain(args[3]) == (250,) and _plain(args[4]) == tuple(want)
+    assert tmap.driver_params["globalStrides"] == ()  # what the map has: no outer stride
+
+
+def test_rank1_refusal_names_the_strides_passed(monkeypatch):
+    FakeDriver(monkeypatch, result=driver.CUresult.CUDA_ERROR_INVALID_VALUE)
+    with pytest.raises(TensorMapError, match=r"globalStrides passed as \[1024\]: rank 1"):
+        TensorMap.tiled(FakeDeviceArray((256,)), box=(16,))
+
+
+def test_rank2_maps_keep_their_strides(fake_driver):
+    TensorMap.tiled(FakeDeviceArray((4, 256)), box=(2, 16))
+    ((_, args),) = fake_driver.calls
+    assert _plain(args[4]) == (1024,)
+
+
+@pytest.mark.parametrize("inner, swizzle, dense, span", [
+    (32, 128, 32, 128), (64, 128, 64, 128), (128, 128, 128, 128), (32, 64, 32, 64),
+    (16, 32, 16, 32), (48, 0, 48, 48),
+])
+def test_smem_row_pitch_models(inner, swizzle, dense, span):
+    assert tensormap.smem_row_pitch(inner, swizzle, "dense") == dense
+    assert tensormap.smem_row_pitch(inner, swizzle, "span") == span
+
+
+def test_smem_bytes_follows_the_row_model(fake_driver, monkeypatch):
+    """'span' (measured on the H200: each narrow row takes the whole swizzle span) by default."""
+    tmap = TensorMap.tiled(FakeDeviceArray((24, 128)), box=(8, 8), swizzle=128)  # 32 B rows
+    assert tensormap.SMEM_ROW_MODEL == "span"
+    assert (tmap.smem_row_bytes, tmap.box_bytes, tmap.smem_bytes) == (32, 256, 1024)
+    monkeypatch.setattr(tensormap, "SMEM_ROW_MODEL", "dense")
+    assert (tmap.box_bytes, tmap.smem_bytes) == (256, 256)
+
+
+# Where a copy may start: the 16-byte rule (measured on the H200; intrinsics.tensormap docstring)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("inner, legal", [(0, True), (4, True), (8, True), (-4, True),
+                                          (3, False), (1, False), (90, False)])
+def test_start_rule_is_the_measured_table(inner, legal):
+    """The H200's table: float32 innermost starts of 0, 4, 8, -4 elements ran; 3, 1, 90
+    faulted (CUDA_ERROR_ILLEGAL_INSTRUCTION)."""
+    assert (tensormap.start_problem("f32", (inner, 5)) is None) == legal
+
+
+@pytest.mark.parametrize("dtype, inner, legal", [
+    ("u8", 16, True), ("u8", 8, False), ("u8", -16, True), ("f16", 8, True), ("f16", 4, False),
+    ("bf16", -8, True), ("f64", 2, True), ("f64", 1, False),
+])
+def test_start_rule_counts_bytes(dtype, inner, legal):
+    problem = tensormap.start_problem(dtype, (inner, 0, 0))
+    assert (problem is None) == legal
+    if not legal:
+        assert f"byte offset {inner * tma_type(dtype).element_bytes}" in problem
+        assert "16-byte rule" in problem
+
+
+def test_outer_coordinates_are_free():
+    assert tensormap.start_problem("f32", (4, 3, -7, 1001)) is None
+
+
+@pytest.mark.parametrize("coords", [(-4, 3), (0, -5), (4, -1), (-4, -5), (8, 0, 3, -1, 1)])
+def test_stores_refuse_negative_coordinates(coords):
+    """A store at (-4, -5) faulted on the H200 (loads there run); which coordinate matters is
+    for the 'tile store, negative start' probes -- until then any negative one is refused."""
+    assert tensormap.start_problem("f32", coords) is None
+    problem = tensormap.start_problem("f32", coords, op="store")
+    assert "negative" in problem and "store" in problem
+
+
+def test_stores_past_the_end_are_legal():
+    assert tensormap.start_problem("f32", (88, 40), op="store") is None
+    # the 16-byte rule comes first
+    assert "16-byte rule" in tensormap.start_problem("f32", (-3, -5), op="store")
+
+
+def test_check_start(fake_driver):
+    tmap = TensorMap.tiled(FakeDeviceArray((48, 96)), box=(16, 16))
+    assert tmap.check_start((8, -3)) == (8, -3)
+    with pytest.raises(ValueError, match=r"check_start: the box at coords \(3, 5\).*byte offset "
+                                         r"12, not a multiple of 16.*16-byte rule.*multiple of 4 "
+                                         r"elements; e\.g\. innermost 0 or 4"):
+        tmap.check_start((3, 5))
+    with pytest.raises(ValueError, match="one entry per tensor dimension"):
+        tmap.check_start((4,))
+    assert tmap.check_start((88, 40), op="store") == (88, 40)
+    with pytest.raises(ValueError, match=r"cannot be stored: coordinate\(s\) \[1\]"):
+        tmap.check_start((8, -3), op="store")
+    im = TensorMap.im2col(FakeDeviceArray((2, 8, 8, 64), "<f2"), channels_per_pixel=64,
+                          pixels_per_column=32, lower_corner=(-1, -1), upper_corner=(-1, -1))
+    assert im.check_start((8, -1, -1, 0)) == (8, -1, -1, 0)
+    with pytest.raises(ValueError, match="channel coordinate"):
+        im.check_start((4, -1, -1, 0))
+
+
+def test_numbatc_kernels_start_on_16_bytes():
+    """numbatc's own tensor-copy kernels compute their starts on the device: sm100_gemm loads
+    A and B at (kt * BK, m0) / (kt * BK, n0), sm100_scaled_gemm at (kt * 128 bytes, m0) --
+    innermost starts that are multiples of the box's innermost extent, which the driver's rule
+    makes a multiple of 16 bytes.  Every configuration obeys the 16-byte rule for every k tile."""
+    from numbatc.kernels import sm100_gemm, sm100_scaled_gemm
+
+    for cfg in sm100_gemm.CONFIGS.values():
+        for dt in sm100_gemm._PTX_TYPE.values():
+            for kt in range(4):
+                assert tensormap.start_problem(dt, (kt * cfg.bk, 128)) is None, (cfg, dt)
+    for kt in range(4):
+        assert tensormap.start_problem("u8", (kt * sm100_scaled_gemm._K_BYTES, 128)) is None

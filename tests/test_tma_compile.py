@@ -19,6 +19,7 @@ from intrinsics.tma import (
     tma_load,
     tma_load_im2col,
     tma_load_multicast,
+    tma_prefetch,
     tma_prefetch_descriptor,
     tma_store,
 )
@@ -67,6 +68,11 @@ def _kernel(op, rank):
             bars = cuda.shared.array(2, np.uint64)
             tma_load_im2col(smem, 128, tmap, coords(x), offsets(x), bars, 1)
 
+    elif op == "tma_prefetch":
+
+        def kernel(tmap, x):
+            tma_prefetch(tmap, coords(x))
+
     else:
 
         def kernel(tmap, x):
@@ -78,7 +84,7 @@ def _kernel(op, rank):
 
 def _expected_asm(copy, rank):
     """The opcode with the start of its operand list (NVVM chooses the register numbers)."""
-    return copy.ptx(rank) + (" [%rd" if copy.direction == "s2g" else " [%r")
+    return copy.ptx(rank) + (" [%r" if copy.direction == "g2s" else " [%rd")
 
 
 CASES = [(name, rank) for name, copy in TENSOR_COPIES.items() for rank in copy.ranks]
@@ -90,7 +96,7 @@ def test_tensor_copy_assembles(op, rank, arch):
     copy = TENSOR_COPIES[op]
     ptx = check_on_arch(_kernel(op, rank), TMAP_SIG, arch, copy.arch, [_expected_asm(copy, rank)])
     if ptx is not None:
-        (line,) = [l.strip() for l in ptx.splitlines() if "cp.async.bulk.tensor" in l]
+        (line,) = [l.strip() for l in ptx.splitlines() if copy.ptx(rank) in l]
         # The operand shape: coordinate vector of `rank` registers; offsets and mask where due.
         coords = line.split("{")[1].split("}")[0]
         assert len(coords.split(",")) == rank, line
@@ -122,13 +128,17 @@ def test_templates_are_the_documented_ptx():
         "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [$0, {$1, $2, $3}], [$4];",
         ["l", "r", "r", "r", "r"],
     )
+    assert TENSOR_COPIES["tma_prefetch"].template(2) == (
+        "cp.async.bulk.prefetch.tensor.2d.L2.global.tile [$0, {$1, $2}];",
+        ["l", "r", "r"],
+    )
     assert BULK_COPIES["bulk_copy_g2s"].template == (
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];"
     )
     assert BULK_COPIES["bulk_copy_s2g"].template == (
         "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;"
     )
-    for fn in (tma_load, tma_load_multicast, tma_load_im2col, tma_store):
+    for fn in (tma_load, tma_load_multicast, tma_load_im2col, tma_store, tma_prefetch):
         assert fn.spec.ptx(fn.spec.ranks[0]) in fn._defn.__doc__
 
 

@@ -1,5 +1,5 @@
-"""Emulation of intrinsics.tma: tensor copies (tile mode) through a TensorMap, plain bulk copies,
-bulk groups and the descriptor fence / prefetch.
+"""Emulation of intrinsics.tma: tensor copies (tile and im2col mode) through a TensorMap, the
+tensor prefetch, plain bulk copies, bulk groups and the descriptor fence / prefetch.
 
 The tensor map.  Under the simulator ``TensorMap.tiled`` checks every documented rule but calls no
 driver; ``tmap.device`` is a simulator array of 16 words that carries the TensorMap
@@ -13,11 +13,21 @@ The box model (PTX ISA 5.5, "Tensors"; 9.7.9.25.5.1, cp.async.bulk.tensor), natu
 - outside ``0 <= index < shape[d]`` in any dimension, a load writes the fill -- zero bytes, or
   with ``oob_fill='nan'`` the canonical NaN of the type (all bits but the sign set; the hardware
   only promises "a NaN") -- and a store writes nothing;
-- shared memory holds the box densely, C order (the innermost dimension contiguous, rows of
-  ``smem_box[-1] * element size`` bytes), and byte ``L`` of that image lives at
+- shared memory holds the box in C order (the innermost dimension contiguous, rows of
+  ``smem_box[-1] * element size`` bytes, one every ``smem_row_pitch`` bytes: densely packed
+  unless ``intrinsics.tensormap.SMEM_ROW_MODEL`` says narrow rows take the whole swizzle span,
+  which the H200 probes are to decide), and logical byte ``L`` of that layout lives at
   ``dst + swizzle_offset_host(L, swizzle)``.  The pattern is a function of the shared address
   bits (PTX ISA 9.7.9.27.5), so the box must start at a multiple of its repeat (256 / 512 /
   1024 bytes for 32B / 64B / 128B) and of 128 bytes in any case; otherwise EmulationError.
+
+Where a copy may start: every tensor copy (load, multicast load, store, im2col load, prefetch)
+is held to the 16-byte rule the H200 showed (``intrinsics.tensormap.start_problem``: the
+innermost coordinate times the element size, im2col's channel coordinate, a multiple of 16
+bytes); a store also to no negative coordinate (a store before the tensor faulted there).  A
+start that breaks it is an EmulationError naming the block and thread, the coordinates, the byte
+offset and the rule -- on the GPU it is CUDA_ERROR_ILLEGAL_INSTRUCTION, which poisons the
+context.
 
 Loads copy at issue and then perform complete_tx of ``TensorMap.box_bytes`` on the mbarrier at
 the barrier operand's shared address -- in every CTA of ``cta_mask`` for multicast, which also
@@ -31,8 +41,9 @@ remembers what was read; the wait that completes the group (``bulk_wait_group`` 
 ``bulk_wait_group_read``) checks that those shared bytes are unchanged, since the hardware may
 read them as late as that wait -- overwriting the source earlier is an EmulationError.
 
-im2col loads follow the PTX ISA's description (5.5.4; see ``tma_load_im2col``), unverified on
-hardware.  Not emulated (NotImplementedError naming the reason): interleaved maps, the packed
+im2col loads follow the PTX ISA's description (5.5.4; see ``tma_load_im2col``); the H200 agreed
+on every im2col probe of ``scripts/tma_rules.py`` and tests/gpu/test_tma_gpu.py.  Not
+emulated (NotImplementedError naming the reason): interleaved maps, the packed
 sub-byte types and the tf32 / ftz types (whose conversions the hardware applies).
 """
 
@@ -43,6 +54,7 @@ from intrinsics.emulate.cluster import peer_block
 from intrinsics.emulate.mbarrier import barrier_address, complete_tx
 from intrinsics.emulate.runtime import EmulationError, current
 from intrinsics.smem import swizzle_offset_host
+from intrinsics.tensormap import smem_row_pitch, start_problem
 
 __all__ = ["TensorMapWords", "device_tensormap"]
 
@@ -142,8 +154,23 @@ def _box(thread, tm, coords, op):
     return index, mask
 
 
-def _image(thread, address, nbytes, swizzle, op):
-    """Shared offsets (from ``address``) of the box image's bytes 0..nbytes-1."""
+def _check_start(thread, tm, coords, op, kind="load"):
+    """The rule on the box's start (``start_problem``: the 16-byte rule; stores: no negative
+    coordinate), or an EmulationError."""
+    coords = tuple(_s32(c) for c in coords)
+    problem = start_problem(tm.dtype, coords, tm.mode, kind)
+    if problem is not None:
+        raise EmulationError(
+            f"{thread.where()}: {op}: the box at coords {coords} (innermost first) would fault "
+            f"on the GPU: {problem}"
+        )
+
+
+def _image(thread, tm, address, nbytes, op):
+    """Shared offsets (from ``address``) of the box image's bytes 0..nbytes-1: rows of
+    ``tm.smem_row_bytes`` at the pitch :func:`intrinsics.tensormap.smem_row_pitch` gives, then
+    swizzled."""
+    swizzle = tm.swizzle
     repeat = 8 * swizzle
     if address % TENSOR_ALIGN or (repeat and address % repeat):
         need = (f"{repeat} bytes (the {swizzle}B swizzle pattern's repeat)" if repeat
@@ -152,7 +179,10 @@ def _image(thread, address, nbytes, swizzle, op):
             f"{thread.where()}: {op}: the shared-memory box at address {address:#x} is not "
             f"aligned to {need}"
         )
-    return swizzle_offset_host(np.arange(nbytes, dtype=np.int64), swizzle)
+    dense = np.arange(nbytes, dtype=np.int64)
+    inner = tm.smem_row_bytes
+    pitch = smem_row_pitch(inner, swizzle)
+    return swizzle_offset_host(dense // inner * pitch + dense % inner, swizzle)
 
 
 def _shared(thread, block, address, nbytes, op):
@@ -193,7 +223,8 @@ def _load(copy, dst, dst_index, tmap, coords, bars, bar_index, cta_mask=None):
     address = memory.shared_address(dst, dst_index)
     bar = barrier_address(op, bars, bar_index)
     image = _load_image(thread, tm, coords, op)
-    offsets = _image(thread, address, image.size, tm.swizzle, op)
+    _check_start(thread, tm, coords, op)
+    offsets = _image(thread, tm, address, image.size, op)
     if cta_mask is None:
         targets = [thread.block]
     else:
@@ -243,8 +274,10 @@ def _im2col_pixels(tm, coords):
 
 
 def tma_load_im2col(dst, dst_index, tmap, coords, offsets, bars, bar_index):
-    """Modelled from the PTX ISA's text and examples only: im2col tensor copies could not run on
-    the lent H200 (its TMA tensor copies fault), so no hardware has checked this model."""
+    """Modelled from the PTX ISA's text and examples (5.5.4, im2col mode).  The old claim that
+    im2col could not run on the H200 came from probes with an unaligned innermost start; the
+    model is to be checked there by tests/gpu/test_tma_gpu.py and scripts/tma_rules.py.  The
+    channel coordinate is the innermost start the 16-byte rule applies to."""
     thread = current()
     op = _rank_ptx("tma_load_im2col", len(tuple(coords)))
     tm = _tensormap(thread, tmap, op)
@@ -252,6 +285,7 @@ def tma_load_im2col(dst, dst_index, tmap, coords, offsets, bars, bar_index):
     if len(tuple(coords)) != tm.rank or len(tuple(offsets)) != tm.rank - 2:
         raise EmulationError(f"{thread.where()}: {op}: a rank-{tm.rank} im2col map takes "
                              f"{tm.rank} coordinates and {tm.rank - 2} offsets")
+    _check_start(thread, tm, coords, op)
     source = _source(thread, tm, op)
     address = memory.shared_address(dst, dst_index)
     bar = barrier_address(op, bars, bar_index)
@@ -271,7 +305,7 @@ def tma_load_im2col(dst, dst_index, tmap, coords, offsets, bars, bar_index):
         if inside:
             bits[row, c_ok] = source[at].view(uint)[channels[c_ok]]
     image = bits.reshape(-1).view(np.uint8)
-    shared_offsets = _image(thread, address, image.size, tm.swizzle, op)
+    shared_offsets = _image(thread, tm, address, image.size, op)
     _shared(thread, thread.block, address, int(shared_offsets.max()) + 1, op)[shared_offsets] = image
     complete_tx(thread, thread.block, bar, image.size, op)
 
@@ -320,7 +354,8 @@ def tma_store(tmap, coords, src, src_index):
     address = memory.shared_address(src, src_index)
     target = _source(thread, tm, op)
     index, mask = _box(thread, tm, coords, op)
-    image = _read_shared(thread, address, _image(thread, address, tm.box_bytes, tm.swizzle, op),
+    _check_start(thread, tm, coords, op, "store")
+    image = _read_shared(thread, address, _image(thread, tm, address, tm.box_bytes, op),
                          op)
     values = image.view(_UINT[target.itemsize]).reshape(mask.shape)
     inside = np.nonzero(mask)
@@ -436,6 +471,17 @@ def tma_prefetch_descriptor(tmap):
     _tensormap(thread, tmap, "prefetch.tensormap")
 
 
+def tma_prefetch(tmap, coords):
+    """A hint to L2: checks the map, the coordinates and the 16-byte rule; moves nothing."""
+    thread = current()
+    op = _rank_ptx("tma_prefetch", len(tuple(coords)))
+    tm = _tensormap(thread, tmap, op)
+    _check_map(thread, tm, op)
+    _source(thread, tm, op)
+    _box(thread, tm, coords, op)
+    _check_start(thread, tm, coords, op)
+
+
 EMULATIONS = {
     "bulk_commit_group": bulk_commit_group,
     "bulk_copy_g2s": bulk_copy_g2s,
@@ -447,6 +493,7 @@ EMULATIONS = {
     "tma_load": tma_load,
     "tma_load_im2col": tma_load_im2col,
     "tma_load_multicast": tma_load_multicast,
+    "tma_prefetch": tma_prefetch,
     "tma_prefetch_descriptor": tma_prefetch_descriptor,
     "tma_store": tma_store,
 }

@@ -1,11 +1,17 @@
 // Reference TMA load in CUDA C++: the same PTX numbatc emits, with the tensor map passed as a
 // __grid_constant__ parameter (k_param) and from global memory (k_global).  Used to tell a
 // numbatc bug from a hardware or driver rule.  Build: nvcc -arch=sm_90a tma_ref.cu -lcuda
+// Run: ./a.out VARIANT [INNERMOST_START]  (start in float32 elements, default 4 = 16 bytes).
+// NOTE (the lent H200, 2026-12-01): starts of 0, 4, 8, -4 run exactly; 3, 1, 90 (not a multiple
+// of 16 bytes) raise an illegal instruction.  This file's old fixed start of 3 is what made
+// every variant fault.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+
+__constant__ int X0;  // the box's innermost start (elements)
 
 template <bool FENCE, bool CTA_DST>
 __device__ void body(const void* map, float* out) {
@@ -23,10 +29,10 @@ __device__ void body(const void* map, float* out) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(b), "r"(1024) : "memory");
     if (CTA_DST)
       asm volatile("cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                   :: "r"(s), "l"(map), "r"(3), "r"(5), "r"(b) : "memory");
+                   :: "r"(s), "l"(map), "r"(X0), "r"(5), "r"(b) : "memory");
     else
       asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                   :: "r"(s), "l"(map), "r"(3), "r"(5), "r"(b) : "memory");
+                   :: "r"(s), "l"(map), "r"(X0), "r"(5), "r"(b) : "memory");
   }
   asm volatile("{ .reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0; @!p bra W; }" :: "r"(b) : "memory");
   for (int i = threadIdx.x; i < 256; i += blockDim.x) out[i] = tile[i];
@@ -52,6 +58,8 @@ int main(int argc, char** argv) {
   printf("encode: %d\n", (int)r);
   cudaMemcpy(dmap, &map, sizeof map, cudaMemcpyHostToDevice);
   int v = argc > 1 ? atoi(argv[1]) : 0;
+  int x0 = argc > 2 ? atoi(argv[2]) : 4;
+  cudaMemcpyToSymbol(X0, &x0, sizeof x0);
   const char* names[] = {"param", "param-cta-dst", "global", "global-fence", "param-cluster1"};
   {
     cudaMemset(out, 0, 1024);
@@ -69,8 +77,8 @@ int main(int argc, char** argv) {
     cudaError_t e = cudaDeviceSynchronize();
     float o[256]; cudaMemcpy(o, out, 1024, cudaMemcpyDeviceToHost);
     int bad = 0;
-    for (int i = 0; i < 16; i++) for (int j = 0; j < 16; j++) bad += o[i * 16 + j] != h[(5 + i) * C + 3 + j];
-    printf("%s: %s, %d wrong; map words %016llx %016llx\n", names[v], cudaGetErrorString(e), bad,
+    for (int i = 0; i < 16; i++) for (int j = 0; j < 16; j++) bad += o[i * 16 + j] != h[(5 + i) * C + x0 + j];
+    printf("%s, innermost start %d: %s, %d wrong; map words %016llx %016llx\n", names[v], x0, cudaGetErrorString(e), bad,
            ((unsigned long long*)&map)[0], ((unsigned long long*)&map)[1]);
     if (e) return 1;
   }
