@@ -36,9 +36,11 @@ imported lazily too, so ``import numbatc`` stays light and touches no GPU.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -682,15 +684,37 @@ def same_device(*arrays, names=None) -> int | None:
     return devices.pop() if devices else None
 
 
+_DEVICES_LOCK = threading.Lock()
+_devices_ready = False
+
+
+def gpu(device: int):
+    """Numba's ``cuda.gpus[device]``, the device list filled under a lock on first use.
+
+    NOTE: numba-cuda 0.30 fills ``cuda.gpus`` lazily and ``driver.get_device`` checks then
+    inserts into a dict that refuses a second insert: two threads touching the device list
+    first at once die on ``AssertionError: key already in dictionary: 0`` (seen with 8 threads'
+    first numbatc.gemm calls on the H200).  numbatc takes numba's own runtime lock too, so a
+    context numba creates meanwhile in another thread waits as well."""
+    global _devices_ready
+    from numba import cuda
+
+    if not _devices_ready:
+        from numba.cuda.cudadrv import devices
+
+        runtime_lock = getattr(getattr(devices, "_runtime", None), "_lock", None)
+        with _DEVICES_LOCK, (runtime_lock or contextlib.nullcontext()):
+            if not _devices_ready:
+                len(cuda.gpus)  # fills the list: cuInit, every device's handle
+                _devices_ready = True
+    return cuda.gpus[device]
+
+
 def _device_scope(device):
     """Make ``device``'s primary context current (Numba's ``cuda.gpus[i]``) for the block."""
     if device is None:
-        import contextlib
-
         return contextlib.nullcontext()
-    from numba import cuda
-
-    return cuda.gpus[device]
+    return gpu(device)
 
 
 def kernel_view(ca: CudaArray):
@@ -741,6 +765,11 @@ def allocate_like(t, shape, dtype):
         import torch
 
         return torch.empty(shape, dtype=getattr(torch, dtype), device=ca.obj.device)
+    if ca.library != "torch":  # torch.empty is capture-safe; cupy.empty, cuMemAlloc are not
+        from numbatc._capture import refuse_if_capturing
+
+        refuse_if_capturing(stream_handle(t), f"allocate a result for {ca.library} arrays",
+                            "pass out= (torch tensors' results come from torch's allocator)")
     wrap = False
     if dtype in EXOTIC_STORAGE:
         if ca.marked or ca.dtype not in EXOTIC_STORAGE or ca.library not in ("cupy", "numba"):

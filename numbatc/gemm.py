@@ -240,11 +240,11 @@ class GemmProblem:
 @functools.cache
 def _device_capability(device: int) -> tuple:
     """(major, minor) of CUDA device ``device`` (patched in CPU tests)."""
-    from numba import config, cuda
+    from numba import config
 
     if config.ENABLE_CUDASIM:  # the CPU emulation stands in for an sm_90a device
         return (9, 0)
-    return tuple(cuda.gpus[device].compute_capability)
+    return tuple(_interop.gpu(device).compute_capability)
 
 
 def _alignment(ptr: int, step_bytes: int | None) -> int:
@@ -555,14 +555,22 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
         if warm is not None:
             result = warm(ptrs, a, out, warm_alpha if scaled else alpha, beta, evals)
             if result is not _MISS:
+                _release_captured()
                 return result
     result, problem, relaunch = _gemm_checked(
         a, b, c, alpha, beta, bias, activation, out, out_dtype, epilogue, epilogue_args,
         scale_a, scale_b)
+    _release_captured()
     if relaunch is not None and (not scaled or problem.tensor_scales is not None):
         _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, problem, relaunch,
                   scaled, epilogue_args)
     return result
+
+
+def _release_captured():
+    from numbatc.kernels.dispatch import release_captured  # imported when first launched
+
+    release_captured()
 
 
 def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilogue,
@@ -724,6 +732,11 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
 # variables and the thread (a NULL-stream launch runs in the thread's current context, which
 # the checked call made current).  Pointer-dependent checks run on every call: out against
 # each input's byte range; where ranges meet, the full (exact) check decides.
+#
+# Threads: each thread has its own entries (the key holds the thread: a relaunch function's
+# parameter buffer is used by one thread), and the dict is only read, set and cleared whole --
+# single operations that need no lock; a lookup that misses (another thread cleared it) takes
+# the checked path.
 
 _FAST: dict = {}
 _FAST_LIMIT = 1024
@@ -907,6 +920,10 @@ def _epilogue_without_product(p: GemmProblem) -> None:
     NOTE: a degenerate case, computed on the host rather than by a GEMM kernel with an empty main
     loop: c and bias are read and out written on the caller's stream (a strided out goes through
     Numba's own assignment kernel), and the host waits for that stream."""
+    from numbatc._capture import refuse_if_capturing
+
+    refuse_if_capturing(p.stream_handle, "run numbatc.gemm with K == 0 (computed on the host: "
+                        "it copies c and bias to the host and waits for the stream)")
     stream = p.stream
     c_host = p.c.view.copy_to_host(stream=stream) if p.c is not None else None
     bias_host = p.bias.view.copy_to_host(stream=stream) if p.bias is not None else None

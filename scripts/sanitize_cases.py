@@ -86,7 +86,7 @@ def gemm_softmax():
 def gemm_sm90_persistent():
     # more tiles than SMs: each block of the persistent configuration walks several
     GEMM.append((2056, 4360, 136))
-    gemm("sm90:128x256x64_4s_pt")
+    gemm("sm90:128x256x64_4s_pt_tma")
 
 
 def gemm_sm90_split():

@@ -24,12 +24,16 @@ A_COL = sm90_gemm.Sm90Variant("col", "row", "bfloat16", "float16", "float32", No
 
 @functools.cache
 def _ptx(name, var, arch="sm_90a"):
-    cfg = sm90_gemm.CONFIGS[name]
-    return compile_ptx(sm90_gemm.kernel_for(cfg, var), sm90_gemm.signature(var), arch,
-                       launch_bounds=(cfg.threads, 1))
+    cfg = sm90_gemm.CONFIGS.get(name) or sm90_gemm.FP8_CONFIGS[name]
+    return compile_ptx(sm90_gemm.kernel_for(cfg, var), sm90_gemm.kernel_signature(cfg, var),
+                       arch, launch_bounds=(cfg.threads, 1))
 
 
-CASES = [(name, PLAIN) for name in sorted(sm90_gemm.CONFIGS)] + [
+def _cp_async(configs):
+    return sorted(name for name, cfg in configs.items() if cfg.producer == "cp.async")
+
+
+CASES = [(name, PLAIN) for name in _cp_async(sm90_gemm.CONFIGS)] + [
     ("128x128x64_4s", FUSED), ("128x256x64_3s", A_COL)]
 
 
@@ -144,7 +148,7 @@ FP8_PLAIN = sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e4m3fn", "bfloat16", 
                                      b_dtype="float8_e4m3fn")
 FP8_FUSED = sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e5m2", "float16", "float16", "float32",
                                      "gelu", b_dtype="float8_e4m3fn")
-FP8_CASES = [(name, FP8_PLAIN) for name in sorted(sm90_gemm.FP8_CONFIGS)] + [
+FP8_CASES = [(name, FP8_PLAIN) for name in _cp_async(sm90_gemm.FP8_CONFIGS)] + [
     ("fp8_128x256x128_4s_w1", FP8_FUSED)]
 
 
@@ -234,3 +238,112 @@ def test_fp8_split_k_variant_assembles(tmp_path):
     log = whole_program_ptxas(ptx, tmp_path)
     assert "C7508" not in log and "C7509" not in log, log
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+
+
+# ---------------------------------------------------------------------------------------------
+# The TMA producer (sm90_gemm_tma): one thread's tensor copies, expect_tx of the stage's bytes
+# ---------------------------------------------------------------------------------------------
+
+TMA_NAMES = sorted(n for n, c in {**sm90_gemm.CONFIGS, **sm90_gemm.FP8_CONFIGS}.items()
+                   if c.producer == "tma")
+SPLIT = sm90_gemm.Sm90Variant("col", "row", "bfloat16", "bfloat16", None, "float32", "gelu",
+                              split_k=True)
+FP8_SPLIT = sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e4m3fn", "bfloat16", None, None, None,
+                                     split_k=True, b_dtype="float8_e5m2")
+TMA_CASES = ([(n, FP8_PLAIN if n.startswith("fp8") else PLAIN) for n in TMA_NAMES]
+             + [("128x256x64_4s_pt_tma", v) for v in (FUSED, A_COL)]
+             + [("128x256x64_4s_w1_tma", SPLIT), ("fp8_128x256x128_4s_w1_tma", FP8_SPLIT),
+                ("fp8_128x256x128_4s_pt_tma", FP8_FUSED)])
+
+
+def _boxes(cfg, var):
+    """Tensor copies per stage: one box per K-major operand, one per 64 mn of an MN-major one."""
+    a = 1 if var.a_layout == "row" else cfg.bm // 64
+    b = 1 if var.b_layout == "col" else cfg.bn // 64
+    return a + b
+
+
+@pytest.mark.parametrize("name, var", TMA_CASES,
+                         ids=[f"{n}-{v.a_layout}{v.b_layout}{'-split' if v.split_k else ''}"
+                              f"{'-' + v.activation if v.activation else ''}"
+                              for n, v in TMA_CASES])
+def test_tma_producer_assembles_without_spills(name, var, tmp_path):
+    """The PTX has the tensor copies (1D..2D tile loads into shared::cluster with mbarrier
+    completion) and the stage's expect_tx, and no cp.async or proxy fence at all (the consumers
+    read what the async proxy wrote); as the driver builds it (whole-program ptxas with
+    setmaxnreg 24 / 240): no spills, no local memory, no serialised wgmma."""
+    cfg = sm90_gemm.CONFIGS.get(name) or sm90_gemm.FP8_CONFIGS[name]
+    ptx = _ptx(name, var)
+    loads = [line for line in ptx.splitlines() if "cp.async.bulk.tensor" in line]
+    assert loads and all(".2d.shared::cluster.global.mbarrier::complete_tx::bytes" in line
+                         for line in loads), loads[:1]
+    # LLVM may unroll the producer's k loop: whole copies of the stage's group of loads
+    arms = [line for line in ptx.splitlines() if "mbarrier.arrive.expect_tx" in line]
+    assert arms and len(loads) % _boxes(cfg, var) == 0, (len(loads), len(arms))
+    # the count: the stage's bytes, whatever the edges (the zero fill counts), in a register
+    assert all(re.search(r"\], %r\d+;$", line.strip()) for line in arms), arms[:1]
+    assert re.search(rf"mov\.u32\s+%r\d+, {cfg.stage_bytes};", ptx), cfg.stage_bytes
+    assert "cp.async.cg" not in ptx and "cp.async.ca" not in ptx and "cp.async.mbarrier" not in ptx
+    assert "fence.proxy.async" not in ptx
+    mma = [line for line in ptx.splitlines() if "wgmma.mma_async" in line]
+    assert len(mma) == 4
+    for text in (f"setmaxnreg.dec.sync.aligned.u32 {cfg.producer_regs};",
+                 f"setmaxnreg.inc.sync.aligned.u32 {cfg.consumer_regs};",
+                 f"wgmma.wait_group.sync.aligned {cfg.inflight};", ".maxntid 384, 1, 1",
+                 "prefetch.tensormap"):
+        assert text in ptx, text
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    log = whole_program_ptxas(ptx, tmp_path)
+    assert "C7504" not in log and "C7508" not in log and "C7509" not in log, log
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+    disasm = shutil.which("nvdisasm")
+    if disasm is None:
+        return
+    sass = subprocess.run([disasm, str(tmp_path / "kernel.cubin")], capture_output=True,
+                          text=True, check=True).stdout
+    assert "UTMALDG" in sass and "LDGSTS" not in sass
+    assert len(re.findall(rf"[HQ]GMMA\.64x{cfg.bn}x", sass)) == 4
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
+def test_tma_layouts_match_the_descriptors():
+    """What the boxes write is what the consumers' descriptors read: for every element of an
+    MN-major tile, the K-first layout's offset (the (BK, 64) boxes' images) equals wgmma's
+    address model (intrinsics.wgmma.smem_desc_address_host) for its LBO / SBO at each K slice;
+    K-major tiles keep SmemLayout's."""
+    import numpy as np
+
+    from intrinsics.wgmma import make_smem_desc_host, smem_desc_address_host
+    from numbatc.kernels import sm90_gemm_tma
+
+    cfg = sm90_gemm.CONFIGS["128x256x64_4s_tma"]
+    for op, mn in (("a", 64), ("b", cfg.bn)):  # a: one consumer's 64 rows
+        lay = sm90_gemm_tma.operand_layout(cfg, op, k_major=False)
+        assert (lay.lbo, lay.sbo) == (cfg.bk * 128, 1024)
+        for k0 in range(0, cfg.bk, 16):
+            desc = make_smem_desc_host(lay.k_offset(k0), lay.lbo, lay.sbo, 128)
+            m_, k_ = np.meshgrid(np.arange(mn), np.arange(16), indexing="ij")
+            model = smem_desc_address_host(desc, "MN", 2, m_, k_)
+            assert np.array_equal(model, lay.offset(m_, k0 + k_)), (op, k0)
+    # box j of (BK, 64) lands at j * BK * 128: the layout of mn = 64 j + i is box j's image
+    lay = sm90_gemm_tma.operand_layout(cfg, "b", k_major=False)
+    assert int(lay.offset(64, 0)) == cfg.bk * 128
+    k_lay = sm90_gemm_tma.operand_layout(cfg, "b", k_major=True)
+    assert (k_lay.lbo, k_lay.sbo) == (16, 1024) and int(k_lay.offset(8, 0)) == 8 * 128
+
+
+def test_tma_twins_and_the_default_switch():
+    """Every TMA configuration has a cp.async twin with the same tile, stages and schedule (the
+    fallback for operands a tensor map cannot describe); DEFAULT_PRODUCER ships as cp.async."""
+    from dataclasses import replace
+
+    assert sm90_gemm.DEFAULT_PRODUCER in ("cp.async", "tma")
+    for name in TMA_NAMES:
+        cfg = sm90_gemm.CONFIGS.get(name) or sm90_gemm.FP8_CONFIGS[name]
+        twin = sm90_gemm.with_producer(cfg, "cp.async")
+        assert twin.producer == "cp.async" and twin.name == name.removesuffix("_tma")
+        assert replace(twin, name=name, producer="tma", producer_regs=24,
+                       consumer_regs=240) == cfg
+        assert sm90_gemm.with_producer(twin, "tma") is cfg
+    assert sm90_gemm.tma_unsupported((("a", 16), ("b", 16))) is None
+    assert "b not 16-byte aligned" in sm90_gemm.tma_unsupported((("a", 16), ("b", 8)))

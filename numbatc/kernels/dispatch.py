@@ -13,6 +13,7 @@ from numba import cuda
 
 from numba import config
 
+from numbatc import _capture
 from numbatc.kernels import sm80_gemm
 
 _EMULATED = bool(config.ENABLE_CUDASIM)
@@ -87,14 +88,19 @@ _WORKSPACES: dict = {}
 _WORKSPACE_LOCK = threading.Lock()
 
 
-def split_workspace(device, floats, counters):
+def split_workspace(device, floats, counters, library=None):
     """``fn(stream) -> (workspace, counters, ...)`` pointers for split-K launches of one problem
     size on ``device``: per stream (launches on one stream run one after another, so each
     stream's buffers are used by one launch at a time), grown when a problem needs more and kept
     (split-K kernels leave the counters zero, so they are zeroed once, when allocated).  Buffers
-    outgrown are kept alive too: a kernel queued before the growth may still use them."""
+    outgrown are kept alive too: a kernel queued before the growth may still use them.
+
+    While ``stream`` captures a CUDA graph the buffers are new ones from torch's allocator for
+    ``library == "torch"`` (see :func:`_captured_buffers`), else a numbatc.CaptureError."""
 
     def get(stream):
+        if not _EMULATED and _capture.is_capturing(stream):
+            return _captured_buffers(device, floats, counters, library, stream)
         handle = stream if isinstance(stream, int) else id(stream)
         # NOTE: handle 2 is CU_STREAM_PER_THREAD, a different stream in every host thread: two
         # threads' split-K launches on it may run at once, so each thread gets its own buffers
@@ -106,6 +112,42 @@ def split_workspace(device, floats, counters):
         return entry[3], entry[4]
 
     return get
+
+
+#: the captured split-K launch's buffers, per thread, until the numbatc call that queued it
+#: returns (see _captured_buffers and release_captured)
+_CAPTURED = threading.local()
+
+
+def release_captured():
+    """Drop the buffers a call took from torch's allocator while capturing (its launches are
+    queued by now).  Holding them longer would leave tensors in the graph's pool that are not the
+    graph's outputs, which torch.compile's CUDA-graph trees refuse ("Detected 2 tensor(s) in the
+    cudagraph pool not tracked as outputs")."""
+    if _CAPTURED.__dict__:
+        _CAPTURED.__dict__.clear()
+
+
+def _captured_buffers(device, floats, counters, library, stream):
+    """Split-K buffers for a launch recorded into a CUDA graph: numbatc's per-stream cache
+    cannot serve it (a replay may run beside eager launches that use the cached buffers, and
+    cuMemAlloc invalidates the capture), so for torch inputs they come from torch's allocator on
+    the capturing stream, which is torch's current one: the graph's private pool, the counters
+    zeroed by a memset the graph records.  They stay referenced until the numbatc call returns
+    (:func:`release_captured`), its launch queued; stream order makes a later reuse of their
+    memory inside the same graph safe."""
+    if library != "torch":
+        _capture.refuse_if_capturing(
+            stream, "allocate a split-K workspace",
+            "graphs of split-K launches take their workspace from torch's allocator (torch "
+            "inputs); for other libraries set NUMBATC_SPLIT_K=1 while capturing")
+    import torch
+
+    where = torch.device("cuda", device)
+    ws = torch.empty(floats, dtype=torch.float32, device=where)
+    cnt = torch.zeros(counters, dtype=torch.int32, device=where)
+    _CAPTURED.keep = (ws, cnt)
+    return ws.data_ptr(), cnt.data_ptr()
 
 
 def _grow(key, floats, counters):
@@ -129,7 +171,32 @@ def _grow(key, floats, counters):
 # run as its non-persistent form; the heuristic's persistent choice runs split-K as the
 # configuration whose split form was measured and tested on the H200 instead (the same tile and
 # stages; 40 producer registers, where the persistent ones take 56).
-_SPLIT_TWIN = {"128x256x64_4s_pt": "128x256x64_4s_w1", "128x256x64_4s_w1_pt": "128x256x64_4s_w1"}
+_SPLIT_TWIN = {"128x256x64_4s_pt": "128x256x64_4s_w1", "128x256x64_4s_w1_pt": "128x256x64_4s_w1",
+               "128x256x64_4s_pt_tma": "128x256x64_4s_w1_tma",
+               "128x256x64_4s_w1_pt_tma": "128x256x64_4s_w1_tma",
+               "fp8_128x256x128_4s_pt": "fp8_128x256x128_4s_w1",
+               "fp8_128x256x128_4s_pt_tma": "fp8_128x256x128_4s_w1_tma"}
+
+
+def _sm90_producer(p, cfg, forced):
+    """``cfg`` with the producer it runs with: the heuristic's choice (``forced`` False) as
+    sm90_gemm.DEFAULT_PRODUCER's twin; a TMA configuration whose operands a tensor map cannot
+    describe (or K == 0: nothing is read) as its cp.async twin, printed under
+    NUMBATC_PRINT_CONFIG -- never a silent copy."""
+    from numbatc.kernels import sm90_gemm
+
+    if not forced:
+        cfg = sm90_gemm.with_producer(cfg, sm90_gemm.DEFAULT_PRODUCER)
+    if cfg.producer != "tma":
+        return cfg
+    reason = "K == 0" if p.k == 0 else sm90_gemm.tma_unsupported(
+        (("a", p.a.alignment), ("b", p.b.alignment)))
+    if reason is None:
+        return cfg
+    twin = sm90_gemm.with_producer(cfg, "cp.async")
+    if os.environ.get("NUMBATC_PRINT_CONFIG"):
+        print(f"numbatc.gemm: sm90_gemm {twin.name}, not {cfg.name}: {reason}", file=sys.stderr)
+    return twin
 
 
 def _variant(p):
@@ -184,6 +251,14 @@ def _operand(operand, stream, keep):
 def _aligned_view(operand, stream):
     """(2-D view, leading dimension): the operand itself when 16-byte aligned, else the packed
     copy described in :func:`_operand`."""
+    captured = False
+    if operand.alignment != 16 and not _EMULATED and _capture.is_capturing(stream):
+        if getattr(operand.array, "library", None) != "torch":
+            _capture.refuse_if_capturing(
+                stream, f"pack {operand.name} (not 16-byte aligned) into a temporary copy",
+                f"make {operand.name}'s start and leading dimension 16-byte aligned (or pass "
+                "torch tensors: their copy comes from torch's allocator)")
+        captured = True
     view, ld = operand.view, operand.ld
     if operand.alignment != 16:
         from numbatc._interop import transpose_view
@@ -193,7 +268,17 @@ def _aligned_view(operand, stream):
             view, (rows, cols) = transpose_view(view), (cols, rows)
         per = 16 // view.dtype.itemsize  # elements per 16 bytes
         ld = (cols + per - 1) // per * per
-        padded = cuda.device_array((rows, ld), dtype=view.dtype, stream=stream)
+        if captured:
+            # While capturing: from torch's allocator on the capturing stream (the graph's
+            # private pool; cuMemAlloc would invalidate the capture), as split-K's workspace
+            import torch
+
+            raw = torch.empty(rows * ld * view.dtype.itemsize, dtype=torch.uint8,
+                              device=torch.device("cuda", torch.cuda.current_device()))
+            padded = cuda.as_cuda_array(raw).view(view.dtype).reshape(rows, ld)
+            padded._numbatc_owner = raw  # keeps the memory until the launch is queued
+        else:
+            padded = cuda.device_array((rows, ld), dtype=view.dtype, stream=stream)
         packed = padded[:, :cols]
         _pack[((rows + 15) // 16, (cols + 15) // 16), (16, 16), stream](view, packed)
         view = transpose_view(packed) if operand.layout == "col" else packed
@@ -275,7 +360,8 @@ def _kernel_family(p):
         if name not in sm90_gemm.CONFIGS:
             raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: no sm90 config {name!r}; choose "
                              f"from {sorted(sm90_gemm.CONFIGS)}")
-        return sm90_gemm, sm90_gemm.CONFIGS[name]
+        forced = bool(choice.partition(":")[2])
+        return sm90_gemm, _sm90_producer(p, sm90_gemm.CONFIGS[name], forced)
     if choice.startswith("sm90") and not hopper:
         raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r} needs compute capability 9.0, this GPU "
                          f"has {tuple(p.cc) if p.cc else '?'}")
@@ -299,12 +385,15 @@ def _fp8_family(p, choice):
     if family and family != "sm90":
         raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: FP8 with per-tensor scales runs on "
                          "sm90 only")
-    name = name or ("fp8_128x256x128_4s_w1" if p.n > 128 else "fp8_128x128x128_4s_w1")
+    forced = bool(name)
+    # persistent for N > 128: with the TMA producer 1156 / 1342 TFLOP/s at 4096^3 / 8192^3
+    # against 1087 / 1159 for _w1 (H200, docs/PERFORMANCE.md)
+    name = name or ("fp8_128x256x128_4s_pt" if p.n > 128 else "fp8_128x128x128_4s_w1")
     if name not in sm90_gemm.FP8_CONFIGS:
         raise ValueError(f"NUMBATC_GEMM_KERNEL={choice!r}: no sm90 FP8 config {name!r}; choose "
                          f"from {sorted(sm90_gemm.FP8_CONFIGS)}")
     sm90_gemm.check_variant(_variant(p))
-    return sm90_gemm, sm90_gemm.FP8_CONFIGS[name]
+    return sm90_gemm, _sm90_producer(p, sm90_gemm.FP8_CONFIGS[name], forced)
 
 
 def _sm100_family(p, choice):
@@ -479,12 +568,14 @@ def launch_gemm(p):
         # assembly-verified but has not run on a GPU yet (the bf16 one has).
         splits, k_chunk = choose_split(cfg, p.m, p.n, p.k, family, blocks_per_sm=1, max_m=256)
         if splits > 1 and cfg.name in _SPLIT_TWIN:
-            cfg = family.CONFIGS[_SPLIT_TWIN[cfg.name]]
+            twin = _SPLIT_TWIN[cfg.name]
+            cfg = family.CONFIGS.get(twin) or family.FP8_CONFIGS[twin]
     if splits > 1:
         import dataclasses
 
         var = dataclasses.replace(var, split_k=True)
-        buffers = split_workspace(p.device, splits * p.m * p.n, family.grid_for(cfg, p.m, p.n))
+        buffers = split_workspace(p.device, splits * p.m * p.n, family.grid_for(cfg, p.m, p.n),
+                                  p.a.array.library)
 
         def split(stream):
             ws, cnt = buffers(stream)

@@ -2,11 +2,15 @@
 consumer warpgroups through an mbarrier pipeline, fp32 accumulation in registers, and the same
 fused epilogue as sm80_gemm (alpha, beta * C, bias, activation).
 
-Why cp.async and not TMA: on the H200 this project tests on, the tensor form of the bulk copy
-(``cp.async.bulk.tensor``, Triton's included) faults, so the kernel needs no tensor map: the
-producer warpgroup's 128 threads issue 16-byte ``cp.async`` copies straight into their
-128B-swizzled places and signal the stage's *full* mbarrier with ``cp.async.mbarrier.arrive.noinc``
-(the arrive-on fires once all of the thread's earlier copies have landed).
+Two producers.  This module's: the producer warpgroup's 128 threads issue 16-byte ``cp.async``
+copies straight into their 128B-swizzled places and signal the stage's *full* mbarrier with
+``cp.async.mbarrier.arrive.noinc`` (the arrive-on fires once all of the thread's earlier copies
+have landed); it was written when TMA tensor copies were believed to fault on the H200 (they
+fault only for a box whose innermost start is not a multiple of 16 bytes).  The ``_tma``
+configurations (``producer="tma"``) run numbatc.kernels.sm90_gemm_tma's kernel: one thread issues
+the stage's tensor copies with expect_tx over numbatc.kernels.pipeline's ring, and the same
+consumers, epilogue, split-K, FP8 and persistent tiles.  :data:`DEFAULT_PRODUCER` says which one
+numbatc.gemm's heuristic picks.
 
     block = 384 threads = 3 warpgroups, launch_bounds (384, 1)
       WG0  producer   setmaxnreg.dec 40    wait empty[s] -> cp.async A, B tiles -> arrive full[s]
@@ -60,7 +64,8 @@ import numpy as np
 from numbatc.kernels import sm80_gemm
 
 __all__ = ["Sm90Config", "Sm90Variant", "Sm90Fp8Variant", "CONFIGS", "FP8_CONFIGS",
-           "FP8_DTYPES", "kernel_for", "kernel_source", "launch", "signature", "grid_for"]
+           "FP8_DTYPES", "DEFAULT_PRODUCER", "kernel_for", "kernel_source", "kernel_signature",
+           "launch", "signature", "grid_for", "with_producer", "tma_unsupported"]
 
 # The variant (layouts, dtypes, epilogue) is sm80's: the same problem description, and the same
 # kernel arguments (sm80_gemm.signature).
@@ -129,9 +134,16 @@ class Sm90Config:
     # tile's stages while the consumers store this one, and no block launches per tile.
     # Split-K variants ignore it (one block per tile and K slice).
     persistent: bool = False
+    # "cp.async": the producer warpgroup's 128 threads copy 16 bytes each (this module);
+    # "tma": one thread issues tensor copies (numbatc.kernels.sm90_gemm_tma, the _tma names)
+    producer: str = "cp.async"
 
     def __post_init__(self):
         problems = []
+        if self.producer not in ("cp.async", "tma"):
+            problems.append(f"producer must be 'cp.async' or 'tma', got {self.producer!r}")
+        elif self.producer == "tma" and (self.cluster_m > 1 or self.pfence):
+            problems.append("the TMA producer is implemented for cluster_m = 1 without pfence")
         if self.elem_bytes not in (1, 2):
             problems.append(f"elem_bytes must be 2 (bf16/f16) or 1 (fp8), got {self.elem_bytes}")
         elif self.bk * self.elem_bytes != _SWIZZLE:
@@ -204,6 +216,19 @@ class Sm90Config:
         return self.stages * self.stage_bytes
 
 
+#: setmaxnreg of the TMA configurations: 24 x 128 + 240 x 256 = 64512, the whole pool.
+_TMA_REGS = dict(producer_regs=24, consumer_regs=240)
+
+#: Which producer numbatc.gemm's heuristic picks on sm_90a: "cp.async" or "tma" (then each
+#: chosen configuration runs as its ``_tma`` twin, see :func:`with_producer`, and operands that a
+#: tensor map cannot describe run the cp.async one).  Forced names (NUMBATC_GEMM_KERNEL) are
+#: used as they are.  TMA: measured on the H200 (docs/PERFORMANCE.md, 2026-12-01), the
+#: persistent TMA form against the persistent cp.async one in the same runs: bf16 within run
+#: noise of it (0.88 / 0.95x against 0.88 / 0.91x of cuBLAS at 4096^3 / 8192^3), FP8 ahead
+#: (0.91 / 0.94x against 0.79 / 0.74x of torch._scaled_mm), with one thread issuing instead of
+#: a warpgroup of cp.async copies.
+DEFAULT_PRODUCER = "tma"
+
 CONFIGS = {
     c.name: c
     for c in (
@@ -226,6 +251,14 @@ CONFIGS = {
         # pairs of CTAs along M share B: each loads half from global memory and forwards it
         Sm90Config("128x256x64_4s_c2", 256, 4, cluster_m=2),
         Sm90Config("128x256x64_4s_w1_c2", 256, 4, inflight=1, cluster_m=2),
+        # the TMA producer (sm90_gemm_tma): one thread issues the stage's tensor copies; the
+        # producer warpgroup gives 16 more registers per thread to the consumers
+        Sm90Config("128x256x64_4s_tma", 256, 4, producer="tma", **_TMA_REGS),
+        Sm90Config("128x128x64_4s_w1_tma", 128, 4, inflight=1, producer="tma", **_TMA_REGS),
+        Sm90Config("128x256x64_4s_w1_tma", 256, 4, inflight=1, producer="tma", **_TMA_REGS),
+        Sm90Config("128x256x64_4s_pt_tma", 256, 4, persistent=True, producer="tma", **_TMA_REGS),
+        Sm90Config("128x256x64_4s_w1_pt_tma", 256, 4, inflight=1, persistent=True,
+                   producer="tma", **_TMA_REGS),
     )
 }
 
@@ -240,8 +273,38 @@ FP8_CONFIGS = {
         # opt-in, not yet run on a GPU: the persistent form (bf16's _pt is the default there)
         Sm90Config("fp8_128x256x128_4s_pt", 256, 4, bk=128, elem_bytes=1, persistent=True,
                    producer_regs=56, consumer_regs=224),
+        # the TMA producer (sm90_gemm_tma)
+        Sm90Config("fp8_128x256x128_4s_w1_tma", 256, 4, bk=128, inflight=1, elem_bytes=1,
+                   producer="tma", **_TMA_REGS),
+        Sm90Config("fp8_128x128x128_4s_w1_tma", 128, 4, bk=128, inflight=1, elem_bytes=1,
+                   producer="tma", **_TMA_REGS),
+        Sm90Config("fp8_128x256x128_4s_pt_tma", 256, 4, bk=128, elem_bytes=1, persistent=True,
+                   producer="tma", **_TMA_REGS),
     )
 }
+
+
+def with_producer(cfg: Sm90Config, producer: str) -> Sm90Config:
+    """The configuration with the same tile, stages and schedule and the given producer
+    ("cp.async" or "tma"): the ``_tma`` name's twin and back; ``cfg`` itself where it has no
+    twin (clusters, pfence)."""
+    if cfg.producer == producer:
+        return cfg
+    table = FP8_CONFIGS if cfg.elem_bytes == 1 else CONFIGS
+    name = cfg.name + "_tma" if producer == "tma" else cfg.name.removesuffix("_tma")
+    return table.get(name, cfg)
+
+
+def tma_unsupported(operands):
+    """Why a tensor map cannot describe the operands, or None: ``operands`` are (name,
+    alignment) pairs, alignment the largest power of two <= 16 dividing both the start
+    address and the leading dimension in bytes (numbatc.gemm's Operand.alignment); a tensor map
+    needs 16 for both (cuTensorMapEncodeTiled: globalAddress and globalStrides)."""
+    bad = [name for name, alignment in operands if alignment != 16]
+    if not bad:
+        return None
+    return (f"{' and '.join(bad)} not 16-byte aligned (start or leading dimension): a tensor "
+            "map cannot describe it")
 
 
 def check_variant(var: Sm90Variant):
@@ -395,13 +458,18 @@ def _epilogue_helpers(var):
 
 
 def kernel_source(cfg: Sm90Config, var: Sm90Variant) -> str:
-    """Python source of the kernel for one configuration and variant."""
+    """Python source of the kernel for one configuration and variant (TMA configurations:
+    numbatc.kernels.sm90_gemm_tma's)."""
     check_variant(var)
     fp8 = var.in_dtype in FP8_DTYPES
     if cfg.elem_bytes != (1 if fp8 else 2):
         raise ValueError(f"sm90 config {cfg.name} is for {'fp8' if cfg.elem_bytes == 1 else 'bf16/f16'} "
                          f"inputs, the variant's are {var.in_dtype}: use "
                          f"{'FP8_CONFIGS' if fp8 else 'CONFIGS'}")
+    if cfg.producer == "tma":
+        from numbatc.kernels import sm90_gemm_tma
+
+        return sm90_gemm_tma.kernel_source(cfg, var)
     BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages
     epc = 16 // cfg.elem_bytes  # elements per 16-byte cp.async
     kinst = 32 // cfg.elem_bytes  # K of one wgmma: 16 (bf16/f16), 32 (fp8)
@@ -720,22 +788,39 @@ def grid_for(cfg: Sm90Config, m: int, n: int):
     return cfg.cluster_m * ((m + bm - 1) // bm) * ((n + cfg.bn - 1) // cfg.bn)
 
 
+def kernel_signature(cfg: Sm90Config, var: Sm90Variant):
+    """The argument types of (cfg, var)'s kernel: :func:`signature`'s, or with tensor maps for
+    a and b under the TMA producer (sm90_gemm_tma.signature)."""
+    if cfg.producer == "tma":
+        from numbatc.kernels import sm90_gemm_tma
+
+        return sm90_gemm_tma.signature(var)
+    return signature(var)
+
+
 def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
            alpha, beta, stream=0, group_m=8, epilogue_args=(), prepare=False, split=None):
     """Launch the kernel (arguments as sm80_gemm.launch, ``prepare`` too).  Operands are flat:
     device pointers (ints) on the GPU, 1-d arrays in the emulation; A's and B's start and
-    leading dimension must be 16-byte aligned.  The kernel uses setmaxnreg, so intrinsics.launch
-    loads it through the driver's whole-program JIT (nvJitLink's relocatable compilation would
-    drop the instruction)."""
+    leading dimension must be 16-byte aligned (a TMA configuration builds their tensor maps,
+    see sm90_gemm_tma).  The kernel uses setmaxnreg, so intrinsics.launch loads it through the
+    driver's whole-program JIT (nvJitLink's relocatable compilation would drop the
+    instruction)."""
     cluster = (cfg.cluster_m, 1, 1) if cfg.cluster_m > 1 else None
     grid = grid_for(cfg, m, n)
-    # the kernel reads a and b through byte pointers (see signature): the emulation's flat
-    # arrays are viewed as bytes; on the GPU they are device pointers already
-    a, b = (x if isinstance(x, (int, np.integer)) else _byte_view(x) for x in (a, b))
     if cfg.persistent and split is None:
         grid = min(grid, persistent_blocks())
     if split is not None:  # split-K (sm80_gemm.launch's ``split``)
         grid = (grid, split(stream)[3])
+    if cfg.producer == "tma":
+        from numbatc.kernels import sm90_gemm_tma
+
+        return sm90_gemm_tma.launch(cfg, var, kernel_for(cfg, var), grid, a, b, c, bias, out,
+                                    m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m,
+                                    epilogue_args, prepare, split)
+    # the kernel reads a and b through byte pointers (see signature): the emulation's flat
+    # arrays are viewed as bytes; on the GPU they are device pointers already
+    a, b = (x if isinstance(x, (int, np.integer)) else _byte_view(x) for x in (a, b))
     return sm80_gemm.launch_gemm_kernel(
         kernel_for(cfg, var), var, grid, cfg.threads, cfg.shared_bytes, cluster,
         a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m,

@@ -118,12 +118,13 @@ def test_split_workspace_per_stream_and_per_thread_default_stream():
 
 
 @pytest.mark.parametrize("m, k, want", [
-    (260, 136, "K=136: sm90_gemm 128x256x64_4s_pt"),                         # persistent, 6 tiles
-    (130, 512, "split-K, 2 slices of 256 (128x256x64_4s_w1)"),              # its split-K twin
+    (260, 136, "K=136: sm90_gemm 128x256x64_4s_pt_tma"),                     # persistent, 6 tiles
+    (130, 512, "split-K, 2 slices of 256 (128x256x64_4s_w1_tma)"),          # its split-K twin
 ])
 def test_hopper_heuristic_in_the_emulation(m, k, want, monkeypatch, capsys):
     """The Hopper family's own choice (NUMBATC_GEMM_KERNEL=sm90 without a configuration): the
-    persistent configuration, whose 2 emulated blocks walk the tiles; split-K (M <= 256) runs as
+    persistent configuration on the TMA producer (sm90_gemm.DEFAULT_PRODUCER), whose 2 emulated
+    blocks walk the tiles; split-K (M <= 256) runs as
     the configuration whose split form was measured on the H200 (dispatch._SPLIT_TWIN)."""
     monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90")
     monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")

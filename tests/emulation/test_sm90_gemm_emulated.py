@@ -39,6 +39,14 @@ WRAP_C2_W1 = sm90_gemm.Sm90Config("128x128x64_4s_w1_c2", 128, 4, inflight=1, clu
 WRAP_PT = sm90_gemm.Sm90Config("128x128x64_2s_pt", 128, 2, persistent=True)
 WRAP_PT_W1 = sm90_gemm.Sm90Config("128x128x64_3s_w1_pt", 128, 3, inflight=1, persistent=True)
 
+# The TMA producer (numbatc.kernels.sm90_gemm_tma): one thread's tensor copies with out-of-bounds
+# zero fill instead of 128 threads' cp.async, the same ring wrapped: two stages; three with a
+# group in flight and persistent tiles.
+_TMA = dict(producer="tma", producer_regs=24, consumer_regs=240)
+WRAP_TMA = sm90_gemm.Sm90Config("128x128x64_2s_tma", 128, 2, **_TMA)
+WRAP_TMA_W1_PT = sm90_gemm.Sm90Config("128x128x64_3s_w1_pt_tma", 128, 3, inflight=1,
+                                      persistent=True, **_TMA)
+
 
 def _np_dtype(name):
     return ml_dtypes.bfloat16 if name == "bfloat16" else np.float16
@@ -81,6 +89,13 @@ CASES = [
     # persistent: 9 and 4 tiles over 2 blocks, the stage counter running on across tiles
     (260, 264, 200, WRAP_PT, "row", "row", "bfloat16", None),
     (200, 136, 136, WRAP_PT_W1, "col", "col", "float16", "gelu"),
+    # the TMA producer: ragged M, N, K from the boxes' zero fill; K-major boxes and MN-major
+    # ones (BM / 64 + BN / 64 boxes of (BK, 64) per stage, atoms K-first); persistent: 6 tiles
+    # over 2 blocks
+    (260, 136, 200, WRAP_TMA, "row", "col", "bfloat16", None),
+    (72, 40, 200, WRAP_TMA, "col", "row", "float16", "gelu"),
+    (200, 264, 136, WRAP_TMA_W1_PT, "row", "row", "bfloat16", None),
+    (130, 136, 72, "128x256x64_4s_pt_tma", "col", "col", "bfloat16", "silu"),
 ]
 
 
@@ -154,3 +169,84 @@ def test_bad_config_is_named():
         sm90_gemm.Sm90Config("regs", 128, 4, producer_regs=64, consumer_regs=224)
     with pytest.raises(ValueError, match="exceed 227 KB"):
         sm90_gemm.Sm90Config("big", 256, 5)
+    with pytest.raises(ValueError, match="TMA producer is implemented for cluster_m = 1"):
+        sm90_gemm.Sm90Config("tma_c2", 128, 4, cluster_m=2, producer="tma", producer_regs=24,
+                             consumer_regs=240)
+
+
+# ---------------------------------------------------------------------------------------------
+# The TMA producer through numbatc.gemm: the default switch, split-K, FP8, the cp.async fallback
+# ---------------------------------------------------------------------------------------------
+
+def _device(x, layout):
+    """A numbatc.gemm operand in the emulation: x (bf16 / f16 / fp8 host values) stored
+    ``layout``."""
+    import numbatc
+    from numbatc._interop import transpose_view
+
+    host = np.ascontiguousarray(x if layout == "row" else x.T)
+    bits = {2: np.uint16, 1: np.uint8}[host.dtype.itemsize]
+    d = cuda.to_device(host if host.dtype == np.float16 else host.view(bits))
+    d = transpose_view(d) if layout == "col" else d
+    if x.dtype == ml_dtypes.bfloat16:
+        return numbatc.bfloat16(d)
+    if x.dtype == ml_dtypes.float8_e4m3fn:
+        return numbatc.float8_e4m3(d)
+    return d
+
+
+def _close(got, ref, mag, rounding):
+    err = np.abs(got - ref)
+    assert np.all(err <= rounding * np.abs(ref) + 1e-5 * mag), np.nanmax(err)
+
+
+def test_the_tma_default_switch_with_split_k(monkeypatch, capsys):
+    """sm90_gemm.DEFAULT_PRODUCER = "tma": the heuristic's 128x128x64_4s_w1 runs as its _tma
+    twin; NUMBATC_SPLIT_K=2 splits K = 296 (5 k tiles) into slices of 192 and 104 (each slice's
+    boxes start at its first k; the last one's zero fill ends the sum), c + bias through the last
+    block, twice (the tile counters were reset).  A row-major b: MN-major boxes."""
+    import numbatc
+
+    monkeypatch.setattr(sm90_gemm, "DEFAULT_PRODUCER", "tma")
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90")
+    monkeypatch.setenv("NUMBATC_SPLIT_K", "2")
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    gen = np.random.default_rng()
+    m, n, k = 5, 24, 296
+    for _ in range(2):
+        a = gen.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+        b = gen.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
+        c = gen.standard_normal((m, n)).astype(np.float32)
+        bias = gen.standard_normal(n).astype(np.float32)
+        out = numbatc.gemm(_device(a, "row"), _device(b, "row"), c=cuda.to_device(c), beta=0.5,
+                           bias=cuda.to_device(bias), out_dtype="float32")
+        ref = a.astype(np.float64) @ b.astype(np.float64) + 0.5 * c + bias
+        mag = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + 1
+        _close(out.copy_to_host().astype(np.float64), ref, mag, 2.0**-20)
+    err = capsys.readouterr().err
+    assert "sm90_gemm 128x128x64_4s_w1_tma" in err and "split-K, 2 slices of 192" in err, err
+
+
+def test_fp8_tma_and_the_cp_async_fallback(monkeypatch, capsys):
+    """FP8 (K-major boxes of 128 one-byte values) forced to fp8_128x128x128_4s_w1_tma: K = 256
+    runs it; K = 40 (rows of 40 bytes: a tensor map cannot describe them) runs the cp.async
+    twin on packed copies, and NUMBATC_PRINT_CONFIG says so."""
+    import numbatc
+
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:fp8_128x128x128_4s_w1_tma")
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    gen = np.random.default_rng()
+    for m, n, k, tma in ((70, 24, 256, True), (33, 16, 40, False)):
+        a = (gen.standard_normal((m, k)) * 2).astype(ml_dtypes.float8_e4m3fn)
+        w = (gen.standard_normal((n, k)) * 2).astype(ml_dtypes.float8_e4m3fn)
+        out = numbatc.gemm(_device(a, "row"), _device(w.T, "col"), scale_a=0.5, scale_b=2.0,
+                           out_dtype="float16")
+        av, wv = a.astype(np.float64), w.astype(np.float64)
+        _close(out.copy_to_host().astype(np.float64), av @ wv.T, np.abs(av) @ np.abs(wv.T) + 1,
+               2.0**-10)
+        err = capsys.readouterr().err
+        if tma:
+            assert "sm90_gemm fp8_128x128x128_4s_w1_tma" in err and "not fp8" not in err, err
+        else:
+            assert ("sm90_gemm fp8_128x128x128_4s_w1, not fp8_128x128x128_4s_w1_tma: a and b not "
+                    "16-byte aligned") in err, err

@@ -3,6 +3,7 @@ NUMBATC_GEMM_KERNEL=sm90:<config>, through numbatc.gemm, with the same float64 c
 tests/gpu/test_gemm_gpu.py (which runs whatever the heuristic picks: sm90_gemm on an H100/H200 for
 M > 64)."""
 
+import numpy as np
 import pytest
 
 from tests.gpu.test_gemm_gpu import check
@@ -41,3 +42,221 @@ def test_sm90_persistent_walks_tiles(config, monkeypatch):
     check(2056, 4360, 136, "bfloat16", "row", "row")
     check(2056, 4360, 136, "float16", "col", "col", out_dtype="float32", with_bias=True,
           activation="gelu")
+
+
+# ---------------------------------------------------------------------------------------------
+# The TMA producer (numbatc.kernels.sm90_gemm_tma), each configuration forced.  A tensor map
+# needs 16-byte leading dimensions, so the shapes are ragged in every dimension that is not an
+# operand's leading one (the others are multiples of 8 elements); NUMBATC_PRINT_CONFIG proves
+# that the TMA kernel ran, not its cp.async fallback.
+# ---------------------------------------------------------------------------------------------
+
+TMA = ["sm90:128x256x64_4s_tma", "sm90:128x128x64_4s_w1_tma", "sm90:128x256x64_4s_w1_tma",
+       "sm90:128x256x64_4s_pt_tma", "sm90:128x256x64_4s_w1_pt_tma"]
+BASE = [(1, 8, 8), (130, 136, 72), (257, 511, 129), (385, 264, 1031), (1000, 1000, 1000),
+        (64, 8, 4096)]
+
+
+def _up8(x):
+    return -(-x // 8) * 8
+
+
+def tma_shapes(a_layout, b_layout):
+    """BASE with each operand's leading dimension rounded up to a multiple of 8: a 'row' (M, K)
+    has K, a 'col' one M; b 'row' (K, N) has N, b 'col' K."""
+    out = []
+    for m, n, k in BASE:
+        if a_layout == "col":
+            m = _up8(m)
+        if a_layout == "row" or b_layout == "col":
+            k = _up8(k)
+        if b_layout == "row":
+            n = _up8(n)
+        out.append((m, n, k))
+    return out
+
+
+@pytest.fixture(params=TMA)
+def sm90_tma(request, monkeypatch):
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", request.param)
+    return request.param
+
+
+def _ran_tma(capsys, config):
+    err = capsys.readouterr().err
+    name = config.partition(":")[2]
+    assert f"sm90_gemm {name} " in err and f"not {name}" not in err, err
+
+
+LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
+
+
+@pytest.mark.parametrize("layouts", LAYOUTS, ids=lambda l: "".join(x[0] for x in l))
+def test_sm90_tma_shapes(sm90_tma, layouts, monkeypatch, capsys):
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    for m, n, k in tma_shapes(*layouts):
+        check(m, n, k, "bfloat16", *layouts)
+        check(m, n, k, "float16", *layouts, out_dtype="float32")
+    _ran_tma(capsys, sm90_tma)
+
+
+@pytest.mark.parametrize("config", ["sm90:128x256x64_4s_pt_tma", "sm90:128x128x64_4s_w1_tma"])
+def test_sm90_tma_epilogue(config, monkeypatch, capsys):
+    """alpha, beta * c, bias and each activation, K-major and MN-major b (a persistent and a
+    one-tile-per-block configuration: the epilogue is the cp.async kernels')."""
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", config)
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    for activation in (None, "relu", "gelu", "silu"):
+        check(77, 304, 200, "bfloat16", alpha=0.5, beta=1.5, with_c=True, with_bias=True,
+              activation=activation)
+        check(77, 301, 200, "float16", "row", "col", out_dtype="float32", with_c=True,
+              with_bias=True, activation=activation)
+    _ran_tma(capsys, config)
+
+
+def test_sm90_tma_warm_calls(sm90_tma):
+    """The warm path (no NUMBATC_PRINT_CONFIG): the relaunch function builds (or finds) the
+    tensor maps of each call's new operands -- fresh inputs every call, three calls a shape."""
+    for shape, layouts in (((1000, 1000, 1000), ("row", "row")), ((136, 264, 200), ("col", "col")),
+                           ((257, 520, 136), ("row", "col"))):
+        for _ in range(3):
+            check(*shape, "bfloat16", *layouts)
+
+
+def test_sm90_tma_falls_back_for_unaligned_operands(monkeypatch, capsys):
+    """K = 129 bf16: a's rows are 258 bytes, which a tensor map cannot describe: the cp.async
+    twin runs (on packed copies) and NUMBATC_PRINT_CONFIG names it and why."""
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:128x256x64_4s_pt_tma")
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    check(130, 136, 129, "bfloat16", "row", "row")
+    err = capsys.readouterr().err
+    assert "sm90_gemm 128x256x64_4s_pt, not 128x256x64_4s_pt_tma: a not 16-byte aligned" in err
+
+
+@pytest.mark.parametrize("splits", ["2", "5"])
+@pytest.mark.parametrize("config", ["sm90:128x256x64_4s_w1_tma", "sm90:128x128x64_4s_w1_tma",
+                                    "sm90:128x256x64_4s_pt_tma"])
+def test_sm90_tma_split_k(config, splits, monkeypatch, capsys):
+    """Split-K forced: each slice's boxes start at its first k (whole k tiles), the last slice's
+    zero fill ends the sum; c + bias + gelu through the last block; twice per shape on one
+    workspace (the counters reset)."""
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", config)
+    monkeypatch.setenv("NUMBATC_SPLIT_K", splits)
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    for m, n, k, layouts in ((1, 4096, 4096, ("row", "row")), (16, 1000, 3000, ("row", "col")),
+                             (200, 520, 1096, ("col", "row")), (64, 8, 1000, ("col", "col"))):
+        for _ in range(2):
+            check(m, n, k, "bfloat16", *layouts, beta=0.5, with_c=True, with_bias=True,
+                  activation="gelu")
+    err = capsys.readouterr().err
+    assert "split-K" in err and "_tma" in err and "not " not in err, err
+
+
+@pytest.mark.parametrize("config", ["sm90:128x256x64_4s_pt_tma", "sm90:128x256x64_4s_w1_pt_tma"])
+def test_sm90_tma_persistent_walks_tiles(config, monkeypatch):
+    """306 tiles, ragged on every side a tensor map allows, over 132 blocks."""
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", config)
+    check(2053, 4360, 136, "bfloat16", "row", "row")
+    check(2056, 4353, 136, "float16", "col", "col", out_dtype="float32", with_bias=True,
+          activation="gelu")
+
+
+FP8_TMA = ["sm90:fp8_128x256x128_4s_w1_tma", "sm90:fp8_128x128x128_4s_w1_tma",
+           "sm90:fp8_128x256x128_4s_pt_tma"]
+
+
+@pytest.mark.parametrize("config", FP8_TMA)
+def test_sm90_tma_fp8(config, monkeypatch, capsys):
+    """FP8 per-tensor scales on the TMA producer (K-major boxes of 128 one-byte values): ragged
+    M and N, K a multiple of 16 (a tensor map's rows), M = 1, e4m3 x e5m2, the fused epilogue,
+    every output dtype; split-K twice per shape."""
+    from tests.gpu.test_gemm_fp8_gpu import FP8, OUT, activate, torch
+    from tests.gpu.test_gemm_fp8_gpu import check as fp8_check
+
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", config)
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    gen = torch.Generator(device="cuda")
+    gen.seed()
+
+    def operand(rows, k, t):
+        x = (torch.randn(rows, k, generator=gen, device="cuda") * 2).to(FP8[t])
+        return x, x.double()
+
+    import numbatc
+
+    cases = [(1000, 520, 1040, "e4m3", "e4m3", "bfloat16", None),
+             (257, 129, 112, "e5m2", "e4m3", "float16", "gelu"),
+             (1, 200, 4096, "e4m3", "e5m2", "float32", None),
+             (2056, 4360, 272, "e4m3", "e5m2", "bfloat16", "relu"),
+             (130, 136, 80, "e5m2", "e5m2", "float32", None)]
+    for m, n, k, a_t, b_t, out_dtype, epilogue in cases:
+        a, av = operand(m, k, a_t)
+        w, wv = operand(n, k, b_t)
+        out = torch.full((m, n), float("nan"), dtype=OUT[out_dtype], device="cuda")
+        kw = {}
+        ref = av @ wv.T * (0.5 * 0.25)
+        if epilogue:
+            c = torch.randn(m, n, generator=gen, device="cuda").to(OUT[out_dtype])
+            bias = torch.randn(n, generator=gen, device="cuda").to(torch.float32)
+            kw = dict(c=c, beta=0.5, bias=bias, activation=epilogue)
+            ref = activate(ref + 0.5 * c.double() + bias.double(), epilogue)
+        numbatc.gemm(a, w.T, out=out, scale_a=0.5, scale_b=0.25, **kw)
+        torch.cuda.synchronize()
+        fp8_check(out, ref, av.abs() @ wv.abs().T * (0.5 * 0.25), out_dtype)
+    _ran_tma(capsys, config)
+    monkeypatch.setenv("NUMBATC_SPLIT_K", "3")
+    for m, n, k in [(1, 4096, 4096), (16, 1000, 3008), (200, 520, 1104)]:
+        for _ in range(2):
+            a, av = operand(m, k, "e4m3")
+            w, wv = operand(n, k, "e4m3")
+            out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            numbatc.gemm(a, w.T, out=out, scale_a=0.5, scale_b=2.0)
+            torch.cuda.synchronize()
+            fp8_check(out, av @ wv.T, av.abs() @ wv.abs().T, "bfloat16")
+    err = capsys.readouterr().err
+    assert "split-K, 3 slices" in err and "not fp8" not in err, err
+
+
+def test_sm90_tma_user_epilogue(monkeypatch):
+    """A user epilogue (residual add and per-column scale) after bias + GELU on the TMA
+    producer, persistent and split-K (the last shape: M = 2)."""
+    from numba import cuda
+
+    import numbatc
+    from tests.gpu.test_gemm_gpu import _residual_scale, reference, rng, to_device, to_host, values
+
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:128x256x64_4s_pt_tma")
+    gen = rng()
+    for m, n, k in [(129, 257, 96), (64, 64, 64), (2, 300, 1504)]:
+        a, b = values((m, k), "bfloat16"), values((k, n), "bfloat16")
+        bias = values((n,), "bfloat16")
+        res = gen.standard_normal((m, n)).astype(np.float32)
+        scale = gen.standard_normal(n).astype(np.float32)
+        out = cuda.to_device(np.full((m, n), np.nan, np.float32))
+        numbatc.gemm(to_device(a, "bfloat16", "row", "numba"), to_device(b, "bfloat16", "col", "numba"),
+                     bias=to_device(bias[None, :], "bfloat16", "row", "numba")[0], out=out,
+                     activation="gelu", epilogue=_residual_scale,
+                     epilogue_args=(cuda.to_device(res), cuda.to_device(scale)))
+        cuda.synchronize()
+        got = to_host(out, "float32")
+        ref, scale_ref = reference(a, b, 1.0, 0.0, None, bias, "gelu")
+        ref = ref * scale + res
+        tol = (k * 2.0**-22 + 2.0**-20) * scale_ref * np.abs(scale) + 1e-5
+        assert np.all(np.abs(got - ref) <= tol), np.nanmax(np.abs(got - ref))
+
+
+def test_sm90_tma_default_switch(monkeypatch, capsys):
+    """sm90_gemm.DEFAULT_PRODUCER = "tma": the heuristic's choices run as their _tma twins (and
+    split-K's as the w1 twin), unaligned operands as the cp.async ones."""
+    from numbatc.kernels import sm90_gemm
+
+    monkeypatch.setattr(sm90_gemm, "DEFAULT_PRODUCER", "tma")
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    for m, n, k, layouts, want in [
+            (1000, 1000, 1000, ("row", "row"), "sm90_gemm 128x256x64_4s_pt_tma a="),
+            (520, 128, 136, ("col", "col"), "sm90_gemm 128x128x64_4s_w1_tma a="),
+            (200, 4096, 4096, ("row", "col"), "slices of 1024 (128x256x64_4s_w1_tma)"),
+            (300, 300, 301, ("row", "row"), "sm90_gemm 128x256x64_4s_pt, not 128x256x64_4s_pt_tma")]:
+        check(m, n, k, "bfloat16", *layouts)
+        err = capsys.readouterr().err
+        assert want in err, err

@@ -1,0 +1,549 @@
+"""sm90_gemm's TMA producer (the ``_tma`` configurations): one thread of the producer
+warpgroup arms each stage's full mbarrier with the stage's byte count and issues the A and B
+tensor copies (``cp.async.bulk.tensor``, 128B swizzle) into it; the two wgmma consumer
+warpgroups, the epilogue, split-K, FP8 and persistent tiles are sm90_gemm's.
+
+    block = 384 threads = 3 warpgroups, launch_bounds (384, 1)
+      WG0  producer   setmaxnreg.dec 24    thread 0: acquire empty[s] -> expect_tx(full[s],
+                                           stage bytes) -> TMA A box(es), B box(es) -> advance
+      WG1  consumer   setmaxnreg.inc 240   wait full[s] -> 4 x wgmma m64nBNk16 -> release empty[s]
+      WG2  consumer                        (WG1 rows 0..63 of the tile, WG2 rows 64..127)
+
+The ring is numbatc.kernels.pipeline's (full[s]: one arrival, the producer's expect_tx, plus
+the stage's bytes; empty[s]: one arrival per consumer warp, 8).  The producer warpgroup keeps
+all 128 threads because setmaxnreg works per warpgroup (and wgmma's warpgroups must start at a
+multiple of 4 warps); 127 of them leave at once.
+
+Shared memory, per stage (1024-byte aligned; every box starts on a 1024-byte boundary):
+
+    A K-major  ('row' A):  one box (BM, BK) of (M, K):   BM rows of 128 B, 128B swizzle     16 KB
+    B K-major  ('col' B):  one box (BN, BK) of (N, K):   BN rows of 128 B                 BN/8 KB
+    A MN-major ('col' A):  BM / 64 boxes (BK, 64) of (K, M): each 64 k rows of 128 B (64 m)
+    B MN-major ('row' B):  BN / 64 boxes (BK, 64) of (K, N), the same per 64 n
+
+K-major boxes are exactly wgmma's canonical K-major 128B layout (sm90_gemm's, SmemLayout "K").
+An MN-major box of (BK, 64) writes one column of 64 mn values for all BK k: eight 8-k swizzle
+atoms stacked along K, 1024 bytes apart, and the next 64 mn BK * 128 bytes further.  That is
+the canonical MN-major 128B layout with the atoms ordered K-first (:class:`MnKFirstLayout`:
+LBO = BK * 128 between MN atoms, SBO = 1024 between 8-k groups), where the cp.async producer's
+layout orders them MN-first (LBO = 1024, SBO = mn * 16); the wgmma descriptors take either.
+Ordered MN-first, a stage would need one box per 8 k rows (48 for 128x256), K-first needs
+BM / 64 + BN / 64 (6).
+
+Byte counts: every box delivers its whole size, the out-of-bounds part zero-filled (TMA counts
+filled bytes too), so expect_tx is always the stage's (BM + BN) * BK * elem_bytes; ragged M, N
+and K need no edge path.  Coordinates: a k tile starts at k = kbeg + kt * BK (a multiple of 64
+elements = 128 bytes; split-K's slices are whole k tiles), MN-major boxes at m0 / n0 + 64 j
+(128-byte multiples): every innermost start is a multiple of 16 bytes, as the hardware requires
+(see intrinsics.tma).  TMA writes through the async proxy, which wgmma reads through, so the
+consumers need no proxy fence (the cp.async producer's consumers fence after each wait).
+
+Tensor maps describe a and b as 2-D tensors with the K-contiguous or MN-contiguous dimension
+innermost; they need a 16-byte aligned start and a leading dimension that is a multiple of 16
+bytes.  numbatc.kernels.dispatch runs the cp.async twin for operands that are not (and says
+so under NUMBATC_PRINT_CONFIG=1).  The maps are cached per (pointer, shape, strides, box): a
+warm numbatc.gemm call on operands seen before builds none (new pointers cost one driver encode
+and one 128-byte copy to the device each).
+
+Print a kernel as it is compiled::
+
+    python -c "from numbatc.kernels import sm90_gemm as g; print(g.kernel_source(
+        g.CONFIGS['128x256x64_4s_pt_tma'], g.Sm90Variant('row', 'col', 'bfloat16', 'bfloat16',
+        None, None, None)))"
+
+What is code and what is text: the ring (numbatc.kernels.pipeline), the producer thread
+(:func:`make_producer`) and the rasterisation (:func:`make_tile_coords`) are factory-made
+``@cuda.jit(device=True)`` functions specialised through closure constants; the generated module
+instantiates them with its constants and holds the kernel itself: the consumers and the
+epilogue.  Those stay text (not tried as code in this change): the consumers' 128-float
+accumulator tuple is indexed with constants in 32 unrolled epilogue fragments and 4 unrolled
+wgmma calls, where a loop over the tuple risks a run-time tuple index (numba lowers one through
+a stack copy: local memory), and the shared epilogue (sm80_gemm.epilogue_source,
+full_tile_epilogue, split-K) is itself text.
+"""
+
+import functools
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda  # a module global: the simulator swaps it in device functions
+
+import intrinsics as nt
+from intrinsics.wgmma import SmemLayout
+from numbatc.kernels.pipeline import tma_pipeline
+
+__all__ = ["MnKFirstLayout", "kernel_source", "launch", "make_producer", "make_tile_coords",
+           "operand_layout", "operand_map", "signature", "tensor_maps"]
+
+_SWIZZLE = 128
+_TMA_DTYPE = {"bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "u8", "float8_e5m2": "u8"}
+
+
+@dataclass(frozen=True)
+class MnKFirstLayout(SmemLayout):
+    """An MN-major 128B-swizzled tile whose 8-k atoms stack along K first: the column of 64
+    mn values (128 bytes) for all k is one block of k * 128 bytes, the next column follows.
+    This is what a TMA box of (k rows, 64 mn) writes, once per 64 mn."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.major != "MN" or self.swizzle != _SWIZZLE:
+            raise ValueError("MnKFirstLayout is an MN-major 128B-swizzle layout")
+
+    @property
+    def lbo(self):
+        return self.k * self.swizzle  # between 128-byte MN atoms
+
+    @property
+    def sbo(self):
+        return 8 * self.swizzle  # between 8-k groups
+
+    def offset(self, mn, k):
+        from intrinsics.wgmma import swizzle_offset_host
+
+        mb = np.asarray(mn, dtype=np.int64) * self.elem_bytes
+        k = np.asarray(k, dtype=np.int64)
+        s = self.swizzle
+        return swizzle_offset_host((mb // s) * self.lbo + k * s + mb % s, s)
+
+
+def operand_layout(cfg, op, k_major):
+    """The shared-memory layout of operand ``op`` ('a' or 'b')'s tile as the TMA boxes write it."""
+    mn = cfg.bn if op == "b" else cfg.bm
+    if k_major:
+        return SmemLayout("K", _SWIZZLE, mn, cfg.bk, cfg.elem_bytes)
+    return MnKFirstLayout("MN", _SWIZZLE, mn, cfg.bk, cfg.elem_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Device code: the tile rasterisation and the producer thread, factory-made
+# ---------------------------------------------------------------------------------------------
+
+@functools.cache
+def make_tile_coords(bm, bn):
+    """``tile_coords(pid, M, N, group_m) -> (tm, tn)``: GROUP_M rasterisation (blocks walk
+    group_m tile-rows at a time so that neighbours share B in L2) for (bm, bn) tiles.
+
+    NOTE: 32-bit unsigned arithmetic, every step truncated (as sm90_gemm's generated copy): a
+    64-bit division by a run-time value is a subroutine call in SASS, and a call anywhere in
+    the kernel makes ptxas serialise every wgmma (C7509)."""
+
+    @cuda.jit(device=True, forceinline=True)
+    def tile_coords(pid, M, N, group_m):
+        gm = np.uint32(group_m)
+        tiles_m = np.uint32((M + (bm - 1)) // bm)
+        tiles_n = np.uint32((N + (bn - 1)) // bn)
+        in_group = np.uint32(gm * tiles_n)
+        first_m = np.uint32(np.uint32(pid // in_group) * gm)
+        size_m = min(np.uint32(tiles_m - first_m), gm)
+        in_pos = np.uint32(pid % in_group)
+        tm = np.uint32(first_m + np.uint32(in_pos % size_m))
+        tn = np.uint32(in_pos // size_m)
+        return tm, tn
+
+    return tile_coords
+
+
+@functools.cache
+def make_producer(bm, bn, bk, stages, a_kmajor, b_kmajor, persistent, elem_bytes=2):
+    """``produce(smem, bars, tma_a, tma_b, M, N, K, group_m, kbeg)``: the producer thread's
+    whole job -- for each of its tiles (blockIdx.x, + gridDim.x, ... when ``persistent``; else
+    blockIdx.x's) and each k tile from ``kbeg`` (split-K's slice start, else 0) on: acquire the
+    next stage of the ring, arm its full barrier with the stage's bytes, issue the boxes.
+
+    The arguments are closure constants, so every branch on them and every box loop folds at
+    compile time (numba freezes a closure's values)."""
+    ring = tma_pipeline(stages)
+    acquire, commit, advance = ring.producer_acquire, ring.producer_commit, ring.advance
+    tile_coords = make_tile_coords(bm, bn)
+    a_bytes = bm * bk * elem_bytes
+    stage_bytes = (bm + bn) * bk * elem_bytes
+    box_bytes = bk * _SWIZZLE  # one MN-major (BK, 64) box
+    a_boxes, b_boxes = bm // 64, bn // 64
+
+    @cuda.jit(device=True, forceinline=True)
+    def load_stage(smem, base, tma_a, tma_b, k, m0, n0, bars, index):
+        # A: one (BM, BK) box of (M, K), or BM / 64 (BK, 64) boxes of (K, M); B likewise
+        if a_kmajor:
+            nt.tma_load(smem, base, tma_a, (k, m0), bars, index)
+        else:
+            for j in range(a_boxes):
+                nt.tma_load(smem, base + j * box_bytes, tma_a, (m0 + 64 * j, k), bars, index)
+        if b_kmajor:
+            nt.tma_load(smem, base + a_bytes, tma_b, (k, n0), bars, index)
+        else:
+            for j in range(b_boxes):
+                nt.tma_load(smem, base + a_bytes + j * box_bytes, tma_b, (n0 + 64 * j, k), bars,
+                            index)
+
+    @cuda.jit(device=True, forceinline=True)
+    def load_tile(smem, bars, tma_a, tma_b, K, kbeg, m0, n0, index, phase):
+        for kt in range((K + (bk - 1)) // bk):
+            acquire(bars, index, phase)
+            commit(bars, index, stage_bytes)  # the whole stage: the zero fill counts
+            load_stage(smem, index * stage_bytes, tma_a, tma_b, kbeg + kt * bk, m0, n0, bars,
+                       index)
+            index, phase = advance(index, phase)
+        return index, phase
+
+    @cuda.jit(device=True, forceinline=True)
+    def produce(smem, bars, tma_a, tma_b, M, N, K, group_m, kbeg):
+        nt.tma_prefetch_descriptor(tma_a)
+        nt.tma_prefetch_descriptor(tma_b)
+        index = 0
+        phase = 0
+        if persistent:
+            n_tiles = np.int64((M + (bm - 1)) // bm) * np.int64((N + (bn - 1)) // bn)
+            tile = np.int64(cuda.blockIdx.x)
+            while tile < n_tiles:
+                tm, tn = tile_coords(np.uint32(tile), M, N, group_m)
+                index, phase = load_tile(smem, bars, tma_a, tma_b, K, kbeg, np.int64(tm) * bm,
+                                         np.int64(tn) * bn, index, phase)
+                tile += cuda.gridDim.x
+        else:
+            tm, tn = tile_coords(np.uint32(cuda.blockIdx.x), M, N, group_m)
+            load_tile(smem, bars, tma_a, tma_b, K, kbeg, np.int64(tm) * bm, np.int64(tn) * bn,
+                      index, phase)
+
+    return produce
+
+
+@functools.cache
+def signature(var):
+    """The kernel's argument types: sm90_gemm.signature's with the tensor maps of a and b
+    (``uint64[:]``, TensorMap.device) in place of the operand pointers."""
+    from numba import types
+
+    from numbatc.kernels import sm90_gemm
+
+    tmap = types.Array(types.uint64, 1, "C")
+    return (tmap, tmap) + tuple(sm90_gemm.signature(var)[2:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Source generation
+# ---------------------------------------------------------------------------------------------
+
+def kernel_source(cfg, var) -> str:
+    """Python source of the TMA-producer kernel for one configuration and variant (sm90_gemm's
+    kernel_source calls this for configurations with ``producer == 'tma'``)."""
+    from numbatc.kernels import sm80_gemm, sm90_gemm
+
+    assert cfg.producer == "tma" and cfg.cluster_m == 1, cfg
+    BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages
+    kinst = 32 // cfg.elem_bytes  # K of one wgmma: 16 (bf16/f16), 32 (fp8)
+    a_kmajor, b_kmajor = var.a_layout == "row", var.b_layout == "col"
+    a_lay, b_lay = operand_layout(cfg, "a", a_kmajor), operand_layout(cfg, "b", b_kmajor)
+    a_part = int(a_lay.offset(64, 0))  # consumer warpgroup 1's rows 64.. of A
+    pers = cfg.persistent and not var.split_k
+    ea = ", eargs" if var.epilogue is not None else ""
+    split_args, split_range, _, _ = sm80_gemm.split_source(var, a_kmajor, b_kmajor)
+    # NOTE: a literal tuple of more than 30 values compiles (CPython 3.11) to BUILD_LIST +
+    # LIST_TO_TUPLE, which numba's IR peephole rejects; a sum of 16-value tuples types as one
+    # UniTuple and folds away.
+    zeros = " + ".join(["(" + "z, " * 16 + ")"] * (BN // 32))
+    lines = []
+    w = lines.append
+    w(f'''"""Generated by numbatc.kernels.sm90_gemm_tma for {cfg.name}, {var}. Do not edit."""
+import math
+import numpy as np
+from numba import cuda
+import intrinsics as nt
+from numbatc.kernels.pipeline import tma_pipeline
+from numbatc.kernels.sm90_gemm_tma import make_producer, make_tile_coords
+
+{sm90_gemm._mma_line(BN, var, a_kmajor, b_kmajor)}
+RING = tma_pipeline({S})
+RING_INIT = RING.init
+ADVANCE = RING.advance
+WAIT = RING.consumer_wait
+RELEASE = RING.consumer_release
+tile_coords = make_tile_coords({BM}, {BN})
+# the producer thread (numbatc.kernels.sm90_gemm_tma.make_producer): BM, BN, BK, stages,
+# K-major A, K-major B, persistent, element bytes
+PRODUCE = make_producer({BM}, {BN}, {BK}, {S}, {a_kmajor}, {b_kmajor}, {pers}, {cfg.elem_bytes})
+''')
+    w(sm80_gemm.epilogue_source(var))
+    if pers:
+        head = f"    n_tiles = np.int64((M + {BM - 1}) // {BM}) * np.int64((N + {BN - 1}) // {BN})\n"
+        tile_loop = ["tile = np.int64(cuda.blockIdx.x)",
+                     "while tile < n_tiles:",
+                     "    tm, tn = tile_coords(np.uint32(tile), M, N, group_m)",
+                     f"    m0 = np.int64(tm) * {BM}",
+                     f"    n0 = np.int64(tn) * {BN}"]
+    else:
+        head = ("    tm, tn = tile_coords(np.uint32(cuda.blockIdx.x), M, N, group_m)\n"
+                f"    m0 = np.int64(tm) * {BM}\n    n0 = np.int64(tn) * {BN}\n")
+        tile_loop = []
+    w(f'''
+
+@cuda.jit(cache={var.epilogue is None}, launch_bounds=({cfg.threads}, 1))
+def gemm_kernel(tma_a, tma_b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m{split_args}{ea}):
+    # {S} stages of [A {BM} x {BK} | B {BN} x {BK}] ({"K" if a_kmajor else "MN"}-major A, {"K" if b_kmajor else "MN"}-major B), {cfg.stage_bytes} bytes each
+    smem = cuda.shared.array(0, np.uint8, alignment=1024)
+    # full[s] = bars[s]: the producer's expect_tx arrival + {cfg.stage_bytes} bytes;
+    # empty[s] = bars[{S} + s]: one arrival per consumer warp ({4 * cfg.consumers})
+    bars = cuda.shared.array({2 * S}, np.uint64, alignment=8)
+    t = cuda.threadIdx.x
+    wg = t // 128
+{head}{split_range}    k_tiles = (K + {BK - 1}) // {BK}
+
+    if t == 0:
+        RING_INIT(bars, 1, {4 * cfg.consumers})
+    cuda.syncthreads()
+
+    if wg == 0:
+        # ---- producer warpgroup: thread 0 issues every copy ----------------------------------
+        nt.setmaxnreg_dec({cfg.producer_regs})
+        if t == 0:
+            PRODUCE(smem, bars, tma_a, tma_b, M, N, K, group_m, {"kbeg" if var.split_k else "0"})''')
+    w(f'''    else:
+        # ---- consumer warpgroups -------------------------------------------------------------
+        nt.setmaxnreg_inc({cfg.consumer_regs})
+        cw = wg - 1
+        # (64, BK) part of A for this warpgroup, (BN, BK) of B; the stage and the K slice move
+        # the descriptors' start address (bits 0-13 hold address >> 4; no carry leaves the field)
+        da0 = nt.smem_desc(smem, cw * {a_part}, {a_lay.lbo}, {a_lay.sbo}, {_SWIZZLE})
+        db0 = nt.smem_desc(smem, {cfg.a_bytes}, {b_lay.lbo}, {b_lay.sbo}, {_SWIZZLE})
+        z = np.float32(0)
+        index = 0
+        phase = 0''')
+    x = " " * 8 + ("    " if pers else "")
+    cons = [f"acc = nt.wgmma_fence_operand({zeros})  # written by ordinary code: pin before wgmma",
+            "prev = index",
+            "for kt in range(k_tiles):",
+            "    WAIT(bars, index, phase)",
+            "    # TMA wrote the stage through the async proxy, which wgmma reads: no proxy fence",
+            f"    st = np.uint64(index * {cfg.stage_bytes // 16})",
+            "    nt.wgmma_fence()"]
+    for ks in range(BK // kinst):
+        a_k = a_lay.k_offset(ks * kinst) // 16
+        b_k = b_lay.k_offset(ks * kinst) // 16
+        cons.append(f"    acc = MMA(acc, da0 + st + np.uint64({a_k}), db0 + st + np.uint64({b_k}), 1)")
+    cons.append("    nt.wgmma_commit_group()")
+    if cfg.inflight == 0:
+        cons += ["    # this tile's group retired: its stage goes back to the producer",
+                 "    nt.wgmma_wait_group(0)",
+                 "    acc = nt.wgmma_fence_operand(acc)",
+                 "    if t % 32 == 0:",
+                 "        RELEASE(bars, index)",
+                 "    index, phase = ADVANCE(index, phase)"]
+    else:
+        cons += ["    # keep this tile's group in flight over the next wait; the previous tile's",
+                 "    # group has retired, so its stage goes back to the producer",
+                 "    nt.wgmma_wait_group(1)",
+                 "    acc = nt.wgmma_fence_operand(acc)",
+                 "    if kt > 0 and t % 32 == 0:",
+                 "        RELEASE(bars, prev)",
+                 "    prev = index",
+                 "    index, phase = ADVANCE(index, phase)",
+                 "nt.wgmma_wait_group(0)",
+                 "acc = nt.wgmma_fence_operand(acc)"]
+        if pers:  # the next tile's fills wait for this tile's last stage
+            cons += ["if k_tiles > 0 and t % 32 == 0:", "    RELEASE(bars, prev)"]
+        else:
+            cons += ["# the last k tile's stage is never released: nobody waits for it"]
+    cons += ["# ---- epilogue: thread (warp w, lane l) of the warpgroup holds rows 16w + l/4 (+8) and",
+             "# columns 8j + 2(l%4) (+1) in registers 4j..4j+3 (intrinsics.wgmma.accumulator_coords)",
+             "lane = t % 32",
+             "row_base = m0 + cw * 64 + ((t % 128) // 32) * 16 + lane // 4",
+             "col_base = n0 + (lane % 4) * 2"]
+    if pers:
+        w("\n".join(" " * 8 + y for y in tile_loop))
+    w("\n".join(x + y for y in cons))
+    tiles = [(f"(acc[{4 * j}], acc[{4 * j + 1}], acc[{4 * j + 2}], acc[{4 * j + 3}])", "row_base",
+              f"col_base + {8 * j}") for j in range(BN // 8)]
+    if var.split_k:
+        # the 256 consumer threads synchronise on named barrier 1 (the producer has left);
+        # thread 128 (consumer warpgroup 0's first) counts the tile's arrivals
+        sm80_gemm.split_epilogue_source(w, tiles, var, "cuda.blockIdx.x",
+                                        f"nt.named_barrier_sync(1, {128 * cfg.consumers})",
+                                        "t == 128", indent=x)
+        w(sm80_gemm.SPLIT_HELPERS)
+    else:
+        sm80_gemm.full_tile_epilogue(w, tiles, var, f"m0 + cw * 64 + 64 <= M and n0 + {BN} <= N",
+                                     indent=x)
+        if pers:
+            w(x + "tile += cuda.gridDim.x")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor maps and the launch
+# ---------------------------------------------------------------------------------------------
+
+def _map_geometry(cfg, var, op, m, n, k, ld):
+    """(shape, strides in bytes, box), natural order, of operand ``op``'s tensor map."""
+    eb = cfg.elem_bytes
+    if op == "a":
+        mn, k_major, tile = m, var.a_layout == "row", cfg.bm
+    else:
+        mn, k_major, tile = n, var.b_layout == "col", cfg.bn
+    # A leading dimension only matters when the outer extent is > 1 (numbatc.gemm's alignment
+    # check ignores it then): give the map a legal one (a multiple of 16 bytes) for one row.
+    outer = k if not k_major else mn
+    stride = ld * eb if outer > 1 else -(-max(ld * eb, 16) // 16) * 16
+    if k_major:  # (MN, K), K contiguous: a box of whole 128-byte rows
+        return (mn, k), (stride, eb), (tile, cfg.bk)
+    return (k, mn), (stride, eb), (cfg.bk, _SWIZZLE // eb)  # (K, MN), MN contiguous
+
+
+class _Host:
+    """A flat emulated operand seen as a 2-D array by TensorMap (under the simulator a tensor
+    map's source is any object whose ``_ary`` is the NumPy array)."""
+
+    def __init__(self, array):
+        self._ary = array
+
+
+_MAPS: dict = {}
+_MAPS_LIMIT = 512
+_MAPS_LOCK = threading.Lock()
+
+
+class _CapturedMap:
+    """A tensor map written into a slot of :class:`_MapSlots` by a kernel recorded in a CUDA
+    graph (its ``device`` has what :func:`_map_params` reads)."""
+
+    def __init__(self, tm, device):
+        self.tm, self.device = tm, device
+
+
+class _MapSlots:
+    """Device memory for tensor maps made while a stream captures a CUDA graph, one pool per
+    device, allocated by the first TMA launch outside capture (cuMemAlloc would invalidate a
+    capture).  A new map is encoded on the host (no stream work) and written into its slot by a
+    one-block kernel on the capturing stream -- recorded into the graph, so every replay writes
+    the map before the GEMM reads it (a synchronous host copy cannot be recorded)."""
+
+    SLOTS = 4096  # 512 KB per device
+
+    def __init__(self):
+        self.words = cuda.device_array((self.SLOTS, 16), np.uint64)  # rows 128 B, 64-aligned
+        self.next = 0
+        self.writer = _map_writer()
+        self.writer[1, 16](self.words[0], (np.uint64(0),) * 16)  # compiled before any capture
+        cuda.synchronize()
+
+    def write(self, tm, stream):
+        if self.next == self.SLOTS:
+            from numbatc._capture import CaptureError
+
+            raise CaptureError(f"numbatc.gemm: {self.SLOTS} tensor maps were made while "
+                               "capturing on this device; no slot is left for another")
+        slot = self.words[self.next]
+        self.next += 1
+        words = tuple(np.uint64(w) for w in tm.words)
+        self.writer[1, 16, cuda.external_stream(stream)](slot, words)
+        return _CapturedMap(tm, slot)
+
+
+_SLOTS: dict = {}
+
+
+@functools.cache
+def _map_writer():
+    @cuda.jit
+    def write_map(dst, words):
+        i = cuda.threadIdx.x
+        if i < 16:
+            dst[i] = words[i]
+
+    return write_map
+
+
+def operand_map(cfg, var, op, src, m, n, k, ld, stream=0):
+    """The TensorMap of operand ``op`` ('a' or 'b'): ``src`` a device pointer (int) on the GPU,
+    a flat array in the emulation.  On the GPU the maps are cached per (pointer, geometry): the
+    map describes memory, not an allocation, so a recycled pointer reuses it correctly.  A new
+    pointer while ``stream`` captures a CUDA graph gets its map written by a recorded kernel
+    (:class:`_MapSlots`)."""
+    from intrinsics.tensormap import TensorMap
+
+    shape, strides, box = _map_geometry(cfg, var, op, m, n, k, ld)
+    dtype = _TMA_DTYPE[var.in_dtype if op == "a" else getattr(var, "b_dtype", var.in_dtype)]
+    if not isinstance(src, (int, np.integer)):  # the emulation: a view of the flat array
+        host = getattr(src, "_ary", src)
+        view = np.lib.stride_tricks.as_strided(host, shape=shape, strides=strides)
+        return TensorMap.tiled(_Host(view), box, dtype=dtype, swizzle=_SWIZZLE)
+    key = (int(src), dtype, shape, strides, box)
+    tm = _MAPS.get(key)
+    if tm is not None:
+        return tm
+    from numbatc import _capture
+
+    with _MAPS_LOCK:
+        tm = _MAPS.get(key)
+        if tm is not None:
+            return tm
+        device = cuda.current_context().device.id
+        tm = TensorMap.tiled(int(src), box, dtype=dtype, shape=shape, strides=strides,
+                             swizzle=_SWIZZLE)
+        if _capture.is_capturing(stream):
+            slots = _SLOTS.get(device)
+            if slots is None:
+                _capture.refuse_if_capturing(
+                    stream, "allocate the device memory for TMA tensor maps",
+                    "make one numbatc.gemm call on this device before capturing")
+            tm = slots.write(tm, _capture.stream_handle(stream))
+        else:
+            if device not in _SLOTS:
+                _SLOTS[device] = _MapSlots()
+            tm.device  # noqa: B018 -- copy it to the device now, once
+        if len(_MAPS) >= _MAPS_LIMIT:
+            _MAPS.clear()
+        _MAPS[key] = tm
+    return tm
+
+
+def tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream=0):
+    """(TensorMap of a, of b) for flat operands as sm90_gemm.launch takes them."""
+    return (operand_map(cfg, var, "a", a, m, n, k, lda, stream),
+            operand_map(cfg, var, "b", b, m, n, k, ldb, stream))
+
+
+def _map_params(tm):
+    """The 7 kernel parameters of a tensor map's uint64[:] device array (intrinsics.launch's
+    array_params), computed once per map."""
+    params = getattr(tm, "_kernel_params", None)
+    if params is None:
+        from intrinsics.launch import array_params
+
+        params = array_params(tm.device.__cuda_array_interface__["data"][0], (16,), (8,), 8)
+        tm._kernel_params = params
+    return params
+
+
+def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta,
+           stream, group_m, epilogue_args, prepare, split):
+    """sm90_gemm.launch for a TMA configuration (``a``, ``b`` flat as there: device pointers or
+    emulated arrays).  With ``prepare`` (GPU only) returns the relaunch function of
+    sm80_gemm.launch's contract, which looks up (or builds) the maps of its a and b pointers."""
+    from numba import config
+
+    from intrinsics import launch as launching
+    from numbatc.kernels import sm80_gemm
+
+    sig = signature(var)
+    if prepare and not config.ENABLE_CUDASIM:
+        eflat = ()
+        if var.epilogue is not None:
+            _, sig = sm80_gemm.with_epilogue_args(kernel, var, (), sig, epilogue_args)
+            eflat = sm80_gemm.flat_epilogue_args(epilogue_args)
+        prepared = launching.prepare(kernel, grid, cfg.threads, sig,
+                                     shared_bytes=cfg.shared_bytes)
+        if prepared is not None:
+            def relaunch(a, b, c, bias, out, alpha, beta, stream, eflat=()):
+                ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream)
+                extra = () if split is None else split(stream)
+                prepared(stream, *_map_params(ta), *_map_params(tb), c, bias, out, m, n, k,
+                         lda, ldb, ldc, ldo, alpha, beta, group_m, *extra, *eflat)
+
+            relaunch(a, b, c, bias, out, alpha, beta, stream, eflat)
+            return relaunch
+    ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream)
+    return sm80_gemm.launch_gemm_kernel(
+        kernel, var, grid, cfg.threads, cfg.shared_bytes, None, ta.device, tb.device, c, bias,
+        out, m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m, epilogue_args, False,
+        split=split, kernel_signature=sig)
