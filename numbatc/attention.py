@@ -230,7 +230,9 @@ def _launch(p: AttentionProblem):
     kernel (sm80_attention).  ``NUMBATC_ATTN_KERNEL=sm80`` forces the portable kernel,
     ``=sm90[:<config>]`` the Hopper one (and a config; in the CPU emulation too, which stands
     in for sm_90a but runs the portable kernel unless told: 384 Python threads per block are
-    slow).  ``NUMBATC_PRINT_CONFIG=1`` prints the choice (and why sm90 was not taken).
+    slow).  ``NUMBATC_PRINT_CONFIG=1`` prints the choice (and why sm90 was not taken, or why
+    a TMA configuration ran its cp.async twin: sm90_attention.resolve).  The Hopper default is
+    sm90_attention.choose_config's (its switch TMA_BY_DEFAULT picks the TMA configurations).
     NOTE: the Hopper default since it passed its GPU tests on the H200 and measured 0.44-0.64x
     of torch SDPA against the portable kernel's 0.31-0.42x (docs/PERFORMANCE.md)."""
     import os
@@ -259,10 +261,13 @@ def _launch(p: AttentionProblem):
         reason = sm90_attention.unsupported(p)
     if reason is None:
         cfg = sm90_attention.CONFIGS[name] if name else sm90_attention.choose_config(p.head_dim)
+        # a TMA configuration runs its cp.async twin where no tensor map describes q, k, v
+        cfg, fallback = sm90_attention.resolve(p, cfg)
         if printing:
             print(f"numbatc.attention B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k} Hq={p.heads_q} "
                   f"Hkv={p.heads_kv} D={p.head_dim}{' causal' if p.causal else ''}: sm90_attention "
-                  f"{cfg.name} {p.dtype}{' +lse' if p.lse is not None else ''}", file=sys.stderr)
+                  f"{cfg.name} {p.dtype}{' +lse' if p.lse is not None else ''}"
+                  f"{f' ({fallback})' if fallback else ''}", file=sys.stderr)
         sm90_attention.launch_attention(p, cfg)
         return
     if printing and hopper:

@@ -5,8 +5,11 @@ P V, setmaxnreg, cp.async with mbarrier arrivals, the proxy fence), and assemble
 (C7509 calls, C7513 registers defined inside a wgmma pipeline stage, C7519 injected arrives,
 C7517 injected waits); with nvdisasm on PATH the SASS shows the HGMMAs, and the overlapped
 schedule keeps its wgmma group in flight (DEPBAR.LE gsb0, 0x1), and the ping-pong ones (_pp)
-have their named barriers 1 and 2 (barrier.sync/arrive 256; BAR.SYNC/BAR.ARV).  sm_80 refuses the kernel;
-bad configurations and head dims are named."""
+have their named barriers 1 and 2 (barrier.sync/arrive 256; BAR.SYNC/BAR.ARV).  The TMA
+configurations (_tma) have 4-d tensor copies completing on mbarriers armed with expect_tx, the
+descriptor prefetches, and neither cp.async nor the proxy fence (SASS: UTMALDG); their byte
+counts are the boxes' sizes; the persistent one (_pt) loops over work tiles.  sm_80 refuses the kernel; bad configurations and head dims are
+named."""
 
 import functools
 import re
@@ -25,7 +28,7 @@ from tests.test_setmaxnreg_compile import whole_program_ptxas
 def _ptx(name, head_dim, dtype="bfloat16", causal=True, with_lse=True, arch="sm_90a"):
     cfg = attn.CONFIGS[name]
     var = attn.AttnVariant(head_dim, dtype, causal, with_lse)
-    return compile_ptx(attn.kernel_for(cfg, var), attn.signature(var), arch,
+    return compile_ptx(attn.kernel_for(cfg, var), attn.signature(var, cfg), arch,
                        launch_bounds=(cfg.threads, 1))
 
 
@@ -34,6 +37,10 @@ def _ptx(name, head_dim, dtype="bfloat16", causal=True, with_lse=True, arch="sm_
 CASES = [(name, 128, "bfloat16", True, True) for name in sorted(attn.CONFIGS)]
 CASES += [("n128_2s_ov", 64, "bfloat16", True, True), ("n128_2s", 64, "bfloat16", True, True),
           ("n128_2s_ov", 128, "float16", False, False), ("n64_2s", 64, "float16", False, True)]
+# the TMA producer at head_dim 64 (one box per tile) too
+CASES += [("n128_2s_ov_pp_fx_tma", 64, "bfloat16", True, True),
+          ("n128_2s_tma", 64, "float16", False, False),
+          ("n128_2s_ov_pp_fx_tma_pt", 64, "float16", False, True)]
 
 
 @pytest.mark.parametrize("name, d, dtype, causal, with_lse", CASES,
@@ -55,13 +62,29 @@ def test_assembles_without_spills_or_serialised_wgmma(name, d, dtype, causal, wi
     assert any("{%r" in x for x in pv), "P V must take A from registers (RS)"
     for text in (f"setmaxnreg.dec.sync.aligned.u32 {cfg.producer_regs};",
                  f"setmaxnreg.inc.sync.aligned.u32 {cfg.consumer_regs};",
-                 "cp.async.mbarrier.arrive.noinc.shared::cta.b64", "fence.proxy.async.shared::cta",
                  "shfl.sync.bfly.b32", ".maxntid 384, 1, 1", ".extern .shared .align 1024"):
         assert text in ptx, text
+    cp_async = ("cp.async.mbarrier.arrive.noinc.shared::cta.b64", "fence.proxy.async.shared::cta",
+                "cp.async.cg.shared.global")
+    tensor_copy = ("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                   " [%r")
+    if cfg.tma:
+        assert all(text not in ptx for text in cp_async), "a TMA config keeps a cp.async path"
+        # Q's boxes, and at least one K and one V tile (LLVM unrolls the producer's loop)
+        assert ptx.count(tensor_copy) >= 3 * d // 64, ptx.count(tensor_copy)
+        assert "mbarrier.arrive.expect_tx.shared::cta.b64" in ptx
+        assert ptx.count("prefetch.tensormap [%rd") == 3
+        # persistent: the tile loops, and the producer's wait for the previous tile's Q
+        assert ("%nctaid.x" in ptx) == cfg.persistent
+    else:
+        assert all(text in ptx for text in cp_async), cp_async
+        assert "cp.async.bulk" not in ptx
     assert ("wgmma.wait_group.sync.aligned 1;" in ptx) == cfg.overlap
-    # ping-pong: consumer w syncs on barrier 1 + w and arrives on the other's (256 threads)
+    # ping-pong: consumer w syncs on barrier 1 + w and arrives on the other's (256 threads);
+    # persistent: both sync on barrier 3 after each work tile
     bars = set(re.findall(r"barrier\.(sync|arrive)\.aligned (\d+), %r", ptx))
     assert bars == ({(op, i) for op in ("sync", "arrive") for i in ("1", "2")}
+                    | ({("sync", "3")} if cfg.persistent else set())
                     if cfg.pingpong else set()), bars
     assert "ld.local" not in ptx and "st.local" not in ptx
     log = whole_program_ptxas(ptx, tmp_path)
@@ -75,6 +98,7 @@ def test_assembles_without_spills_or_serialised_wgmma(name, d, dtype, causal, wi
                           text=True, check=True).stdout
     assert not re.search(r"\b(LDL|STL)\b", sass)
     assert "USETMAXREG" in sass
+    assert ("UTMALDG" in sass) == cfg.tma
     hgmma = re.findall(r"HGMMA\.64x(\d+)x16\.F32\b", sass)  # f16 inputs: no suffix
     assert len(hgmma) == len(mma)
     if cfg.overlap:
@@ -126,3 +150,71 @@ def test_fast_exp_configs_use_the_two_instruction_exponential(name):
     plain = _ptx(name.removesuffix("_fx"), 128, "bfloat16", True, True)
     assert "ex2.approx.f32" not in ptx and ptx.count("ex2.approx.ftz.f32") >= 64 + 2
     assert ptx.count("fma.rn.f32") >= 64 > plain.count("fma.rn.f32")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in attn.CONFIGS.items() if c.tma))
+@pytest.mark.parametrize("d", attn.HEAD_DIMS)
+def test_tma_byte_counts_are_the_boxes(name, d):
+    """Every expect_tx in the generated producer arms its barrier with exactly the bytes of the
+    boxes that signal it (64 head-dim elements x rows x 2 bytes each, out-of-bounds fill
+    included), every box starts at an innermost coordinate that is a multiple of 64 elements
+    (the 16-byte rule) and on a 1024-byte boundary of shared memory (128B swizzle)."""
+    cfg = attn.CONFIGS[name]
+    src = attn.kernel_source(cfg, attn.AttnVariant(d, "bfloat16", True, True))
+    producer = src.split("# ---- producer warpgroup")[1].split("# ---- consumer warpgroups")[0]
+    armed = {}
+    for m in re.finditer(r"nt\.mbarrier_arrive_expect_tx\((qbar), 0, (\d+)\)|"
+                         r"COMMIT\((\w+), index, (\d+)\)", producer):
+        armed[m[1] or m[3]] = int(m[2] or m[4])
+    loads = re.findall(r"nt\.tma_load\(smem, ([\d +a-z]+), tma_(\w), \((\d+), [^)]*\), (\w+), ",
+                       producer)
+    rows = {"q": attn._BM, "k": cfg.block_n, "v": cfg.block_n}
+    boxes = {}
+    for offset, tensor, inner, bar in loads:
+        boxes[bar] = boxes.get(bar, 0) + rows[tensor] * 64 * 2
+        assert int(inner) % 64 == 0, inner
+        assert all(int(x) % 1024 == 0 for x in re.findall(r"\d+", offset)), offset
+    assert set(armed) == {"qbar", "kbars", "vbars"}, armed
+    assert armed == boxes, (armed, boxes)
+    assert armed["qbar"] == attn._BM * d * 2 and armed["kbars"] == cfg.block_n * d * 2
+    assert f"base = index * {cfg.block_n * d * 2}" in producer and cfg.block_n * d * 2 % 1024 == 0
+
+
+def test_tma_switch_twins_and_refusals(monkeypatch):
+    """TMA_BY_DEFAULT picks the TMA configurations; each has a cp.async twin of its tile; a
+    misaligned start, a stride that is not 16 bytes, and no keys are refused with the reason."""
+    from types import SimpleNamespace
+
+    from numbatc.kernels import sm90_attention_tma
+
+    with pytest.raises(ValueError, match="producer must be 'cp_async' or 'tma'"):
+        attn.Sm90AttnConfig("bad", 128, producer="bulk")
+    for flag in (False, True):
+        monkeypatch.setattr(attn, "TMA_BY_DEFAULT", flag)
+        assert all(attn.choose_config(d).tma == flag for d in attn.HEAD_DIMS)
+    for cfg in attn.CONFIGS.values():
+        for d in attn.HEAD_DIMS:
+            twin = attn.twin(cfg, d) if cfg.tma else cfg
+            assert not twin.tma and twin.block_n == cfg.block_n
+
+    def operand(ptr=4096, shape=(2, 100, 4, 64), strides=(25600, 256, 64, 1)):
+        return SimpleNamespace(ptr=ptr, shape=shape, strides=strides)
+
+    def problem(q=None, k=None, v=None, seqlen_k=100):
+        return SimpleNamespace(q=q or operand(), k=k or operand(), v=v or operand(),
+                               seqlen_k=seqlen_k, head_dim=64)
+
+    assert sm90_attention_tma.unsupported(problem()) is None
+    # extent-1 dimensions are never stepped: their strides do not matter
+    assert sm90_attention_tma.unsupported(problem(q=operand(shape=(1, 1, 4, 64),
+                                                            strides=(3, 5, 64, 1)))) is None
+    cases = [(problem(k=operand(ptr=4098)), "k starts at 0x1002, not 16-byte aligned"),
+             (problem(v=operand(strides=(25600, 260, 64, 1))), "v's sequence stride is 260"),
+             (problem(q=operand(strides=(25604, 256, 64, 1))), "q's batch stride is 25604"),
+             (problem(seqlen_k=0), "seqlen_k is 0")]
+    tma_cfg = attn.CONFIGS["n128_2s_ov_pp_fx_tma"]
+    for p, why in cases:
+        assert why in sm90_attention_tma.unsupported(p)
+        cfg, reason = attn.resolve(p, tma_cfg)
+        assert cfg.name == "n128_2s_ov_pp_fx" and reason.startswith("not n128_2s_ov_pp_fx_tma: ")
+    assert attn.resolve(problem(), tma_cfg) == (tma_cfg, None)

@@ -11,12 +11,12 @@ leaves the registers (it is the A operand of the second wgmma, RS form).
                                          mask, online softmax (fp32, log2 domain, quad shuffles)
                                          O += P V    wgmma RS m64n{head_dim}k16 (V MN-major)
 
-Why cp.async and not TMA: as in sm90_gemm, the tensor form of the bulk copy faults on the H200
-this project tests on; each producer thread issues 16-byte ``cp.async`` copies straight into
+The cp.async producer: each producer thread issues 16-byte ``cp.async`` copies straight into
 their 128B-swizzled places and signals the stage's full barrier with
 ``cp.async.mbarrier.arrive.noinc`` (fires once all of its earlier copies have landed).  Rows past
 the end of the sequence are zero-filled (0 source bytes): a zero K row gives a score that the mask
-replaces with -inf, a zero V row contributes 0 * 0.
+replaces with -inf, a zero V row contributes 0 * 0.  The ``_tma`` configurations load with TMA
+tensor copies instead (numbatc.kernels.sm90_attention_tma; the end of this docstring).
 
 Shared memory (dynamic, 1024-byte aligned; every tile on a 1024-byte boundary, so descriptors
 have base offset 0), with D = head_dim (64 or 128) and BN = BLOCK_N:
@@ -60,6 +60,10 @@ releases the others; only tiles that cross the diagonal or the end of the keys r
 GQA: query head h reads key/value head h // group.  The kernel is generated Python source per
 (configuration, variant), cached on disk like sm80_gemm's, launched through intrinsics.launch
 (setmaxnreg: whole-program JIT).
+
+The ``_tma`` configurations replace the cp.async producer with one thread issuing TMA tensor
+copies of Q, K and V (numbatc.kernels.sm90_attention_tma: maps, boxes, byte counts, barriers);
+the consumers are the same code.  :data:`TMA_BY_DEFAULT` switches the default to them.
 """
 
 import functools
@@ -71,9 +75,9 @@ import numpy as np
 from numbatc.kernels import sm80_attention
 from numbatc.kernels.sm80_gemm import load_generated
 
-__all__ = ["Sm90AttnConfig", "CONFIGS", "HEAD_DIMS", "choose_config", "kernel_for",
-           "kernel_source", "launch", "launch_attention", "shared_bytes", "signature",
-           "unsupported"]
+__all__ = ["Sm90AttnConfig", "CONFIGS", "DEFAULT", "DEFAULT_TMA", "HEAD_DIMS", "TMA_BY_DEFAULT",
+           "choose_config", "kernel_for", "kernel_source", "launch", "launch_attention",
+           "resolve", "shared_bytes", "signature", "twin", "unsupported"]
 
 AttnVariant = sm80_attention.AttnVariant
 LOG2E = sm80_attention.LOG2E
@@ -106,9 +110,19 @@ class Sm90AttnConfig:
     # P = ex2.approx.ftz(fma(s, scale_log2, -max)): FFMA + MUFU.EX2 per score (intrinsics.
     # fastmath) instead of math.exp2's denormal-scaled ex2 after a separate multiply and subtract
     fast_exp: bool = False
+    # "cp_async": 128 producer threads copy 16 bytes each (this module); "tma": one thread issues
+    # tensor copies of whole boxes (numbatc.kernels.sm90_attention_tma)
+    producer: str = "cp_async"
+    # a persistent grid (one block per SM) walking the (batch, head, query block) tiles, longest
+    # first under a causal mask (sm90_attention_tma.WORK_TILE); TMA producers only
+    persistent: bool = False
 
     def __post_init__(self):
         problems = []
+        if self.producer not in ("cp_async", "tma"):
+            problems.append(f"producer must be 'cp_async' or 'tma', got {self.producer!r}")
+        if self.persistent and self.producer != "tma":
+            problems.append("persistent needs producer='tma'")
         if self.block_n not in (64, 128, 192):
             problems.append(f"block_n must be 64, 128 or 192, got {self.block_n}")
         if self.stages < 2:
@@ -133,6 +147,10 @@ class Sm90AttnConfig:
     def block_m(self):
         return _BM
 
+    @property
+    def tma(self):
+        return self.producer == "tma"
+
 
 def shared_bytes(cfg: Sm90AttnConfig, head_dim: int) -> int:
     """Dynamic shared memory: Q, then K x stages, then V x stages."""
@@ -156,8 +174,28 @@ CONFIGS = {
         # the two-instruction exponential (fast_exp); _pp_fx is the default for both head dims
         Sm90AttnConfig("n128_2s_ov_fx", 128, overlap=True, fast_exp=True),
         Sm90AttnConfig("n128_2s_ov_pp_fx", 128, overlap=True, pingpong=True, fast_exp=True),
+        # TMA producers (sm90_attention_tma): one thread, so 24 registers; the consumers get 240.
+        # Each falls back to its cp.async twin (the name without _tma, else the default) for
+        # operands a tensor map cannot describe (see :func:`resolve`).
+        Sm90AttnConfig("n128_2s_tma", 128, producer="tma", producer_regs=24, consumer_regs=240),
+        Sm90AttnConfig("n128_2s_ov_fx_tma", 128, overlap=True, fast_exp=True, producer="tma",
+                       producer_regs=24, consumer_regs=240),
+        Sm90AttnConfig("n128_2s_ov_pp_fx_tma", 128, overlap=True, pingpong=True, fast_exp=True,
+                       producer="tma", producer_regs=24, consumer_regs=240),
+        Sm90AttnConfig("n128_3s_ov_pp_fx_tma", 128, stages=3, overlap=True, pingpong=True,
+                       fast_exp=True, producer="tma", producer_regs=24, consumer_regs=240),
+        # persistent: the producer loads the next tile's Q and K/V during this one's epilogue
+        Sm90AttnConfig("n128_2s_ov_pp_fx_tma_pt", 128, overlap=True, pingpong=True,
+                       fast_exp=True, producer="tma", producer_regs=24, consumer_regs=240,
+                       persistent=True),
     )
 }
+
+#: The switch: True makes :func:`choose_config` return the TMA configuration (DEFAULT_TMA) for
+#: every head dim; False keeps the cp.async one (DEFAULT), as measured so far.
+TMA_BY_DEFAULT = False
+DEFAULT = {64: "n128_2s_ov_pp_fx", 128: "n128_2s_ov_pp_fx"}
+DEFAULT_TMA = {64: "n128_2s_ov_pp_fx_tma", 128: "n128_2s_ov_pp_fx_tma"}
 
 
 def check_fits(cfg: Sm90AttnConfig, head_dim: int):
@@ -179,7 +217,27 @@ def choose_config(head_dim: int) -> Sm90AttnConfig:
     323.7 / 251.3 against 307.2 / 227.1 for _ov)."""
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"sm90_attention implements head_dim {HEAD_DIMS}, got {head_dim}")
-    return CONFIGS["n128_2s_ov_pp_fx"]
+    return CONFIGS[(DEFAULT_TMA if TMA_BY_DEFAULT else DEFAULT)[head_dim]]
+
+
+def twin(cfg: Sm90AttnConfig, head_dim: int) -> Sm90AttnConfig:
+    """The cp.async configuration a TMA one falls back to: the same name without ``_tma`` where
+    it exists, else the cp.async default for the head dim."""
+    return CONFIGS.get(cfg.name.removesuffix("_pt").removesuffix("_tma")) or CONFIGS[DEFAULT[head_dim]]
+
+
+def resolve(p, cfg: Sm90AttnConfig):
+    """(the configuration to launch for problem ``p``, why it is not ``cfg`` or None): a TMA
+    configuration falls back to its :func:`twin` where a tensor map cannot describe the
+    operands (sm90_attention_tma.unsupported)."""
+    if not cfg.tma:
+        return cfg, None
+    from numbatc.kernels import sm90_attention_tma
+
+    why = sm90_attention_tma.unsupported(p)
+    if why is None:
+        return cfg, None
+    return twin(cfg, p.head_dim), f"not {cfg.name}: {why}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,11 +268,17 @@ def _tree(op, terms):
 
 
 def _layouts(cfg, D):
+    """(Q, K stage, V stage) shared layouts and the byte offset of consumer 1's Q rows."""
     from intrinsics.wgmma import SmemLayout
 
+    if cfg.tma:
+        from numbatc.kernels import sm90_attention_tma
+
+        return sm90_attention_tma.layouts(cfg, D)
     return (SmemLayout("K", _SWIZZLE, 64, D, 2),             # Q part of one consumer
             SmemLayout("K", _SWIZZLE, cfg.block_n, D, 2),    # K stage
-            SmemLayout("MN", _SWIZZLE, D, cfg.block_n, 2))   # V stage (mn = D, k = keys)
+            SmemLayout("MN", _SWIZZLE, D, cfg.block_n, 2),   # V stage (mn = D, k = keys)
+            64 * D * 2)                                      # consumer 1's Q part
 
 
 def _loader(w, name, rows, D, delta):
@@ -260,14 +324,21 @@ def kernel_source(cfg: Sm90AttnConfig, var: AttnVariant) -> str:
     BN, S = cfg.block_n, cfg.stages
     ptx = _PTX_TYPE[var.dtype]
     pack = "nt.pack_bf16x2" if var.dtype == "bfloat16" else "nt.pack_f16x2"
-    q_lay, k_lay, v_lay = _layouts(cfg, D)
-    QPB = q_lay.nbytes  # one consumer's Q part
-    QB = 2 * QPB
+    q_lay, k_lay, v_lay, QPB = _layouts(cfg, D)  # QPB: consumer 1's Q rows start here
+    QB = _BM * D * 2
+    tma = cfg.tma
+    pers = cfg.persistent  # the consumers' ring position then continues across tiles: it + n
     KB = k_lay.nbytes  # one K (or V) stage
     VB0 = QB + S * KB  # first V stage
     NS, NO, KK = BN // 2, D // 2, BN // 16  # S registers, O registers, k16 steps of P V
     # barrier indices: q_full, k_full[s], v_full[s], k_empty[s], v_empty[s]
     KF, VF, KE, VE = 1, 1 + S, 1 + 2 * S, 1 + 3 * S
+    if tma:
+        from numbatc.kernels import sm90_attention_tma
+
+        producer_globals = sm90_attention_tma.globals_source(cfg, var.causal)
+    else:
+        producer_globals = "CP = nt.cp_async_op(16, zfill=True)"
     lines = []
     w = lines.append
     w(f'''"""Generated by numbatc.kernels.sm90_attention for {cfg.name}, {var}. Do not edit."""
@@ -278,7 +349,7 @@ import intrinsics as nt
 
 QK = nt.wgmma_mma_async({BN}, "{ptx}", acc="f32", trans_a=0, trans_b=0)
 PV = nt.wgmma_mma_async({D}, "{ptx}", acc="f32", a_from="reg", trans_b=1)
-CP = nt.cp_async_op(16, zfill=True)
+{producer_globals}
 NEG_INF = np.float32(-np.inf)
 ZERO = np.float32(0)
 LN2 = np.float32({math.log(2.0)!r})
@@ -292,11 +363,12 @@ def store_pair(out, base, v0, v1):
     out[base] = np.uint16(p & 0xFFFF)
     out[base + 1] = np.uint16(p >> 16)
 ''')
-    # Loaders.  Q part p = row // 64 of the block, row % 64 within it; K rows 128 B apart inside
-    # each 64-column half; V: 8-key atoms of D * 16 bytes.
-    _loader(w, "q", _BM, D, lambda r: (r // 64) * QPB + (r % 64) * 128)
-    _loader(w, "k", BN, D, lambda r: r * 128)
-    _loader(w, "v", BN, D, lambda r: (r // 8) * D * 16)
+    if not tma:
+        # Loaders.  Q part p = row // 64 of the block, row % 64 within it; K rows 128 B apart
+        # inside each 64-column half; V: 8-key atoms of D * 16 bytes.
+        _loader(w, "q", _BM, D, lambda r: (r // 64) * QPB + (r % 64) * 128)
+        _loader(w, "k", BN, D, lambda r: r * 128)
+        _loader(w, "v", BN, D, lambda r: (r // 8) * D * 16)
 
     def softmax(ind, masked_cond, pack_p=True):
         """Source: mask S (when masked_cond holds), update the running max and sum, P (p_<v>,
@@ -351,9 +423,37 @@ def store_pair(out, base, v0, v1):
 
     P_REGS = [f"pa_{c}" for c in range(KK)]
 
-    def wait_full(ind, bar, stage, parity):
-        return (f"{ind}nt.mbarrier_wait_parity(bars, {bar} + {stage}, {parity})\n"
-                f"{ind}nt.fence_proxy_async_shared()  # cp.async (generic proxy) -> wgmma (async)")
+    def wait_full(ind, ring, stage, parity, fence=True):
+        """Source: wait until K or V (``ring`` 'k' or 'v') of ``stage`` has landed (and, for
+        the cp.async producer with ``fence``, make it visible to wgmma's async proxy)."""
+        if tma:  # TMA writes through the async proxy, which wgmma reads: no proxy fence
+            return f"{ind}WAIT({ring}bars, {stage}, {parity})"
+        bar = KF if ring == "k" else VF
+        text = f"{ind}nt.mbarrier_wait_parity(bars, {bar} + {stage}, {parity})"
+        if fence:
+            text += f"\n{ind}nt.fence_proxy_async_shared()  # cp.async (generic proxy) -> wgmma (async)"
+        return text
+
+    def st(n):
+        """Source: the stage of the warpgroup's key tile ``n``."""
+        return f"(it + {n}) % {S}" if pers else f"{n} % {S}"
+
+    def par(n):
+        """Source: the full barriers' parity for key tile ``n``."""
+        return f"((it + {n}) // {S}) & 1" if pers else f"({n} // {S}) & 1"
+
+    def release(ind, rings, stage):
+        """Source: lane 0 of each consumer warp gives K and/or V (``rings``: 'k', 'v', 'kv') of
+        ``stage`` back to the producer (its warp's wgmma group that read it has retired)."""
+        out = [f"{ind}if lane == 0:"]
+        for ring in rings:
+            if tma:
+                out.append(f"{ind}    RELEASE({ring}bars, {stage})")
+            else:
+                bar = KE if ring == "k" else VE
+                index = bar if stage == "0" else f"{bar} + {stage}"
+                out.append(f"{ind}    nt.mbarrier_arrive(bars, {index})")
+        return "\n".join(out)
 
     def qk_mmas(ind):
         """Source: the wgmmas of S = Q K(n)^T on K stage s (scale-d 0 first: S starts at 0)."""
@@ -400,7 +500,10 @@ def store_pair(out, base, v0, v1):
     zeros_o = _tup(["z"] * NO)
     zeros_p = "(np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0))"
 
-    w(f'''
+    if tma:
+        w(sm90_attention_tma.head_source(cfg, D, shared_bytes(cfg, D)))
+    else:
+        w(f'''
 
 @cuda.jit(cache=True, launch_bounds=({cfg.threads}, 1))
 def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss, q_sh, k_sb,
@@ -410,10 +513,15 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
     # q_full = bars[0], k_full[s] = bars[{KF} + s], v_full[s] = bars[{VF} + s]: the producer's 128
     # cp.async arrivals (.noinc); k_empty[s] = bars[{KE} + s], v_empty[s] = bars[{VE} + s]: one
     # arrival per consumer warp (8), by lane 0 after its warp's wgmma.wait_group retired the reads
-    bars = cuda.shared.array({1 + 4 * S}, np.uint64, alignment=8)
-    t = cuda.threadIdx.x
-    wg = t // 128
+    bars = cuda.shared.array({1 + 4 * S}, np.uint64, alignment=8)''')
+    w(f'''    t = cuda.threadIdx.x
+    wg = t // 128''')
+    if pers:  # each role computes its tiles' coordinates in its tile loop
+        from numbatc.kernels import sm90_attention_tma
 
+        w(sm90_attention_tma.PERSISTENT_TOP)
+    else:
+        w(f'''
     # Blocks of one (batch, head) are neighbours (they share K and V in L2); the last query
     # blocks, which see the most keys under a causal mask, start first.
     # NOTE: 32-bit unsigned arithmetic: a 64-bit division by a run-time value is a subroutine
@@ -427,13 +535,16 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
     hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))
     off = Sk - Sq  # causal: query i sees keys j <= i + off
     n_tiles = (Sk + {BN - 1}) // {BN}''')
-    if var.causal:
+    if var.causal and not pers:
         w(f'''    last = m0 + {_BM - 1} + off  # the last key the block's last query sees
     if last < 0:
         n_tiles = 0
     else:
         n_tiles = min(n_tiles, last // {BN} + 1)''')
-    w(f'''
+    if tma:
+        w(sm90_attention_tma.producer_source(cfg, D, QB, KB, VB0))
+    else:
+        w(f'''
     if t == 0:
         nt.mbarrier_init(bars, 0, 128)
         for s in range({S}):
@@ -474,14 +585,15 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
             k_g += {BN} * k_ss
             v_g += {BN} * v_ss
             left -= {BN}
-        nt.cp_async_wait_all()
-    else:
+        nt.cp_async_wait_all()''')
+    w(f'''    else:
         # ---- consumer warpgroups ---------------------------------------------------------------
         nt.setmaxnreg_inc({cfg.consumer_regs})
         cw = wg - 1
         lane = t % 32
-        tq = (lane % 4) * 2
-        wrow0 = m0 + cw * 64  # the warpgroup's first query row
+        tq = (lane % 4) * 2''')
+    tile_part = len(lines)  # the consumers' per-tile code starts here
+    w(f'''        wrow0 = m0 + cw * 64  # the warpgroup's first query row
         row0 = wrow0 + ((t % 128) // 32) * 16 + lane // 4  # this thread's rows: row0, row0 + 8
         # the key tiles this warpgroup's rows see (the block loads those of its last row)
         n_wg = n_tiles''')
@@ -504,7 +616,8 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         o = nt.wgmma_fence_operand({zeros_o})''')
     for c in range(KK):
         w(f"        pa_{c} = {zeros_p}")
-    w("        nt.mbarrier_wait_parity(bars, 0, 0)  # Q landed")
+    w(f"        nt.mbarrier_wait_parity({'qbar' if tma else 'bars'}, 0, {'qph' if pers else 0})"
+      "  # Q landed")
     if cfg.pingpong:
         w("""        # ping-pong: consumer 0 takes the first turn (consumer 1 arrives on its barrier once;
         # consumer 0's last bar.sync, after the key loop, consumes this extra arrival)
@@ -515,61 +628,56 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         w(f'''
         # ---- main loop: S = Q K^T, softmax, O += P V, in order ----
         for n in range(n_wg):
-            s = n % {S}
-            ph = (n // {S}) & 1
+            s = {st("n")}
+            ph = {par("n")}
             n0 = n * {BN}
-{wait_full(I, KF, "s", "ph")}
+{wait_full(I, "k", "s", "ph")}
 {group(I, fenced(I, ["sacc"]), qk_mmas(I))}
             nt.wgmma_wait_group(0)
             sacc = nt.wgmma_fence_operand(sacc)
-            if lane == 0:
-                nt.mbarrier_arrive(bars, {KE} + s)
+{release(I, "k", "s")}
 {softmax(I, mask_cond)}
             {rescale}
-{wait_full(I, VF, "s", "ph")}
+{wait_full(I, "v", "s", "ph")}
 {group(I, fenced(I, ["o"] + P_REGS), pv_mmas(I, "s"))}
             nt.wgmma_wait_group(0)
             o = nt.wgmma_fence_operand(o)
-            if lane == 0:
-                nt.mbarrier_arrive(bars, {VE} + s)''')
+{release(I, "v", "s")}''')
     else:
         w(f'''
         # ---- main loop, FA3's intra-warpgroup overlap: S(n) and P(n-1) V(n-1) issued back to
         # back; softmax(S(n)) runs while P(n-1) V(n-1) is on the tensor core ----
         if n_wg > 0:
-            s = 0
-            ph = 0
+            s = {st("0") if pers else 0}
+            ph = {par("0") if pers else 0}
             n0 = 0
-{wait_full(I, KF, "s", "ph")}{turn(I, "sync", True)}
+{wait_full(I, "k", "s", "ph")}{turn(I, "sync", True)}
 {group(I, fenced(I, ["sacc"]), qk_mmas(I))}{turn(I, "arrive", False)}
             nt.wgmma_wait_group(0)
             sacc = nt.wgmma_fence_operand(sacc)
-            if lane == 0:
-                nt.mbarrier_arrive(bars, {KE})
+{release(I, "k", "s" if pers else "0")}
 {softmax(I, mask_cond)}
         for n in range(1, n_wg):
-            s = n % {S}
-            ph = (n // {S}) & 1
-            sp = (n - 1) % {S}  # the previous tile's stage and parity
+            s = {st("n")}
+            ph = {par("n")}
+            sp = {st("(n - 1)")}  # the previous tile's stage and parity
             n0 = n * {BN}
             # NOTE: both waits before the first wgmma: a wait (a branch loop) between the two
             # groups made ptxas serialise every wgmma of the kernel (C7513).  V(n-1) has been
             # in flight a whole tile longer than K(n), so waiting for it early costs nothing.
-{wait_full(I, KF, "s", "ph")}
-{wait_full(I, VF, "sp", f"((n - 1) // {S}) & 1")}{turn(I, "sync", True)}
+{wait_full(I, "k", "s", "ph")}
+{wait_full(I, "v", "sp", par("(n - 1)"))}{turn(I, "sync", True)}
 {fenced(I, ["sacc", "o"] + P_REGS)}
 {group(I, qk_mmas(I))}
 {group(I, pv_mmas(I, "sp"))}{turn(I, "arrive", False)}
             nt.wgmma_wait_group(1)  # S(n) done; P(n-1) V(n-1) may still run
             sacc = nt.wgmma_fence_operand(sacc)
-            if lane == 0:
-                nt.mbarrier_arrive(bars, {KE} + s)
+{release(I, "k", "s")}
 {softmax(I, mask_cond, pack_p=False)}
             nt.wgmma_wait_group(0)
             o = nt.wgmma_fence_operand(o)
 {fence_p(I)}
-            if lane == 0:
-                nt.mbarrier_arrive(bars, {VE} + sp)
+{release(I, "v", "sp")}
             {rescale}
             # NOTE: P(n) is converted into the A registers only now that P(n-1) V(n-1) retired
             # (as FA3 does): converting during that wgmma made ptxas serialise every wgmma of
@@ -577,23 +685,26 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
             # between start and end of the pipeline stage").
 {pack_p_source(I)}
         if n_wg > 0:
-            sp = (n_wg - 1) % {S}
-{wait_full(I, VF, "sp", f"((n_wg - 1) // {S}) & 1")}
+            sp = {st("(n_wg - 1)")}
+{wait_full(I, "v", "sp", par("(n_wg - 1)"))}
 {group(I, fenced(I, ["o"] + P_REGS), pv_mmas(I, "sp"))}
             nt.wgmma_wait_group(0)
             o = nt.wgmma_fence_operand(o)
-            if lane == 0:
-                nt.mbarrier_arrive(bars, {VE} + sp)''')
+{release(I, "v", "sp")}''')
+    if pers:
+        # NOTE: every consumer thread arrives, not lane 0 per warp: in a tile whose rows see no
+        # key nothing converges a warp between its wait for Q and this release, and a lane
+        # still before its wait would see q_full two phases on (the emulation deadlocked so)
+        w("""        # every Q K^T of this tile has retired: Q's buffer goes back to the producer
+        nt.mbarrier_arrive(qbar, 1)""")
     w(f'''
         # tiles the block loaded that this warpgroup's rows do not see (causal): wait, release
         for n in range(n_wg, n_tiles):
-            s = n % {S}
-            ph = (n // {S}) & 1
-            nt.mbarrier_wait_parity(bars, {KF} + s, ph)
-            nt.mbarrier_wait_parity(bars, {VF} + s, ph)
-            if lane == 0:
-                nt.mbarrier_arrive(bars, {KE} + s)
-                nt.mbarrier_arrive(bars, {VE} + s){turn(I, "sync", True)}{turn(I, "arrive", False)}''')
+            s = {st("n")}
+            ph = {par("n")}
+{wait_full(I, "k", "s", "ph", fence=False)}
+{wait_full(I, "v", "s", "ph", fence=False)}
+{release(I, "kv", "s")}{turn(I, "sync", True)}{turn(I, "arrive", False)}''')
     if cfg.pingpong:
         w("""        # ping-pong: consume consumer 1's last arrival (one more than consumer 0's turns)
         if cw == 0:
@@ -613,6 +724,12 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
     w("        o = " + _tup([f"o[{v}] * inv_{(v // 2) % 2}" for v in range(NO)]))
     sm80_attention.store_o_rows(w, "        ", D, lambda hh: f"row0 + {8 * hh}",
                                 lambda hh, jj, c: f"o[{4 * jj + 2 * hh + c}]")
+    if pers:
+        from numbatc.kernels import sm90_attention_tma
+
+        body = "\n".join(lines[tile_part:])
+        del lines[tile_part:]
+        w(sm90_attention_tma.consumer_loop(body, cfg.pingpong))
     w("\n\ngemm_kernel = attention_kernel  # the entry point sm80_gemm.load_generated returns")
     return "\n".join(lines) + "\n"
 
@@ -628,9 +745,14 @@ def kernel_for(cfg: Sm90AttnConfig, var: AttnVariant):
     return load_generated("sm90_attention", kernel_source(cfg, var))
 
 
-def signature(var: AttnVariant):
+def signature(var: AttnVariant, cfg: Sm90AttnConfig = None):
     """The kernel's argument types on the GPU: sm80_attention's (typed device pointers, int64
-    sizes and strides, the float32 scale)."""
+    sizes and strides, the float32 scale); for a TMA ``cfg`` sm90_attention_tma's (the tensor
+    maps in place of q, k, v and their strides)."""
+    if cfg is not None and cfg.tma:
+        from numbatc.kernels import sm90_attention_tma
+
+        return sm90_attention_tma.signature(var)
     return sm80_attention.signature(var)
 
 
@@ -680,9 +802,15 @@ def unsupported(p):
 
 def launch_attention(p, cfg=None):
     """Launch the kernel for a :class:`numbatc.attention.AttentionProblem` on its stream (the
-    caller checked :func:`unsupported`); ``cfg`` defaults to :func:`choose_config`."""
-    cfg = cfg or choose_config(p.head_dim)
+    caller checked :func:`unsupported`); ``cfg`` defaults to :func:`choose_config`, and a TMA
+    configuration whose operands no tensor map describes runs its twin (:func:`resolve`)."""
+    cfg, _ = resolve(p, cfg or choose_config(p.head_dim))
     var = AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None)
+    if cfg.tma:
+        from numbatc.kernels import sm90_attention_tma
+
+        sm90_attention_tma.launch_attention(p, cfg, var)
+        return
     keep = []
     args, stream = sm80_attention.kernel_arguments(p, keep)
     launch(cfg, var, *args, stream=stream)

@@ -4,12 +4,17 @@ cp.async -> mbarrier -> wgmma pipeline (SS for Q K^T, RS for P V), the online so
 accumulator's registers, masks for ragged key tiles and the causal diagonal, rows that see no
 key, GQA, head_dim 64 and 128, bf16 and f16, lse; both schedules (in order, and the overlapped
 one with a wgmma group in flight during the softmax, and that one with the two consumers'
-ping-pong on named barriers), rings of 2 and 3 stages that wrap.
+ping-pong on named barriers), rings of 2 and 3 stages that wrap.  The TMA producers (_tma):
+tensor copies of Q, K and V through rank-4 maps (out-of-bounds rows zero-filled, the
+emulation's 16-byte start rule and byte counts enforced), on FlashAttention's awkward seqlen
+pairs, GQA / MQA, causal with seqlen_q > seqlen_k, strided (packed, heads-major) views, and
+the fallback to the cp.async twin for a misaligned operand or no keys.
 
 Each case checks against tests/gpu/test_attention_gpu.py's float64 reference (outputs poisoned
 with NaN first, fresh random data) and that the sm90 kernel, not the fallback, ran.  384 threads
 per block are 384 Python threads here: one or two blocks per case."""
 
+import numpy as np
 import pytest
 from numba import config
 
@@ -39,6 +44,20 @@ CASES = [
     # the two-instruction exponential (ex2.approx.ftz of an fma): masked rows, -inf maxima
     (1, 70, 200, 2, 1, 128, True, "bfloat16", "n128_2s_ov_fx"),
     (1, 150, 150, 1, 1, 64, True, "float16", "n128_2s_ov_pp_fx"),
+    # the TMA producer: one query, 2 key tiles (the second ragged); Q rows 1..127 past the end
+    (1, 1, 239, 1, 1, 64, False, "bfloat16", "n128_2s_tma"),
+    # head_dim 128 (two boxes per tile, V's K-first atoms), GQA, causal, ragged both ways
+    (1, 113, 203, 2, 1, 128, True, "bfloat16", "n128_2s_ov_pp_fx_tma"),
+    # causal with seqlen_q > seqlen_k: block 0's consumer 0 sees no key; 2 blocks
+    (1, 130, 30, 1, 1, 64, True, "float16", "n128_2s_ov_pp_fx_tma"),
+    # MQA, 5 key tiles wrap a 3-stage ring
+    (1, 40, 520, 3, 1, 128, False, "bfloat16", "n128_3s_ov_pp_fx_tma"),
+    # 3 batches (the batch coordinate), overlapped without ping-pong
+    (3, 20, 70, 1, 1, 64, True, "float16", "n128_2s_ov_fx_tma"),
+    # persistent (2 blocks in the emulation): 12 work tiles, longest first, 6 of them see no
+    # key (causal, seqlen_q > seqlen_k); the ring and q_full's phase run on across tiles
+    (1, 400, 30, 3, 1, 128, True, "float16", "n128_2s_ov_pp_fx_tma_pt"),
+    (2, 150, 239, 2, 1, 64, False, "bfloat16", "n128_2s_ov_pp_fx_tma_pt"),
 ]
 
 
@@ -77,3 +96,56 @@ def test_other_head_dims_stay_on_sm80(sm90, capsys, monkeypatch):
     check(1, 3, 5, 1, 1, 32, False)
     assert used == []
     assert "sm80_attention, not sm90_attention: head_dim 32" in capsys.readouterr().err
+
+
+def _packed(q, k, v, dtype):
+    """Slices of one (B, S, 3, H, D) array: sequence stride 3 H D."""
+    from numba import cuda
+
+    from tests.gpu.test_attention_gpu import NP_DTYPE
+
+    d = cuda.to_device(np.stack([q, k, v], axis=2).astype(NP_DTYPE[dtype]))
+    return d[:, :, 0], d[:, :, 1], d[:, :, 2]
+
+
+def _heads_major(q, k, v, dtype):
+    """(B, H, S, D) arrays seen as (B, S, H, D): the strides are not in order."""
+    from numba import cuda
+
+    from tests.gpu.test_attention_gpu import NP_DTYPE
+
+    return [cuda.to_device(np.ascontiguousarray(x.transpose(0, 2, 1, 3)).astype(NP_DTYPE[dtype]))
+            .transpose((0, 2, 1, 3)) for x in (q, k, v)]
+
+
+@pytest.mark.parametrize("views, args", [
+    (_packed, (2, 70, 70, 2, 2, 64, True, "float16")),
+    (_heads_major, (1, 70, 90, 2, 1, 128, False, "float16")),
+], ids=["packed", "heads_major"])
+def test_tma_reads_strided_views_in_place(sm90, views, args):
+    used = sm90("n128_2s_tma")
+    check(*args, views=views)
+    assert used == ["n128_2s_tma"]
+
+
+def test_tma_falls_back_to_cp_async(sm90, capsys, monkeypatch):
+    """A k that starts 2 bytes past a 16-byte boundary, and seqlen_k == 0: the cp.async twin
+    runs, and NUMBATC_PRINT_CONFIG=1 says why."""
+    from numba import cuda
+
+    from tests.gpu.test_attention_gpu import NP_DTYPE
+
+    def misaligned(q, k, v, dtype):
+        dev = [cuda.to_device(x.astype(NP_DTYPE[dtype])) for x in (q, k, v)]
+        km = cuda.to_device(np.zeros(k.size + 1, NP_DTYPE[dtype]))[1:].reshape(k.shape)
+        km.copy_to_device(dev[1])
+        return dev[0], km, dev[2]
+
+    used = sm90("n128_2s_ov_pp_fx_tma")
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    check(1, 20, 30, 1, 1, 64, False, "float16", views=misaligned)
+    check(1, 5, 0, 2, 2, 64, False)
+    assert used == ["n128_2s_ov_pp_fx", "n128_2s_ov_pp_fx"]
+    err = capsys.readouterr().err
+    assert "(not n128_2s_ov_pp_fx_tma: k starts at" in err, err
+    assert "(not n128_2s_ov_pp_fx_tma: seqlen_k is 0" in err, err

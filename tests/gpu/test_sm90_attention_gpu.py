@@ -4,10 +4,15 @@ lengths 1, primes, tile edges and 1023, seqlen_q != seqlen_k both ways, causal a
 64 and 128, MHA, GQA and MQA, bf16 and f16, Numba and torch arrays, strided and misaligned
 views; outputs poisoned (NaN) before every call, fresh random data every run; lse checked.
 Every call also checks that sm90_attention (not the sm80 fallback) ran, with the config asked
-for.  The emulated subset lives in tests/emulation/test_sm90_attention_emulated.py.
+for.  The TMA configurations (_tma) also on FlashAttention's hard seqlen pairs (113 x 203,
+1023 x 1024, 1 x 239 ...), odd batch and head counts, heads-major (transposed) and packed QKV
+views, and their fallback to the cp.async twin for operands no tensor map describes
+(misaligned k, seqlen_k 0), which NUMBATC_PRINT_CONFIG=1 names.  The emulated subset lives in
+tests/emulation/test_sm90_attention_emulated.py.
 
 Run on the H200:  python3 -m pytest -q tests/gpu/test_sm90_attention_gpu.py
-(``-k sweep`` for the sweep only; ``-s -k timing`` prints sm90 against sm80 timings)."""
+(``-k sweep`` for the sweep only; ``-k tma`` the TMA configurations; ``-s -k timing`` prints sm90
+against sm80 timings).  scripts/gpu_attention_tma.sh runs them in shards, then the benchmark."""
 
 import math
 
@@ -22,6 +27,10 @@ pytest.importorskip("ml_dtypes")
 from tests.gpu import test_attention_gpu as base  # noqa: E402
 
 check = base.check
+#: the TMA configurations (each falls back to sm90_attention.twin where no tensor map fits)
+TMA_CONFIGS = sorted(n for n, c in sm90_attention.CONFIGS.items() if c.tma)
+#: the sweep's seqlen pairs: the portable kernel's and FlashAttention's test suite's hard ones
+SEQLENS = base.SEQLENS + [(113, 203), (1023, 1024), (1, 239), (239, 1), (1024, 1023), (3, 1024)]
 
 
 @pytest.fixture
@@ -63,6 +72,26 @@ def test_small_cases_first(sm90):
         assert used == [name]
 
 
+TMA_SMALL = [
+    ("n128_2s_tma", (1, 1, 239, 1, 1, 64, False, "bfloat16")),
+    ("n128_2s_ov_pp_fx_tma", (1, 113, 203, 2, 1, 128, True, "bfloat16")),
+    ("n128_2s_ov_pp_fx_tma", (1, 130, 30, 1, 1, 64, True, "float16")),
+    ("n128_3s_ov_pp_fx_tma", (1, 40, 520, 3, 1, 128, False, "bfloat16")),
+    ("n128_2s_ov_fx_tma", (3, 20, 70, 1, 1, 64, True, "float16")),
+    ("n128_2s_ov_pp_fx_tma_pt", (1, 400, 30, 3, 1, 128, True, "float16")),
+    ("n128_2s_ov_pp_fx_tma_pt", (2, 150, 239, 2, 1, 64, False, "bfloat16")),
+]
+
+
+@pytest.mark.parametrize("name, args", TMA_SMALL, ids=[f"{n}-{a[1]}x{a[2]}" for n, a in TMA_SMALL])
+def test_tma_small_cases_first(sm90, name, args):
+    """The emulated TMA cases (tests/emulation/test_sm90_attention_emulated.py), on the
+    hardware."""
+    used = sm90(name)
+    check(*args)
+    assert used == [name]
+
+
 @pytest.mark.parametrize("name", sorted(sm90_attention.CONFIGS))
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -70,11 +99,22 @@ def test_small_cases_first(sm90):
 def test_sweep(sm90, name, d, causal, dtype):
     gen = np.random.default_rng()
     used = sm90(name)
-    for sq, sk in base.SEQLENS:
+    for sq, sk in SEQLENS:
         hq, hkv = base.HEADS[int(gen.integers(len(base.HEADS)))]
-        b = int(gen.integers(1, 3))
+        b = int(gen.integers(1, 4))
         check(b, sq, sk, hq, hkv, d, causal, dtype)
-    assert used == [name] * len(base.SEQLENS)
+    assert used == [name] * len(SEQLENS)
+
+
+@pytest.mark.parametrize("name", TMA_CONFIGS)
+def test_tma_many_blocks(sm90, name):
+    """More work tiles than SMs (several waves; a persistent grid walks several tiles per
+    block), long key loops, causal and not."""
+    used = sm90(name)
+    check(2, 2048, 2048, 8, 2, 128, True, "bfloat16")
+    check(3, 1000, 3000, 6, 1, 64, True, "float16")
+    check(1, 4096, 1024, 4, 4, 64, False, "bfloat16")
+    assert used == [name] * 3
 
 
 def test_many_blocks_and_long_sequences(sm90):
@@ -116,8 +156,70 @@ def test_torch_arrays_views_and_misaligned_inputs(sm90):
         return dev[0], km, dev[2]
 
     check(1, 100, 77, 2, 1, 128, False, views=misaligned)
-    # 2 x 2 torch calls, the packed views, the misaligned k: every one on the Hopper kernel
-    assert used == [sm90_attention.choose_config(d).name for d in (64, 64, 128, 128, 64, 128)]
+    # 2 x 2 torch calls, the packed views, the misaligned k: every one on the Hopper kernel (the
+    # misaligned k on the default's cp.async twin if the default is a TMA configuration)
+    want = [sm90_attention.choose_config(d).name for d in (64, 64, 128, 128, 64)]
+    last = sm90_attention.choose_config(128)
+    want.append(sm90_attention.twin(last, 128).name if last.tma else last.name)
+    assert used == want
+
+
+def _torch(x, dtype):
+    import torch
+
+    t = torch.from_numpy(x.astype(base.NP_DTYPE[dtype]).view(np.uint16)).cuda()
+    return t.view(torch.bfloat16) if dtype == "bfloat16" else t.view(torch.float16)
+
+
+def heads_major(q, k, v, dtype):
+    """(B, H, S, D) tensors (torch SDPA's layout) seen as (B, S, H, D): head stride S * D,
+    sequence stride D -- the strides are not in order."""
+    return [_torch(np.ascontiguousarray(x.transpose(0, 2, 1, 3)), dtype).transpose(1, 2)
+            for x in (q, k, v)]
+
+
+def packed_qkv(q, k, v, dtype):
+    """Slices of one (B, S, 3, H, D) tensor (needs seqlen_q == seqlen_k, heads_q == heads_kv)."""
+    t = _torch(np.stack([q, k, v], axis=2), dtype)
+    return t[:, :, 0], t[:, :, 1], t[:, :, 2]
+
+
+@pytest.mark.parametrize("name", TMA_CONFIGS)
+def test_tma_views_and_odd_shapes(sm90, name):
+    """Strided views read in place through the tensor maps (no fallback), odd batch and head
+    counts, GQA / MQA, causal with seqlen_q > seqlen_k."""
+    pytest.importorskip("torch")
+    used = sm90(name)
+    check(3, 113, 203, 6, 2, 128, True, "bfloat16", views=heads_major)
+    check(1, 517, 113, 5, 1, 64, True, "float16", views=heads_major)
+    check(2, 239, 239, 3, 3, 64, False, "bfloat16", views=packed_qkv)
+    check(3, 1023, 1024, 4, 1, 128, True, "float16", lib="torch")
+    check(1, 1024, 1023, 2, 2, 128, False, "bfloat16", lib="torch")
+    assert used == [name] * 5
+
+
+@pytest.mark.parametrize("name", TMA_CONFIGS)
+def test_tma_falls_back_to_cp_async_where_no_map_fits(sm90, name, capsys, monkeypatch):
+    """A misaligned k (start 2 bytes past 16) and seqlen_k == 0 run the cp.async twin, which
+    NUMBATC_PRINT_CONFIG=1 names with the reason."""
+    torch = pytest.importorskip("torch")
+    cfg = sm90_attention.CONFIGS[name]
+    fallback = sm90_attention.twin(cfg, 64).name
+    used = sm90(name)
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+
+    def misaligned(q, k, v, dtype):
+        dev = [_torch(x, dtype) for x in (q, k, v)]
+        buf = torch.empty(k.size + 1, dtype=dev[1].dtype, device="cuda")
+        km = buf[1:].view(k.shape)
+        km.copy_(dev[1])
+        return dev[0], km, dev[2]
+
+    check(1, 100, 77, 2, 1, 64, False, views=misaligned)
+    check(1, 5, 0, 2, 2, 64, False)
+    assert used == [fallback, fallback]
+    err = capsys.readouterr().err
+    assert f"not {name}: k starts at" in err and f"not {name}: seqlen_k is 0" in err, err
 
 
 def test_timing(sm90, monkeypatch):

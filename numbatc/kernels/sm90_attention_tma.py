@@ -1,0 +1,365 @@
+"""sm90_attention's TMA producer (the ``_tma`` configurations): one thread of the producer
+warpgroup loads Q once per query block and drives the K and V rings with tensor copies
+(``cp.async.bulk.tensor``, 128B swizzle) that complete on mbarriers; the two wgmma consumer
+warpgroups, their ping-pong, the softmax and the epilogue are sm90_attention's.
+
+    block = 384 threads = 3 warpgroups, launch_bounds (384, 1)
+      WG0  producer  setmaxnreg.dec 24   thread 0: expect_tx(q_full, Q bytes) -> Q boxes; per key
+                                         tile: acquire k_empty[s] -> expect_tx(k_full[s], KB) ->
+                                         K boxes; the same for V; advance.  127 threads leave.
+      WG1  consumer  setmaxnreg.inc 240  wait k_full[s] / v_full[s] (no proxy fence: TMA writes
+      WG2  consumer                      through the async proxy, which wgmma reads) ... release
+
+Tensor maps (intrinsics.tensormap.TensorMap.tiled, rank 4, innermost first as the device sees
+them): (d, head, seq, batch) of q, k and v as they lie in memory -- any strides, no copy -- with
+boxes of (64, 1, rows, 1): 64 head-dim elements = one 128-byte swizzle row per sequence row.
+Rows past the end of the sequence (and past Sq for Q) are outside the tensor: TMA fills them
+with zeros and still counts their bytes (the batch is its own dimension, so a box never reads
+the next batch's rows).  A zero K row gives a score the mask replaces with -inf, a zero V row
+adds 0 * 0, a zero Q row belongs to a query that is not stored.
+
+    Q    D/64 boxes of (128 rows, 64 d) at d = 0, 64        (128, D) K-major: half j at 16 KB j;
+                                                            consumer c's rows at 8 KB c
+    K    D/64 boxes of (BN keys, 64 d) per stage            (BN, D) K-major, as the cp.async
+                                                            producer writes it
+    V    D/64 boxes of (BN keys, 64 d) per stage            (D, BN) MN-major with the 8-key atoms
+                                                            stacked K-first: sm90_gemm_tma's
+                                                            MnKFirstLayout (LBO = BN * 128 between
+                                                            the 64-d halves, SBO = 1024)
+
+Byte counts: expect_tx(q_full) = 128 * D * 2 (QB), expect_tx(k_full[s]) = expect_tx(v_full[s])
+= BN * D * 2 (KB): whole boxes, out-of-bounds fill included.  Every box starts at an innermost
+coordinate of 0 or 64 elements (0 or 128 bytes): the 16-byte rule of intrinsics.tma holds;
+the sequence, head and batch coordinates are outer and free.  Every box lands on a 1024-byte
+boundary (QB, KB, BN * 128 are multiples of 1024), as the 128B swizzle needs.
+
+Barriers: q_full = qbar[0] (one arrival, the expect_tx); the K and V rings are two
+numbatc.kernels.pipeline rings (``tma_pipeline(stages)``: full[s] = kbars[s] one arrival plus
+the bytes, empty[s] = kbars[S + s] one arrival per consumer warp, 8).  Both rings advance in
+step: tile n uses stage n % S in round n // S, which is the consumers' bookkeeping too.
+
+Persistent (``_pt``): one block per SM walks the work tiles blockIdx.x, + gridDim.x, ...
+(``work_tile``): under a causal mask every (batch, head)'s last query blocks first -- the most
+keys, the longest work first -- else one (batch, head)'s query blocks side by side (they share
+K and V in L2).  q_empty = qbar[1] completes when all 256 consumer threads have arrived, after
+the tile's last Q K^T retired (before its last P V and the epilogue); the producer then loads
+the next tile's Q and streams its K and V through the same rings, so the next tile's loads
+overlap this one's end.  The rings' (index, phase) run on across tiles: the consumers add the
+key tiles of earlier work tiles (``it``) to their tile index.  The ping-pong consumers meet on
+named barrier 3 after each tile, so that consumer 1's first arrival on barrier 1 for the next
+tile cannot meet its last one of this tile.
+
+Operands that a tensor map cannot describe -- a start or a batch / sequence / head stride that
+is not a multiple of 16 bytes -- and seqlen_k == 0 run the cp.async twin
+(sm90_attention.twin), which NUMBATC_PRINT_CONFIG=1 names with the reason.  Maps are cached per
+(pointer, shape, strides, box): a warm call builds none.  Print a kernel as it is compiled::
+
+    python -c "from numbatc.kernels import sm90_attention as a; print(a.kernel_source(
+        a.CONFIGS['n128_2s_ov_pp_fx_tma'], a.AttnVariant(128, 'bfloat16', True, True)))"
+"""
+
+import numpy as np
+
+__all__ = ["PERSISTENT_TOP", "consumer_loop", "globals_source", "head_source",
+           "launch_attention", "layouts", "operand_map", "producer_source", "signature",
+           "unsupported"]
+
+_SWIZZLE = 128
+_BOX_D = 64  # head-dim elements per box: one 128-byte swizzle row of bf16 / f16
+_TMA_DTYPE = {"bfloat16": "bf16", "float16": "f16"}
+
+_RING = """from numbatc.kernels.pipeline import tma_pipeline
+RING = tma_pipeline({stages})
+RING_INIT = RING.init
+ADVANCE = RING.advance
+ACQUIRE = RING.producer_acquire
+COMMIT = RING.producer_commit
+WAIT = RING.consumer_wait
+RELEASE = RING.consumer_release"""
+
+
+def globals_source(cfg, causal):
+    """Source of the generated module's globals for a TMA producer: the ring's device functions
+    and, for a persistent configuration, ``work_tile``."""
+    text = _RING.format(stages=cfg.stages)
+    if not cfg.persistent:
+        return text
+    BN, BM = cfg.block_n, 128
+    if causal:
+        order = """    # under the causal mask every (batch, head)'s last query blocks first: the longest work
+    bh = np.uint32(w % bhn)
+    mi = np.uint32(np.uint32(mb - np.uint32(1)) - np.uint32(w // bhn))"""
+        clamp = f"""
+    last = m0 + {BM - 1} + off  # the last key the tile's last query sees
+    if last < 0:
+        n_tiles = 0
+    else:
+        n_tiles = min(n_tiles, last // {BN} + 1)"""
+    else:
+        order = """    # one (batch, head)'s query blocks side by side: they share K and V in L2
+    bh = np.uint32(w // mb)
+    mi = np.uint32(np.uint32(mb - np.uint32(1)) - np.uint32(w % mb))"""
+        clamp = ""
+    return text + f"""
+
+
+@cuda.jit(device=True, forceinline=True)
+def work_tile(tile, bhn, m_blocks, Hq, group, Sk, off):
+    # (m0, b, h, hk, bh, key tiles) of work tile ``tile`` of m_blocks * bhn.  NOTE: 32-bit
+    # unsigned arithmetic, as in the kernel (a 64-bit division is a call: C7509)
+    w = np.uint32(tile)
+    mb = np.uint32(m_blocks)
+{order}
+    m0 = np.int64(mi) * {BM}
+    b = np.int64(np.uint32(bh // np.uint32(Hq)))
+    h = np.int64(np.uint32(bh % np.uint32(Hq)))
+    hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))
+    n_tiles = (Sk + {BN - 1}) // {BN}{clamp}
+    return m0, b, h, hk, bh, n_tiles
+"""
+
+
+#: The kernel's first lines after ``wg`` in a persistent configuration.
+PERSISTENT_TOP = """    off = Sk - Sq  # causal: query i sees keys j <= i + off
+    bhn = np.uint32(np.uint32(n_work) // np.uint32(m_blocks))  # (batch, head) pairs"""
+
+_NEXT_TILE = "m0, b, h, hk, bh, n_tiles = work_tile(tile, bhn, m_blocks, Hq, group, Sk, off)"
+
+
+def consumer_loop(body, pingpong):
+    """Source of a persistent configuration's consumer tile loop around ``body`` (the
+    consumers' per-tile code, indented for the kernel body)."""
+    inner = "\n".join(("    " + line) if line.strip() else line for line in body.split("\n"))
+    end = ""
+    if pingpong:
+        end = """
+            # both consumers finish the tile before either starts the next: consumer 1's first
+            # arrival of the next tile must not meet its last of this one on barrier 1
+            nt.named_barrier_sync(3, 256)"""
+    return f"""        it = 0  # key tiles of earlier work tiles: the ring position continues
+        qph = 0  # q_full's parity
+        tile = np.int64(cuda.blockIdx.x)
+        while tile < n_work:
+            {_NEXT_TILE}
+{inner}{end}
+            it += n_tiles
+            qph ^= 1
+            tile += cuda.gridDim.x"""
+
+
+def layouts(cfg, D):
+    """(Q, K stage, V stage) shared layouts as the boxes write them, and the byte offset of
+    consumer 1's Q rows (row 64)."""
+    from intrinsics.wgmma import SmemLayout
+    from numbatc.kernels.sm90_gemm_tma import MnKFirstLayout
+
+    q = SmemLayout("K", _SWIZZLE, 128, D, 2)
+    return (q, SmemLayout("K", _SWIZZLE, cfg.block_n, D, 2),
+            MnKFirstLayout("MN", _SWIZZLE, D, cfg.block_n, 2), int(q.offset(64, 0)))
+
+
+def head_source(cfg, D, nbytes):
+    """Source of the kernel's first lines: its parameters, shared memory and barriers."""
+    S, BN = cfg.stages, cfg.block_n
+    q_empty = ("; q_empty = qbar[1]:\n    # one arrival per consumer thread (256) once the tile's "
+               "Q K^T retired" if cfg.persistent else "")
+    return f'''
+
+@cuda.jit(cache=True, launch_bounds=({cfg.threads}, 1))
+def attention_kernel(tma_q, tma_k, tma_v, out, lse, Sq, Sk, Hq, group, m_blocks, n_work, o_sb,
+                     o_ss, o_sh, scale_log2):
+    # Q (128, {D}) | K {S} x ({BN}, {D}) | V {S} x ({BN}, {D}), 128B swizzle: {nbytes} bytes
+    smem = cuda.shared.array(0, np.uint8, alignment=1024)
+    # q_full = qbar[0]: the producer's expect_tx arrival + {128 * D * 2} bytes{q_empty}.  K and V rings:
+    # full[s] = kbars[s] / vbars[s] (one expect_tx arrival + {BN * D * 2} bytes), empty[s] =
+    # kbars[{S} + s] / vbars[{S} + s] (one arrival per consumer warp, 8)
+    qbar = cuda.shared.array({2 if cfg.persistent else 1}, np.uint64, alignment=8)
+    kbars = cuda.shared.array({2 * S}, np.uint64, alignment=8)
+    vbars = cuda.shared.array({2 * S}, np.uint64, alignment=8)'''
+
+
+def producer_source(cfg, D, QB, KB, VB0):
+    """Source of the barrier initialisation and the producer warpgroup (up to the consumers'
+    ``else:``): ``QB`` Q's bytes, ``KB`` one K or V stage's, ``VB0`` the first V stage's
+    offset.  Persistent: a loop over the block's work tiles; the ring's (index, phase) runs on
+    across them, and each tile's Q waits for q_empty (the previous tile's Q K^T retired)."""
+    BN = cfg.block_n
+    halves = range(D // _BOX_D)
+    pers = cfg.persistent
+    x = " " * (16 if pers else 12)  # the body of ``if t == 0`` (and of the tile loop)
+    lines = [f'''
+    if t == 0:
+        nt.mbarrier_init(qbar, 0, 1){"""
+        nt.mbarrier_init(qbar, 1, 256)""" if pers else ""}
+        RING_INIT(kbars, 1, 8)
+        RING_INIT(vbars, 1, 8)
+    cuda.syncthreads()
+
+    if wg == 0:
+        # ---- producer warpgroup: thread 0 issues every tensor copy ---------------------------
+        nt.setmaxnreg_dec({cfg.producer_regs})
+        if t == 0:
+            nt.tma_prefetch_descriptor(tma_q)
+            nt.tma_prefetch_descriptor(tma_k)
+            nt.tma_prefetch_descriptor(tma_v)''']
+    if pers:
+        lines.append(f'''            index = 0
+            phase = 0
+            qphase = 0
+            tile = np.int64(cuda.blockIdx.x)
+            while tile < n_work:
+                {_NEXT_TILE}
+                nt.mbarrier_wait_parity(qbar, 1, qphase ^ 1)  # the previous tile's Q is free''')
+    lines.append(f'''{x}# Q (128 rows from m0, {D}): {len(halves)} box(es) of (128, 64), {QB} bytes
+{x}nt.mbarrier_arrive_expect_tx(qbar, 0, {QB})''')
+    for j in halves:
+        lines.append(f"{x}nt.tma_load(smem, {j * 128 * 128}, tma_q, ({_BOX_D * j}, h, m0, b), "
+                     "qbar, 0)")
+    lines.append(f"{x}# key tile n: the ring's stage index; K then V, {KB} bytes each")
+    if not pers:
+        lines.append(f"{x}index = 0\n{x}phase = 0")
+    lines.append(f'''{x}n0 = 0
+{x}for n in range(n_tiles):
+{x}    base = index * {KB}
+{x}    ACQUIRE(kbars, index, phase)
+{x}    COMMIT(kbars, index, {KB})''')
+    for j in halves:
+        lines.append(f"{x}    nt.tma_load(smem, {QB} + base + {j * BN * 128}, tma_k, "
+                     f"({_BOX_D * j}, hk, n0, b), kbars, index)")
+    lines.append(f'''{x}    ACQUIRE(vbars, index, phase)
+{x}    COMMIT(vbars, index, {KB})''')
+    for j in halves:
+        lines.append(f"{x}    nt.tma_load(smem, {VB0} + base + {j * BN * 128}, tma_v, "
+                     f"({_BOX_D * j}, hk, n0, b), vbars, index)")
+    lines.append(f'''{x}    index, phase = ADVANCE(index, phase)
+{x}    n0 += {BN}''')
+    if pers:
+        lines.append(f"{x}qphase ^= 1\n{x}tile += cuda.gridDim.x")
+    return "\n".join(lines)
+
+
+def signature(var):
+    """The kernel's argument types: the three tensor maps (``uint64[:]``, TensorMap.device),
+    out and lse as typed pointers, int64 sizes (n_work: the work tiles, = the grid unless
+    persistent) and O's strides, the float32 scale."""
+    from numba import types
+
+    tmap = types.Array(types.uint64, 1, "C")
+    return ((tmap, tmap, tmap, types.CPointer(types.uint16), types.CPointer(types.float32))
+            + (types.int64,) * 9 + (types.float32,))
+
+
+# ---------------------------------------------------------------------------------------------
+# From a numbatc.attention problem to tensor maps and a launch
+# ---------------------------------------------------------------------------------------------
+
+_MAX_STRIDE = 2**40
+
+
+def unsupported(p):
+    """Why a tensor map cannot describe problem ``p``'s q, k and v in place (the cp.async twin
+    then runs), or None.  The maps need 16-byte aligned starts and batch / sequence / head
+    strides (those of extent > 1) that are multiples of 16 bytes, below 2**40."""
+    if p.seqlen_k == 0:
+        return "seqlen_k is 0 (no key to load)"
+    for name, ca in (("q", p.q), ("k", p.k), ("v", p.v)):
+        if ca.ptr % 16:
+            return f"{name} starts at {ca.ptr:#x}, not 16-byte aligned (a tensor map needs it)"
+        for axis, (n, st) in enumerate(zip(ca.shape[:3], ca.strides[:3])):
+            nbytes = st * 2
+            if n > 1 and (nbytes % 16 or nbytes >= _MAX_STRIDE):
+                what = ("batch", "sequence", "head")[axis]
+                return (f"{name}'s {what} stride is {st} elements ({nbytes} bytes), not a multiple "
+                        f"of 16 bytes below 2**40 (a tensor map needs it)")
+    return None
+
+
+class _Host:
+    """A view of an emulated flat operand as TensorMap's source (under the simulator any object
+    whose ``_ary`` is the NumPy array)."""
+
+    def __init__(self, array):
+        self._ary = array
+
+
+_MAPS: dict = {}
+_MAPS_LIMIT = 512
+
+
+def operand_map(src, dtype, shape, strides, rows, stream=0):
+    """The TensorMap of q, k or v: ``src`` a device pointer (int) on the GPU, a flat array in
+    the emulation; ``shape`` (batch, seq, heads, D) and ``strides`` (batch, seq, head) in
+    elements (0 for an extent of 1); boxes of (1, ``rows``, 1, 64).  On the GPU the maps are
+    cached per (pointer, geometry): a map describes memory, not an allocation, so a recycled
+    pointer reuses it correctly; building one (a device copy) refuses a capturing ``stream``."""
+    from intrinsics.tensormap import TensorMap
+
+    eb = 2
+    byte_strides = [st * eb for st in strides]
+    # a dimension of extent 1 is never stepped: give it a legal stride (the tensor's span)
+    span = -(-max([n * st for n, st in zip(shape, byte_strides)] + [shape[3] * eb]) // 16) * 16
+    byte_strides = tuple(st if n > 1 else span for n, st in zip(shape, byte_strides)) + (eb,)
+    shape = tuple(int(n) for n in shape)
+    box = (1, rows, 1, _BOX_D)
+    dt = _TMA_DTYPE[dtype]
+    if not isinstance(src, (int, np.integer)):  # the emulation
+        host = getattr(src, "_ary", src)
+        view = np.lib.stride_tricks.as_strided(host, shape=shape, strides=byte_strides)
+        return TensorMap.tiled(_Host(view), box, dtype=dt, swizzle=_SWIZZLE)
+    key = (int(src), dt, shape, byte_strides, box)
+    tm = _MAPS.get(key)
+    if tm is None:
+        from numbatc._capture import refuse_if_capturing
+
+        refuse_if_capturing(stream, "build the tensor maps of q, k and v (a device copy)",
+                            "make one call with these tensors before capturing (the maps are "
+                            "cached)")
+        tm = TensorMap.tiled(int(src), box, dtype=dt, shape=shape, strides=byte_strides,
+                             swizzle=_SWIZZLE)
+        tm.device  # noqa: B018 -- copy it to the device now, once
+        if len(_MAPS) >= _MAPS_LIMIT:
+            _MAPS.clear()
+        _MAPS[key] = tm
+    return tm
+
+
+def launch_attention(p, cfg, var):
+    """Launch the TMA kernel ``cfg`` for an AttentionProblem whose operands a tensor map
+    describes (:func:`unsupported` is None) on its stream."""
+    from numba import config
+
+    from intrinsics.launch import launch as launch_kernel
+    from numbatc.kernels import sm80_attention, sm90_attention
+
+    keep = []
+    args, stream = sm80_attention.kernel_arguments(p, keep)
+    q, k, v, out, lse, batch, sq, sk, hq, group, q_st, k_st, v_st, o_st, scale = args
+    D = p.head_dim
+    maps = (operand_map(q, var.dtype, (batch, sq, hq, D), q_st, sm90_attention._BM, stream),
+            operand_map(k, var.dtype, (batch, sk, p.heads_kv, D), k_st, cfg.block_n, stream),
+            operand_map(v, var.dtype, (batch, sk, p.heads_kv, D), v_st, cfg.block_n, stream))
+    kernel = sm90_attention.kernel_for(cfg, var)
+    m_blocks = -(-sq // sm90_attention._BM)
+    n_work = sm90_attention.grid_for(batch, hq, sq)
+    grid = min(n_work, _persistent_blocks()) if cfg.persistent else n_work
+    args = (*(m.device for m in maps), out, lse, sq, sk, hq, group, m_blocks, n_work, *o_st,
+            np.float32(scale * sm90_attention.LOG2E))
+    sig = None if config.ENABLE_CUDASIM else signature(var)
+    launch_kernel(kernel, grid, cfg.threads, args,
+                  shared_bytes=sm90_attention.shared_bytes(cfg, D), stream=stream, signature=sig)
+    keep.append(maps)
+
+
+_BLOCKS = []
+
+
+def _persistent_blocks():
+    """Blocks of a persistent grid: one per SM (one 384-thread block with ~200 KB of shared
+    memory fits an SM); 2 in the emulation, so that a block walks several work tiles."""
+    from numba import config, cuda
+
+    if config.ENABLE_CUDASIM:
+        return 2
+    if not _BLOCKS:
+        _BLOCKS.append(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+    return _BLOCKS[0]
