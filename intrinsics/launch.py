@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import functools
 import struct
+import threading
 
 import numpy as np
 
@@ -187,6 +188,13 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, wh
 _STREAMS = {}
 
 
+#: Held while a plan is made: threads launching one kernel for the first time at once make one
+#: plan (numba compiles under its own global lock anyway).  Stream objects have their own lock,
+#: so a new stream never waits for another thread's compilation.
+_BUILD_LOCK = threading.RLock()
+_STREAMS_LOCK = threading.Lock()
+
+
 def _core_stream(stream):
     """cuda.core's stream for a Numba stream, 0, or a raw CUstream handle (an int, as torch's
     ``current_stream().cuda_stream`` gives); objects for handles are made once and reused."""
@@ -198,7 +206,10 @@ def _core_stream(stream):
     if core is None:
         from cuda.core import Stream
 
-        core = _STREAMS[stream] = Stream.from_handle(stream)
+        with _STREAMS_LOCK:
+            core = _STREAMS.get(stream)
+            if core is None:
+                core = _STREAMS[stream] = Stream.from_handle(stream)
     return core
 
 
@@ -208,7 +219,11 @@ def _plan_for(kernel, signature, shared_bytes, cluster, whole_program):
            cuda.get_current_device().id)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS[key] = _plan(kernel, signature, shared_bytes, cluster, whole_program)
+        with _BUILD_LOCK:
+            plan = _PLANS.get(key)
+            if plan is None:
+                plan = _PLANS[key] = _plan(kernel, signature, shared_bytes, cluster,
+                                           whole_program)
     return plan
 
 

@@ -12,3 +12,16 @@ from numbatc._interop import bfloat16, float4_e2m1, float8_e4m3, float8_e5m2  # 
 from numbatc.gemm import gemm  # noqa: E402  (the function; the module is sys.modules["numbatc.gemm"])
 from numbatc.softmax import gemm_softmax, softmax  # noqa: E402
 from numbatc.attention import attention  # noqa: E402  (the function, as numbatc.gemm)
+from numbatc._capture import CaptureError  # noqa: E402
+
+
+def __getattr__(name):
+    # numbatc.torch (custom ops, Linear, patch) imports torch: only on first use
+    if name == "torch":
+        import importlib
+
+        try:
+            return importlib.import_module("numbatc.torch")
+        except ImportError as exc:  # hasattr(numbatc, "torch") stays False without torch
+            raise AttributeError(f"numbatc.torch is not available: {exc}") from exc
+    raise AttributeError(f"module 'numbatc' has no attribute {name!r}")

@@ -12,8 +12,10 @@ transpose of a row-major weight, bf16 output) against ``torch._scaled_mm`` in th
 Shapes: squares 1024..8192 and LLM shapes M in {1, 16, 64, 128, 256, 4096} x (N, K) in
 {(4096, 4096), (8192, 8192), (28672, 8192), (8192, 28672)}; ``--shapes decode``: M in {1, 16, 64,
 128, 256} x 8192 x 8192 and M in {1, 16} at the two 28672 shapes, with the device's copy
-bandwidth measured first (GB/s columns: bytes of a, b and out moved once per call).  torch is needed for the inputs and
-the reference; it is optional for numbatc itself.
+bandwidth measured first (GB/s columns: bytes of a, b and out moved once per call); ``--shapes
+llama8b``: Llama-3-8B's qkv, o, gate_up and down projections at M = 4096 tokens
+(``quick+llama8b``: both sets in one process).  torch is needed for the inputs and the
+reference; it is optional for numbatc itself.
 
 ``python -m numbatc.bench attention [--shapes quick] [--csv F] [--png F] [--configs]``: numbatc.attention
 against torch's ``scaled_dot_product_attention`` (the fastest of its flash, cuDNN and
@@ -30,6 +32,11 @@ then numbatc.gemm_softmax against torch.softmax(scale * a @ b) for (M, K, N) in
 numbatc.gemm plain, with a bias + GELU + residual user epilogue (epilogue=...), and with the
 built-in bias + gelu, at 4096^3 and 8192^3 in the same run, as overhead % over the plain GEMM; and
 torch's unfused gelu(a @ b + bias) + residual for reference.
+
+``python -m numbatc.bench transformers [--shapes quick] [--csv F]``: the prefill of a
+random-weight transformers Llama (4 layers, hidden 1024, GQA 16/4, bf16) with every nn.Linear
+through numbatc.gemm and attention through numbatc.attention, against the same model in torch
+(needs transformers).
 """
 
 import argparse
@@ -43,8 +50,11 @@ LLM = [(m, n, k) for (n, k) in ((4096, 4096), (8192, 8192), (28672, 8192), (8192
        for m in (1, 16, 64, 128, 256, 4096)]
 DECODE = ([(m, 8192, 8192) for m in (1, 16, 64, 128, 256)]
           + [(m, n, k) for (n, k) in ((28672, 8192), (8192, 28672)) for m in (1, 16)])
+#: Llama-3-8B's projections at 4096 tokens (M, N, K): qkv, o, gate_up, down.
+LLAMA8B = [(4096, 6144, 4096), (4096, 4096, 4096), (4096, 28672, 4096), (4096, 4096, 14336)]
 SHAPES = {"squares": SQUARES, "llm": LLM, "all": SQUARES + LLM, "decode": DECODE,
-          "quick": [(4096, 4096, 4096), (8192, 8192, 8192)]}
+          "quick": [(4096, 4096, 4096), (8192, 8192, 8192)], "llama8b": LLAMA8B}
+SHAPES["quick+llama8b"] = SHAPES["quick"] + LLAMA8B
 
 
 class Progress:
@@ -91,7 +101,7 @@ def _time_gpu(fn, torch, reps, warmup=3):
     return statistics.median(times)
 
 
-def bench_gemm(shapes, dtype="bfloat16", reps=20):
+def bench_gemm(shapes, dtype="bfloat16", reps=20, b_layout="row"):
     import torch
 
     import numbatc
@@ -116,7 +126,10 @@ def bench_gemm(shapes, dtype="bfloat16", reps=20):
                                               out_dtype=torch.bfloat16, out=out)
         else:
             a = torch.randn(m, k, device="cuda", dtype=tdt)
-            b = torch.randn(k, n, device="cuda", dtype=tdt)
+            if b_layout == "col":  # b = w.T of a row-major (n, k) weight, as x @ W.T
+                b = torch.randn(n, k, device="cuda", dtype=tdt).T
+            else:
+                b = torch.randn(k, n, device="cuda", dtype=tdt)
             out = torch.empty(m, n, device="cuda", dtype=tdt)
             sa = sb = 1.0
             ours_fn = lambda: numbatc.gemm(a, b, out=out)  # noqa: E731
@@ -499,29 +512,146 @@ def main_epilogue(args):
     return 0
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m numbatc.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["gemm", "attention", "softmax", "epilogue"])
-    parser.add_argument("--shapes", default="all", choices=sorted(SHAPES))
-    parser.add_argument("--dtype", default="bfloat16",
+# ---------------------------------------------------------------------------------------------
+# transformers: a Llama's prefill through numbatc against the same model in torch
+# ---------------------------------------------------------------------------------------------
+
+TRANSFORMERS_SHAPES = {"all": [(1, 128), (1, 512), (1, 2048), (8, 512), (4, 2048)],
+                       "quick": [(1, 512), (4, 2048)]}
+
+
+def bench_transformers(shapes, reps):
+    """Prefill of a random-weight LlamaForCausalLM (4 layers, hidden 1024, GQA 16/4, bf16):
+    torch (cuBLAS + SDPA) and the same model with numbatc.torch.patch and the "numbatc"
+    attention implementation (examples/ex07_transformers.py checks its results)."""
+    import copy
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import numbatc.torch
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                         num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4,
+                         max_position_embeddings=4096)
+    ref = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    ours = copy.deepcopy(ref)
+    numbatc.torch.patch(ours)
+    ours.set_attn_implementation(numbatc.torch.register_transformers())
+    rows = []
+    with torch.no_grad():
+        for batch, seq in shapes:
+            ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda")
+            start = time.perf_counter()
+            got = ours(ids).logits.float()
+            torch.cuda.synchronize()
+            first = time.perf_counter() - start
+            want = ref(ids).logits.float()
+            rel = ((got - want).norm() / want.norm()).item()
+            ms_ours = _time_gpu(lambda: ours(ids), torch, reps)
+            ms_ref = _time_gpu(lambda: ref(ids), torch, reps)
+            rows.append({"batch": batch, "seq": seq, "numbatc_ms": ms_ours, "torch_ms": ms_ref,
+                         "ratio": ms_ours / ms_ref, "first_call_s": first, "rel_err": rel})
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main_transformers(args):
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("python -m numbatc.bench transformers needs transformers: pip install "
+              "transformers", file=sys.stderr)
+        return 2
+    rows = bench_transformers(TRANSFORMERS_SHAPES[args.shapes], args.reps)
+    print("prefill of a random-weight Llama (4 layers, hidden 1024, GQA 16/4, bf16); ratio = "
+          "numbatc time / torch time")
+    _table(rows, [("batch", "batch", "d"), ("seq", "seq", "d"), ("numbatc_ms", "numbatc ms",
+                  ".2f"), ("torch_ms", "torch ms", ".2f"), ("ratio", "ratio", ".2f"),
+                  ("first_call_s", "first call s", ".1f"), ("rel_err", "logits rel err", ".1e")])
+    if args.csv:
+        write_csv(rows, args.csv)
+    return 0
+
+
+_SUBCOMMANDS = {
+    "gemm": "numbatc.gemm against cuBLAS (torch.matmul; torch._scaled_mm for float8)",
+    "attention": "numbatc.attention against torch's scaled_dot_product_attention (fastest "
+                 "backend)",
+    "softmax": "numbatc.softmax against torch.softmax, then numbatc.gemm_softmax",
+    "epilogue": "what a fused user epilogue costs over the plain numbatc.gemm",
+    "transformers": "a transformers Llama's prefill through numbatc against torch (needs "
+                    "transformers)",
+}
+
+_NEEDS = ("python -m numbatc.bench needs a CUDA GPU and PyTorch with CUDA (for the inputs and "
+          "the reference kernels: cuBLAS, SDPA); numbatc itself does not need torch")
+_GET_TORCH = ("install a CUDA build of torch: pip install torch (https://pytorch.org/get-started/ "
+              "names the wheel for your CUDA driver)")
+
+
+def _parser():
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dtype", default="bfloat16",
                         choices=["bfloat16", "float16", "float8_e4m3", "float8_e5m2"],
-                        help="float8_*: gemm only, per-tensor scales, bf16 output, against "
-                             "torch._scaled_mm")
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--csv", help="write the table as CSV here")
-    parser.add_argument("--png", help="write a bar plot here (needs matplotlib)")
-    parser.add_argument("--configs", action="store_true",
-                        help="also time every sm80 tile configuration on the shapes (forced through "
-                             "NUMBATC_SM80_CONFIG), to tune the heuristic")
+                        help="input dtype (default bfloat16); float8_*: gemm only, per-tensor "
+                             "scales, bf16 output, against torch._scaled_mm")
+    common.add_argument("--reps", type=int, default=20, metavar="N",
+                        help="timed launches per measurement (default 20; the median is shown)")
+    common.add_argument("--csv", metavar="FILE", help="also write the table as CSV to FILE")
+    parser = argparse.ArgumentParser(
+        prog="python -m numbatc.bench", description=__doc__.splitlines()[0],
+        epilog="Each subcommand has its own --help.  Needs a CUDA GPU and PyTorch with CUDA "
+               "(inputs and references).")
+    sub = parser.add_subparsers(dest="what", required=True, metavar="{" + ",".join(_SUBCOMMANDS)
+                                + "}")
+    gemm = sub.add_parser("gemm", parents=[common], help=_SUBCOMMANDS["gemm"],
+                          description=_SUBCOMMANDS["gemm"])
+    gemm.add_argument("--shapes", default="all", choices=sorted(SHAPES),
+                      help="squares: 1024..8192 cubes; llm: M in {1 .. 4096} x LLM weight "
+                           "shapes; all (default): both; decode: M <= 256 with the copy "
+                           "bandwidth; quick: 4096^3 and 8192^3")
+    gemm.add_argument("--png", metavar="FILE", help="write a bar plot to FILE (needs "
+                      "matplotlib: pip install numbatc[plots])")
+    gemm.add_argument("--b-layout", default="row", choices=("row", "col"),
+                      help="b row-major (k, n) (default), or col: b = w.T of a row-major (n, k) "
+                           "weight, as a Linear layer's x @ W.T (bf16/f16; float8 is always col)")
+    gemm.add_argument("--configs", action="store_true",
+                      help="also time every sm80 tile configuration on the shapes (forced "
+                           "through NUMBATC_SM80_CONFIG), to tune the heuristic")
+    attention = sub.add_parser("attention", parents=[common], help=_SUBCOMMANDS["attention"],
+                               description=_SUBCOMMANDS["attention"])
+    attention.add_argument("--shapes", default="all", choices=sorted(ATTENTION_SHAPES),
+                           help="all (default): head_dim 64/128/256 x seqlen 512..16384; quick: "
+                                "head_dim 64/128 x seqlen 1024/4096")
+    attention.add_argument("--png", metavar="FILE", help="write a bar plot to FILE (needs "
+                           "matplotlib: pip install numbatc[plots])")
+    attention.add_argument("--configs", action="store_true",
+                           help="also time every sm80_attention configuration "
+                                "(NUMBATC_ATTN_CONFIG)")
+    for name, table in (("softmax", SOFTMAX_SHAPES), ("epilogue", EPILOGUE_SHAPES),
+                        ("transformers", TRANSFORMERS_SHAPES)):
+        p = sub.add_parser(name, parents=[common], help=_SUBCOMMANDS[name],
+                           description=_SUBCOMMANDS[name])
+        p.add_argument("--shapes", default="all", choices=sorted(table),
+                       help="all (default) or quick (a few shapes)")
+    return parser
+
+
+def main(argv=None):
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.dtype.startswith("float8") and args.what != "gemm":
         parser.error(f"--dtype {args.dtype} is for the gemm benchmark only")
     try:
         import torch
     except ImportError:
-        parser.error("the benchmark needs torch (inputs and the cuBLAS reference)")
+        parser.error(f"torch is not installed. {_NEEDS}; {_GET_TORCH}")
     if not torch.cuda.is_available():
-        parser.error("the benchmark needs a CUDA GPU")
+        build = " (a CPU-only build)" if torch.version.cuda is None else ""
+        parser.error(f"torch {torch.__version__}{build} sees no CUDA GPU. {_NEEDS}"
+                     + (f"; {_GET_TORCH}" if build else ""))
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     if args.what == "attention":
         return main_attention(args)
@@ -529,10 +659,12 @@ def main(argv=None):
         return main_softmax(args)
     if args.what == "epilogue":
         return main_epilogue(args)
+    if args.what == "transformers":
+        return main_transformers(args)
     if args.shapes == "decode":
         print(f"device copy bandwidth: {copy_bandwidth(torch):.0f} GB/s (read + write of 1 GiB)",
               flush=True)
-    rows = bench_gemm(SHAPES[args.shapes], args.dtype, args.reps)
+    rows = bench_gemm(SHAPES[args.shapes], args.dtype, args.reps, args.b_layout)
     for row in rows:
         row["config"] = "heuristic"
     if args.configs:
@@ -542,7 +674,7 @@ def main(argv=None):
 
         for name in CONFIGS:
             os.environ["NUMBATC_SM80_CONFIG"] = name
-            for row in bench_gemm(SHAPES[args.shapes], args.dtype, args.reps):
+            for row in bench_gemm(SHAPES[args.shapes], args.dtype, args.reps, args.b_layout):
                 row["config"] = name
                 rows.append(row)
         os.environ.pop("NUMBATC_SM80_CONFIG")

@@ -368,7 +368,8 @@ def _check_lane(frag, lane):
     if lane is None:
         return None
     if frag.kind != "registers":
-        raise ValueError(f"{frag.name} is a shared-memory layout: it has no lanes (drop lane)")
+        raise ValueError(f"{frag.name} is a shared-memory layout: it has no lanes (drop --lane, "
+                         "or lane= in render_grid / render_png)")
     if not isinstance(lane, (int, np.integer)) or not 0 <= lane < frag.threads:
         raise ValueError(f"{frag.name}: lane must be an integer in 0..{frag.threads - 1}, got {lane!r}")
     return int(lane)
@@ -455,7 +456,8 @@ def render_png(name, path, lane=None, *, rows=None, cols=None, field="chunk"):
     except ImportError as err:
         raise ImportError(
             "render_png needs matplotlib, an optional dependency of numbatc: "
-            "python3 -m pip install matplotlib (render_grid needs nothing)"
+            "python3 -m pip install matplotlib, or numbatc's plots extra: "
+            "python3 -m pip install 'numbatc[plots]' (render_grid needs nothing)"
         ) from err
     frag = fragment(name)
     lane = _check_lane(frag, lane)
@@ -648,7 +650,8 @@ def main(argv=None):
     )
     parser.add_argument("fragment", nargs="?", help="a layout name (see --list)")
     parser.add_argument("--lane", type=int, help="show only this lane's (thread's) cells")
-    parser.add_argument("--png", metavar="FILE", help="write a PNG picture instead (matplotlib)")
+    parser.add_argument("--png", metavar="FILE", help="write a PNG picture instead (needs matplotlib: "
+                        "pip install 'numbatc[plots]')")
     parser.add_argument("--rows", metavar="A:B", help="row range of a big matrix")
     parser.add_argument("--cols", metavar="A:B", help="column range (e.g. wgmma.m64n256.D)")
     parser.add_argument("--field", choices=_SMEM_FIELDS, default="chunk",

@@ -181,7 +181,7 @@ def softmax(x, *, out=None):
 # pointers reuses its decision -- config, grid, prepared launch -- and costs two probes, a dict
 # lookup, an overlap test and one cuLaunchKernel.  The key: each array's probe key (library,
 # shape, strides, dtype, device ...; _ABSENT's for no out), both pointers modulo 16 (the
-# vector-load decision reads their alignment) and the thread.
+# vector-load decision reads their alignment) and the thread (threads: as numbatc.gemm's).
 # ---------------------------------------------------------------------------------------------
 
 _FAST: dict = {}

@@ -13,6 +13,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("ex[0-9][0-9]*_*.py"))
+#: examples that run torch models: they print "SKIP: <why>" in the emulation
+NEEDS_TORCH_ON_A_GPU = {"ex07_transformers"}
 
 
 def _emulated(args, timeout):
@@ -28,7 +30,11 @@ def test_example_passes_in_the_emulation(example):
     result, seconds = _emulated([str(example)], timeout=600)
     print(f"{example.stem}: {seconds:.1f} s in the emulation")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1] == "PASS", result.stdout[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    if example.stem in NEEDS_TORCH_ON_A_GPU:  # the emulation runs no torch tensors
+        assert last.startswith("SKIP: "), result.stdout[-3000:]
+        return
+    assert last == "PASS", result.stdout[-3000:]
 
 
 def test_the_test_command_runs_the_emulated_tests():

@@ -127,6 +127,13 @@ def _store(cfg, src, elem):
     return [f"out[{elem}] = np.uint16({pack}({src[0]}, {src[0]}) & 0xFFFF)"]
 
 
+# A row of -inf (and a row past M) sums to 0: 1 / 0 = inf, then 0 * inf = NaN, torch's answer;
+# a row with a NaN sums to NaN: 1 / NaN = NaN (a "s > 0" test would send NaN to inf).
+# Spelt as a select so that the CPU emulation's NumPy scalars do not warn "divide by zero" for
+# an ordinary input (the rows past M of a partial block); on the GPU, a compare and a select.
+_RECIPROCAL = "inv = np.float32(1) / s if s != np.float32(0) else INF"
+
+
 def kernel_source(cfg: RowSoftmaxConfig) -> str:
     V, WPR, RPB, C = cfg.vec, cfg.wpr, cfg.rows_per_block, cfg.chunks
     STEP = WPR * 32  # vectors of a row per pass of its threads
@@ -139,6 +146,7 @@ from numba import cuda
 import intrinsics as nt
 
 NEG = np.float32(-math.inf)
+INF = np.float32(math.inf)
 L2E = np.float32({math.log2(math.e)!r})
 
 
@@ -221,7 +229,7 @@ def softmax_kernel(x, out, M, N, ldx, ldo):
         red_s[warp] = s
     cuda.syncthreads()
     s = warp_sum(red_s[{first_warp} + lane] if lane < {WPR} else np.float32(0))""")
-        w("    inv = np.float32(1) / s")
+        w(f"    {_RECIPROCAL}")
         w("    # Epilogue: normalise and store.")
         for c in range(C):
             w(f"    e = ({c * STEP} + tr) * {V}")
@@ -251,7 +259,7 @@ def softmax_kernel(x, out, M, N, ldx, ldo):
     m, s = warp_merge(red_m[{first_warp} + lane] if has else NEG,
                       red_s[{first_warp} + lane] if has else np.float32(0))
     mb = m * L2E if m > NEG else np.float32(0)
-    inv = np.float32(1) / s
+    {_RECIPROCAL}
     # Pass 2: read the row again (mostly from L2), normalise and store.
     for e in range(tr * {V}, n, {STEP * V}):""")
         for stmt in _load(cfg, vs, f"(xrow + e) // {V}" if V > 1 else "xrow + e"):

@@ -544,6 +544,10 @@ def _operand(ca, stream, keep):
         if emulated:
             view = cuda.to_device(np.ascontiguousarray(view._ary))
         else:
+            from numbatc._capture import refuse_if_capturing
+
+            refuse_if_capturing(stream, "pack q, k or v (not 16-byte aligned) into a temporary "
+                                "copy", "make their starts and strides 16-byte aligned")
             if not _COPY:
                 _COPY.append(_copy_kernel())
             packed = cuda.device_array(view.shape, dtype=view.dtype, stream=stream)

@@ -26,11 +26,14 @@ such operands made ptxas hoist its unrolled addresses and spill: 255 registers a
 spills, against 254 and none without it.)
 """
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import os
 import pathlib
+import threading
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -684,23 +687,63 @@ def cache_dir():
     return path
 
 
+#: (file path, ids of module_globals) -> (the module imported from it, the globals' values).
+_MODULES: dict = {}
+_MODULES_LOCK = threading.Lock()
+
+
 def load_generated(prefix, source, **module_globals):
     """Write generated kernel source to the cache directory (once, atomically) and import it;
     the file name hashes the source with numbatc's and intrinsics' own, so numba's on-disk cache
     next to it is never stale.  ``module_globals`` are set on the module before anything is
-    compiled (a user epilogue function).  Returns the module's ``gemm_kernel``."""
+    compiled (a user epilogue function).  Returns the module's ``gemm_kernel``.
+
+    Safe from many threads and processes at once: each writer writes its own temporary file
+    (in the same directory, named by process, thread and a random part) and renames it over the
+    final name (atomic on POSIX and Windows), so a reader sees no file or a whole one; a file
+    whose text is not the source (a torn write from an older numbatc, a disk error) is
+    rewritten.  In one process one module is imported per (file, module_globals) (under a
+    lock), so threads asking for the same kernel at once get the same dispatcher and numba
+    compiles it once."""
     digest = hashlib.sha256((_source_fingerprint() + source).encode()).hexdigest()[:20]
     path = cache_dir() / f"{prefix}_{digest}.py"
-    if not path.exists():
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(f"numbatc_generated.{prefix}_{digest}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    for name, value in module_globals.items():
-        setattr(module, name, value)
+    key = (str(path), tuple(sorted((name, id(value)) for name, value in module_globals.items())))
+    with _MODULES_LOCK:
+        found = _MODULES.get(key)
+        if found is not None:
+            return found[0].gemm_kernel
+        _write_once(path, source)
+        spec = importlib.util.spec_from_file_location(f"numbatc_generated.{prefix}_{digest}",
+                                                      path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for name, value in module_globals.items():
+            setattr(module, name, value)
+        # the values are kept with the module: their ids in the key stay theirs
+        _MODULES[key] = (module, tuple(module_globals.values()))
     return module.gemm_kernel
+
+
+def _write_once(path, source):
+    """Make ``path`` hold ``source``: left alone when it already does, else written to a
+    temporary file of this call's own and renamed over ``path``."""
+    try:
+        if path.read_text() == source:
+            return
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    # a name no other thread or process uses; "x" creates it (with the umask's permissions,
+    # which tempfile.mkstemp's 0600 would not keep for a cache shared between users)
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}."
+                         f"{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "x") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 @functools.cache
