@@ -1,15 +1,19 @@
 """``python -m numbatc``: the project's main job.
 
 On a machine with a CUDA GPU it runs every example in ``examples/`` and checks its result.  Without
-one it compiles every example kernel and every intrinsic probe (:mod:`intrinsics.catalog`) for each
-architecture the project claims, assembles the PTX with nvJitLink, and reports what it found.
-The exit status is 0 only when everything that should work did.
+one it compiles every example kernel, numbatc's default GEMM and attention kernels and every
+intrinsic probe (:mod:`intrinsics.catalog`) for each architecture the project claims, assembles
+the PTX with nvJitLink, runs every example in the CPU emulation (each in a child process with
+``NUMBA_ENABLE_CUDASIM=1``: the simulator must be chosen before numba is imported), and reports
+what it found.  The exit status is 0 only when everything that should work did.
 """
 
 import argparse
 import collections
 import importlib.util
+import os
 import pathlib
+import subprocess
 import sys
 import time
 
@@ -106,6 +110,76 @@ def compile_examples(modules, archs):
     return failures
 
 
+def _library_kernels():
+    """(name, kernel, signature, arch, launch_bounds) of the kernels numbatc.gemm and
+    numbatc.attention choose by default: the portable ones for sm_80, the Hopper ones (TMA and
+    cp.async producers, bf16 and FP8) for sm_90a."""
+    from numbatc.kernels import sm80_attention, sm80_gemm, sm90_attention, sm90_gemm
+
+    bf16 = sm80_gemm.Sm80Variant("row", "col", "bfloat16", "bfloat16", None, None, None)
+    fp8 = sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e4m3fn", "bfloat16", None, None, None,
+                                   b_dtype="float8_e4m3fn")
+    cases = []
+    cfg = sm80_gemm.CONFIGS[sorted(sm80_gemm.CONFIGS)[0]]
+    cases.append((f"sm80_gemm {cfg.name}", sm80_gemm.kernel_for(cfg, bf16),
+                  sm80_gemm.signature(bf16), "sm_80", None))
+    for name, var in (("128x256x64_4s_pt_tma", bf16), ("128x256x64_4s_pt", bf16),
+                      ("fp8_128x256x128_4s_pt_tma", fp8)):
+        cfg = sm90_gemm.CONFIGS.get(name) or sm90_gemm.FP8_CONFIGS[name]
+        cases.append((f"sm90_gemm {name}", sm90_gemm.kernel_for(cfg, var),
+                      sm90_gemm.kernel_signature(cfg, var), "sm_90a", (cfg.threads, 1)))
+    var = sm80_attention.AttnVariant(128, "bfloat16", True, True)
+    cfg = sm80_attention.choose_config(128)
+    cases.append((f"sm80_attention {cfg.name}", sm80_attention.kernel_for(cfg, var),
+                  sm80_attention.signature(var), "sm_80", None))
+    cfg = sm90_attention.choose_config(128)
+    cases.append((f"sm90_attention {cfg.name}", sm90_attention.kernel_for(cfg, var),
+                  sm90_attention.signature(var, cfg), "sm_90a", (cfg.threads, 1)))
+    return cases
+
+
+def compile_library():
+    failures = 0
+    print("\n== numbatc's default kernels (gemm, attention), compiled and assembled")
+    for name, kernel, signature, arch, bounds in _library_kernels():
+        start = time.perf_counter()
+        try:
+            assemble(compile_ptx(kernel, signature, arch, launch_bounds=bounds), arch)
+            outcome = "ok"
+        except Exception as exc:  # report, do not hide
+            outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        failures += outcome != "ok"
+        print(f"  {name} ({arch}): {outcome}  ({time.perf_counter() - start:.1f} s)", flush=True)
+    return failures
+
+
+def emulate_examples(modules):
+    """(failures, skipped): each example run as a script under the CPU emulation."""
+    failures = skipped = 0
+    print("\n== examples in the CPU emulation (NUMBA_ENABLE_CUDASIM=1, one process each)")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    for module in modules:
+        path = pathlib.Path(module.__file__)
+        start = time.perf_counter()
+        try:
+            run = subprocess.run([sys.executable, str(path)], env=env, capture_output=True,
+                                 text=True, timeout=900)
+            last = (run.stdout.strip().splitlines() or [""])[-1]
+        except subprocess.TimeoutExpired:
+            run, last = None, "TIMEOUT (900 s)"
+        if run is not None and run.returncode == 0 and last.startswith("SKIP"):
+            skipped += 1
+            status = last
+        elif run is not None and run.returncode == 0 and last == "PASS":
+            status = "PASS"
+        else:
+            failures += 1
+            tail = "" if run is None else (run.stderr.strip().splitlines() or [""])[-1][:200]
+            status = f"FAIL: {last} {tail}".strip()
+        print(f"  {path.stem:32s} {status}  ({time.perf_counter() - start:.1f} s)", flush=True)
+    return failures, skipped
+
+
 def compile_intrinsics(archs):
     from intrinsics.catalog import probes
 
@@ -142,7 +216,7 @@ def compile_intrinsics(archs):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m numbatc", description=__doc__.splitlines()[0])
     parser.add_argument("--compile-only", action="store_true",
-                        help="compile and assemble even when a GPU is present")
+                        help="compile and assemble only: no GPU run, no emulation run")
     parser.add_argument("--arch", action="append", choices=list(ARCHS),
                         help="architectures to compile for (default: all claimed)")
     args = parser.parse_args(argv)
@@ -153,7 +227,7 @@ def main(argv=None):
 
     gpu = None if args.compile_only else _gpu_name()
     print(f"numbatc {numbatc.__version__}, intrinsics {intrinsics.__version__}; "
-          f"GPU: {gpu or 'none (compile-only mode)'}")
+          f"GPU: {gpu or 'none (compile' + ('-only mode)' if args.compile_only else ' and emulation mode)')}")
     modules = _load_examples()
     failures = skipped = 0
     if gpu and modules is not None:
@@ -161,7 +235,11 @@ def main(argv=None):
     else:
         if modules is not None:
             failures += compile_examples(modules, archs)
+        failures += compile_library()
         failures += compile_intrinsics(archs)
+        if modules is not None and not args.compile_only:
+            bad, skipped = emulate_examples(modules)
+            failures += bad
     if failures:
         print(f"\n{failures} FAILURE(S)")
     elif modules is None:

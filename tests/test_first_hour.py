@@ -19,6 +19,7 @@ def test_demo_without_examples_says_what_it_did_not_check(monkeypatch, tmp_path,
     monkeypatch.setattr(demo, "EXAMPLES", tmp_path / "examples")  # as after `pip install .`
     monkeypatch.setattr(demo, "_gpu_name", lambda: None)
     monkeypatch.setattr(demo, "compile_intrinsics", lambda archs: 0)
+    monkeypatch.setattr(demo, "compile_library", lambda: 0)
     assert demo.main([]) == 0
     out = capsys.readouterr().out
     assert "NOT checked" in out and "pip install -e ." in out
@@ -30,9 +31,29 @@ def test_demo_with_examples_prints_plain_ok(monkeypatch, capsys):
     monkeypatch.setattr(demo, "_gpu_name", lambda: None)
     monkeypatch.setattr(demo, "compile_intrinsics", lambda archs: 0)
     monkeypatch.setattr(demo, "compile_examples", lambda modules, archs: 0)
+    monkeypatch.setattr(demo, "compile_library", lambda: 0)
     monkeypatch.setattr(demo, "_load_examples", lambda: [])
     assert demo.main([]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "OK"
+
+
+def test_demo_runs_the_examples_in_the_emulation(tmp_path, capsys):
+    """Without a GPU the main job runs each example under NUMBA_ENABLE_CUDASIM=1: its last line
+    decides (PASS, SKIP ..., anything else a failure)."""
+    import types
+
+    cases = {"ex90_pass": "print('PASS')", "ex91_skip": "print('SKIP: no torch')",
+             "ex92_wrong": "print('FAIL')", "ex93_raises": "raise SystemExit(3)",
+             "ex94_env": "import os; print('PASS' if os.environ['NUMBA_ENABLE_CUDASIM'] == '1' "
+                         "else 'FAIL')"}
+    modules = []
+    for name, code in cases.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(code + "\n")
+        modules.append(types.SimpleNamespace(__file__=str(path)))
+    assert demo.emulate_examples(modules) == (2, 1)
+    out = capsys.readouterr().out
+    assert "ex90_pass" in out and "ex92_wrong                       FAIL" in out
 
 
 def _bench(*args, block_torch=False):
