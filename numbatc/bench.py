@@ -55,6 +55,19 @@ LLAMA8B = [(4096, 6144, 4096), (4096, 4096, 4096), (4096, 28672, 4096), (4096, 4
 SHAPES = {"squares": SQUARES, "llm": LLM, "all": SQUARES + LLM, "decode": DECODE,
           "quick": [(4096, 4096, 4096), (8192, 8192, 8192)], "llama8b": LLAMA8B}
 SHAPES["quick+llama8b"] = SHAPES["quick"] + LLAMA8B
+#: The layers of issue 16's shape table, (name, N, K) as x @ W.T: Llama-3-8B (hidden 4096, GQA
+#: 32/8, intermediate 14336), Llama-3-70B (hidden 8192, GQA 64/8, intermediate 28672) and a small
+#: model (hidden 1024, GQA 16/4, intermediate 2816, a 32000 vocabulary).
+TABLE_LAYERS = [("8b.qkv", 6144, 4096), ("8b.o", 4096, 4096), ("8b.gate_up", 28672, 4096),
+                ("8b.down", 4096, 14336), ("70b.qkv", 10240, 8192), ("70b.o", 8192, 8192),
+                ("70b.gate_up", 57344, 8192), ("70b.down", 8192, 28672),
+                ("1k.q_o", 1024, 1024), ("1k.k_v", 256, 1024), ("1k.up", 2816, 1024),
+                ("1k.down", 1024, 2816), ("1k.lm_head", 32000, 1024)]
+TABLE_M = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+#: the table's (M, N, K) in (layer, M) order; ``--shapes table`` also writes a ratio heatmap
+SHAPES["table"] = [(m, n, k) for _, n, k in TABLE_LAYERS for m in TABLE_M]
+SHAPES["table-small"] = [(m, n, k) for _, n, k in TABLE_LAYERS[8:] for m in TABLE_M]
+LAYER_OF = {(n, k): name for name, n, k in TABLE_LAYERS}
 
 
 class Progress:
@@ -139,6 +152,7 @@ def bench_gemm(shapes, dtype="bfloat16", reps=20, b_layout="row"):
         ours_fn()
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
+        chosen = _chosen_config(ours_fn)
         ref = (a.float() @ b.float()) * (sa * sb)
         err = ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
         # host overhead of a warm call: enqueue only
@@ -163,11 +177,33 @@ def bench_gemm(shapes, dtype="bfloat16", reps=20, b_layout="row"):
                          numbatc_gbs=moved / ours / 1e6, cublas_gbs=moved / theirs / 1e6,
                          numbatc_tflops=flops / ours / 1e9, cublas_tflops=flops / theirs / 1e9,
                          ratio=theirs / ours, first_call_s=first, host_overhead_us=host_us,
-                         max_rel_err=err))
+                         max_rel_err=err, config=chosen))
         progress.step(f"{m}x{n}x{k}: {rows[-1]['ratio']:.2f}x cuBLAS")
         a = b = out = ref = ours_fn = ref_fn = None  # free the inputs before the next shape
         torch.cuda.empty_cache()
     return rows
+
+
+def _chosen_config(fn):
+    """What numbatc.gemm ran for ``fn``'s call ("sm90_gemm 128x256x64_4s_pt_tma", plus a split-K
+    note): one call with NUMBATC_PRINT_CONFIG set, its stderr lines read back."""
+    import io
+    import os
+
+    saved, sys.stderr = sys.stderr, io.StringIO()
+    os.environ["NUMBATC_PRINT_CONFIG"] = "1"
+    try:
+        fn()
+    finally:
+        os.environ.pop("NUMBATC_PRINT_CONFIG", None)
+        text, sys.stderr = sys.stderr.getvalue(), saved
+    picked = []
+    for line in text.splitlines():
+        if line.startswith("numbatc.gemm M="):
+            picked.append(" ".join(line.split(": ", 1)[1].split()[:2]))
+        elif line.startswith("numbatc.gemm: split-K"):
+            picked.append("split " + line.split("split-K, ", 1)[1].split(" slices")[0])
+    return " ".join(picked)
 
 
 def copy_bandwidth(torch, nbytes=2**30, reps=10):
@@ -197,6 +233,54 @@ def write_csv(rows, path):
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def _grid(rows):
+    """(layer names, Ms, {(layer, m): ratio}) of the table shapes among ``rows``."""
+    cells = {(LAYER_OF[(r["n"], r["k"])], r["m"]): r["ratio"] for r in rows
+             if (r["n"], r["k"]) in LAYER_OF}
+    layers = [name for name, _, _ in TABLE_LAYERS if any(c[0] == name for c in cells)]
+    ms = [m for m in TABLE_M if any(c[1] == m for c in cells)]
+    return layers, ms, cells
+
+
+def print_ratio_grid(rows):
+    """The table's ratios (numbatc / reference) as a grid: a row per layer, a column per M."""
+    layers, ms, cells = _grid(rows)
+    print("\nratio to the reference, by layer (rows) and M (columns)")
+    print(f"{'layer':>12} " + " ".join(f"{m:>5}" for m in ms))
+    for name in layers:
+        print(f"{name:>12} " + " ".join(f"{cells.get((name, m), float('nan')):>5.2f}" for m in ms))
+    worst = min(cells.values()) if cells else float("nan")
+    print(f"min {worst:.2f}; cells >= 1.0: {sum(v >= 1.0 for v in cells.values())}/{len(cells)}")
+
+
+def write_heatmap(rows, path, dtype):
+    """A heatmap PNG of the ratio by (layer, M) to ``path`` (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no heatmap written", file=sys.stderr)
+        return
+    layers, ms, cells = _grid(rows)
+    grid = [[cells.get((name, m), float("nan")) for m in ms] for name in layers]
+    fig, ax = plt.subplots(figsize=(1.0 + 0.75 * len(ms), 1.0 + 0.42 * len(layers)))
+    im = ax.imshow(grid, cmap="RdYlGn", vmin=0.5, vmax=1.5, aspect="auto")
+    for i, row in enumerate(grid):
+        for j, v in enumerate(row):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(ms)), [str(m) for m in ms])
+    ax.set_yticks(range(len(layers)), layers)
+    ax.set_xlabel("M (tokens)")
+    ref = "torch._scaled_mm" if dtype.startswith("float8") else "cuBLAS (torch.matmul)"
+    ax.set_title(f"numbatc.gemm / {ref}, {dtype}", fontsize=9)
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"heatmap written to {path}", file=sys.stderr)
 
 
 def write_png(rows, path):
@@ -324,8 +408,6 @@ def main_attention(args):
 
     shapes = ATTENTION_SHAPES.get(args.shapes, ATTENTION_SHAPES["all"])
     rows = bench_attention(shapes, args.dtype, args.reps)
-    for row in rows:
-        row["config"] = "heuristic"
     if args.configs:
         from numbatc.kernels.sm80_attention import CONFIGS
 
@@ -611,7 +693,11 @@ def _parser():
     gemm.add_argument("--shapes", default="all", choices=sorted(SHAPES),
                       help="squares: 1024..8192 cubes; llm: M in {1 .. 4096} x LLM weight "
                            "shapes; all (default): both; decode: M <= 256 with the copy "
-                           "bandwidth; quick: 4096^3 and 8192^3")
+                           "bandwidth; quick: 4096^3 and 8192^3; llama8b: Llama-3-8B's layers "
+                           "at 4096 tokens; table: M in {1 .. 4096} x the Llama-3-8B / -70B / "
+                           "hidden-1024 layers, with a ratio grid and a heatmap PNG (--png, "
+                           "default gemm_table_<dtype>.png; use --b-layout col for x @ W.T); "
+                           "table-small: the hidden-1024 rows only")
     gemm.add_argument("--png", metavar="FILE", help="write a bar plot to FILE (needs "
                       "matplotlib: pip install numbatc[plots])")
     gemm.add_argument("--b-layout", default="row", choices=("row", "col"),
@@ -661,12 +747,10 @@ def main(argv=None):
         return main_epilogue(args)
     if args.what == "transformers":
         return main_transformers(args)
-    if args.shapes == "decode":
+    if args.shapes in ("decode", "table", "table-small"):
         print(f"device copy bandwidth: {copy_bandwidth(torch):.0f} GB/s (read + write of 1 GiB)",
               flush=True)
     rows = bench_gemm(SHAPES[args.shapes], args.dtype, args.reps, args.b_layout)
-    for row in rows:
-        row["config"] = "heuristic"
     if args.configs:
         import os
 
@@ -681,7 +765,10 @@ def main(argv=None):
     print_table(rows)
     if args.csv:
         write_csv(rows, args.csv)
-    if args.png:
+    if args.shapes.startswith("table"):
+        print_ratio_grid(rows)
+        write_heatmap(rows, args.png or f"gemm_{args.shapes}_{args.dtype}.png", args.dtype)
+    elif args.png:
         write_png(rows, args.png)
     return 0
 

@@ -11,6 +11,7 @@
 #   api        numbatc.gemm / attention / softmax suites on the default paths, CUDA graphs,
 #              torch ops and torch.compile, the transformers example, compute-sanitizer on the
 #              default Hopper GEMM, and the default against the cp.async producer (bench.txt)
+#   table      the GEMM shape table (bench gemm --shapes table, b col): text, CSV, heatmap PNG
 #   sanitize   compute-sanitizer memcheck / racecheck / synccheck on scripts/sanitize_cases.py
 #   profile    one Nsight Compute report of a Hopper GEMM (PROFILE_CODE picks the problem)
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -37,7 +38,7 @@ if [[ $what == api ]]; then
   { cat /tmp/api_tests.txt; echo "== ex07"; cat /tmp/ex07.txt; } > "$out/tests.txt"
   for f in /tmp/shards_api/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
   echo "[tests done at $((SECONDS - start)) s]" >> "$out/tests.txt"
-  {
+  [[ ${API_SANITIZE:-1} == 0 ]] || { {
     # --report-api-errors no: the driver's cuGetProcAddress probes return errors by design
     for case in "memcheck gemm_sm90" "racecheck gemm_sm90" "synccheck gemm_sm90" \
                 "memcheck gemm_fp8" "memcheck gemm_sm90_split" "memcheck gemm_sm90_persistent"; do
@@ -46,7 +47,7 @@ if [[ $what == api ]]; then
       t 60 compute-sanitizer --tool $1 --report-api-errors no --print-limit 5 \
         $py scripts/sanitize_cases.py $2 | grep -vE "^\s*$" | tail -6
     done
-  } > "$out/sanitize.txt"
+  } > "$out/sanitize.txt"; }
   [[ ${API_BENCH:-1} == 0 ]] || {
     for layout in col row; do
       echo "== default (TMA producer), b $layout"
@@ -59,6 +60,13 @@ if [[ $what == api ]]; then
     t 40 $py -m numbatc.bench gemm --shapes quick --dtype float8_e4m3 | grep -E "^ +[0-9]|rror"
     echo "[bench done at $((SECONDS - start)) s]"
   } > "$out/bench.txt"
+fi
+
+if [[ $what == table ]]; then
+  # issue 16's shape table: M in {1 .. 4096} x the model layers, x @ W.T (b col), TABLE_DTYPE
+  dt=${TABLE_DTYPE:-bfloat16}
+  t ${TABLE_LIMIT:-400} $py -m numbatc.bench gemm --shapes ${TABLE_SHAPES:-table} --b-layout col \
+    --dtype $dt --csv "$out/table_$dt.csv" --png "$out/table_$dt.png" > "$out/table_$dt.txt"
 fi
 
 if [[ $what == sanitize ]]; then
