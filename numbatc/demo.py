@@ -115,8 +115,9 @@ def _library_kernels():
     numbatc.attention choose by default: the portable ones for sm_80, the Hopper ones (TMA and
     cp.async producers, bf16 and FP8) for sm_90a."""
     from numbatc.kernels import sm80_attention, sm80_gemm, sm90_attention, sm90_gemm
+    from numbatc.kernels.epilogue import GemmVariant
 
-    bf16 = sm80_gemm.Sm80Variant("row", "col", "bfloat16", "bfloat16", None, None, None)
+    bf16 = GemmVariant("row", "col", "bfloat16", "bfloat16", None, None, None)
     fp8 = sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e4m3fn", "bfloat16", None, None, None,
                                    b_dtype="float8_e4m3fn")
     cases = []

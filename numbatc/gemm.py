@@ -726,7 +726,7 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
 # parameter buffer made once (intrinsics.launch.PreparedLaunch).  The key holds everything the
 # checks above read besides pointer values: each array's probe key (None for an absent one),
 # a's and b's pointer modulo 16 (alignment decides packing), out's (its alignment decides
-# whether column pairs are stored as one word, Sm80Variant.out_pairs), whether beta is 0
+# whether column pairs are stored as one word, GemmVariant.out_pairs), whether beta is 0
 # (decides whether c is read; alpha and beta themselves only need to be real numbers of the
 # types in _REAL_TYPES, checked on every call), activation, out_dtype, the dispatch environment
 # variables and the thread (a NULL-stream launch runs in the thread's current context, which
@@ -789,10 +789,10 @@ def _epilogue_key(epilogue_args):
 def _epilogue_flattener(problem_args):
     """``fn(values) -> kernel parameters`` for the epilogue arguments of a checked call (CudaArrays
     and numbers, as GemmProblem.epilogue_args holds them): the arrays' parameters made once
-    (numba's array ABI, sm80_gemm.flat_epilogue_args), only their data pointers taken from
+    (numba's array ABI, kernels.epilogue.flat_epilogue_args), only their data pointers taken from
     ``values`` (see _epilogue_key) on each call."""
     from numbatc._interop import CudaArray, kernel_view
-    from numbatc.kernels.sm80_gemm import flat_epilogue_args
+    from numbatc.kernels.epilogue import flat_epilogue_args
 
     parts = []
     for x in problem_args:

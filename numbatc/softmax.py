@@ -341,10 +341,10 @@ def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
         return result
 
     from numbatc.kernels.dispatch import _operand
-    from numbatc.kernels.sm80_gemm import Sm80Variant
+    from numbatc.kernels.epilogue import GemmVariant
 
     cfg = fused.choose(m, n)
-    var = Sm80Variant(a_layout=op_a.layout, b_layout=op_b.layout, in_dtype=rule.a,
+    var = GemmVariant(a_layout=op_a.layout, b_layout=op_b.layout, in_dtype=rule.a,
                       out_dtype=OUT.dtype, c_dtype=None,
                       bias_dtype=None if BIAS is None else BIAS.dtype, activation=None)
     _print_config(f"numbatc.gemm_softmax M={m} N={n} K={k}: sm80_gemm_softmax {cfg.name} "

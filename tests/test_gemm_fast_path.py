@@ -287,8 +287,9 @@ def test_param_layout_matches_the_ptx_entry():
     from intrinsics.launch import param_layout
     from intrinsics.toolchain import compile_ptx
     from numbatc.kernels import sm80_gemm
+    from numbatc.kernels.epilogue import GemmVariant
 
-    var = sm80_gemm.Sm80Variant("row", "col", "bfloat16", "float32", "float32", "bfloat16", "relu")
+    var = GemmVariant("row", "col", "bfloat16", "float32", "float32", "bfloat16", "relu")
     sig = sm80_gemm.signature(var) + (types.int32, types.float64, types.uint8, types.voidptr)
 
     def kernel(a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta, group_m, i, d, u, v):
@@ -329,8 +330,9 @@ def test_prepared_launch_packs_like_numba():
 
     from intrinsics.launch import PreparedLaunch, param_layout
     from numbatc.kernels import sm80_gemm
+    from numbatc.kernels.epilogue import GemmVariant
 
-    var = sm80_gemm.Sm80Variant("row", "row", "float16", "float16", None, None, None)
+    var = GemmVariant("row", "row", "float16", "float16", None, None, None)
     prep = PreparedLaunch(0, (4, 1, 1), (128, 1, 1), 0, param_layout(sm80_gemm.signature(var)))
     args = (0x7F0000001000, 0x7F0000002000, 3, 4, 5, 64, 48, 32, 32, 48, 0, 48, 1.1, -2.5, 8)
     raw = prep.pack(*args)
@@ -356,6 +358,7 @@ def test_linear_scan_matches_numba():
     from intrinsics import launch as launching
     from intrinsics.toolchain import _device_shim
     from numbatc.kernels import sm80_gemm
+    from numbatc.kernels.epilogue import GemmVariant
 
     if not launching._scan_patchable():
         pytest.skip("another numba-cuda version: its own scan is used")
@@ -370,7 +373,7 @@ def test_linear_scan_matches_numba():
         assert self._singly_assigned_vars == theirs
 
     cfg = sm80_gemm.CONFIGS["64x64x64_4w_3s"]
-    var = sm80_gemm.Sm80Variant("col", "row", "float16", "float32", "float32", "float16", "silu")
+    var = GemmVariant("col", "row", "float16", "float32", "float32", "float16", "silu")
     kernel = sm80_gemm.kernel_for(cfg, var)
     lowering.Lower._find_singly_assigned_variable = both
     try:
@@ -388,8 +391,9 @@ def test_prepared_cluster_launch_config():
 
     from intrinsics.launch import PreparedLaunch, param_layout
     from numbatc.kernels import sm80_gemm
+    from numbatc.kernels.epilogue import GemmVariant
 
-    var = sm80_gemm.Sm80Variant("row", "row", "bfloat16", "bfloat16", None, None, None)
+    var = GemmVariant("row", "row", "bfloat16", "bfloat16", None, None, None)
     prep = PreparedLaunch(0, (8, 1, 1), (384, 1, 1), 200_000,
                           param_layout(sm80_gemm.signature(var)), cluster=(2, 1, 1))
     cfg = prep._config

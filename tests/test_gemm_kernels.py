@@ -6,6 +6,7 @@ import pytest
 
 from intrinsics.toolchain import assemble, compile_ptx
 from numbatc.kernels import dispatch, sm80_gemm
+from numbatc.kernels.epilogue import GemmVariant
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (64, 4096, 4096), (65, 128, 64), (4096, 4096, 4096),
@@ -17,7 +18,7 @@ def test_heuristic_names_a_real_config(shape):
 
 @pytest.mark.parametrize("name", sorted(sm80_gemm.CONFIGS))
 def test_every_config_assembles_without_local_memory(name):
-    var = sm80_gemm.Sm80Variant("row", "col", "bfloat16", "float32", "float32", "bfloat16", "gelu")
+    var = GemmVariant("row", "col", "bfloat16", "float32", "float32", "bfloat16", "gelu")
     ptx = compile_ptx(sm80_gemm.kernel_for(sm80_gemm.CONFIGS[name], var),
                       sm80_gemm.signature(var), "sm_80")
     assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") > 0
@@ -26,7 +27,7 @@ def test_every_config_assembles_without_local_memory(name):
 
 @pytest.mark.parametrize("layouts", [("row", "row"), ("col", "col")])
 def test_variant_layouts_and_f16_assemble(layouts):
-    var = sm80_gemm.Sm80Variant(*layouts, "float16", "float16", "float16", "float32", "silu",
+    var = GemmVariant(*layouts, "float16", "float16", "float16", "float32", "silu",
                                 out_layout="col", c_layout="col")
     cfg = sm80_gemm.CONFIGS["64x128x64_4w_4s"]
     assemble(compile_ptx(sm80_gemm.kernel_for(cfg, var), sm80_gemm.signature(var), "sm_90a"), "sm_90a")
@@ -44,7 +45,7 @@ def test_user_epilogue_variant_assembles_without_local_memory():
     def residual_scale(v, r, c, residual, scale):
         return v * scale[c] + residual[r, c]
 
-    var = sm80_gemm.Sm80Variant("row", "col", "bfloat16", "bfloat16", None, None, "relu",
+    var = GemmVariant("row", "col", "bfloat16", "bfloat16", None, None, "relu",
                                 epilogue=residual_scale, epilogue_args=2)
     kernel = sm80_gemm.kernel_for(sm80_gemm.CONFIGS["128x256x64_8w_3s"], var)
     sig = sm80_gemm.signature(var) + (types.Tuple([types.Array(types.float32, 2, "C"),
@@ -56,7 +57,7 @@ def test_user_epilogue_variant_assembles_without_local_memory():
 
 @pytest.mark.parametrize("name", ["16x128x64_4w_6s", "64x128x64_4w_4s"])
 def test_split_k_variant_assembles_without_local_memory(name):
-    var = sm80_gemm.Sm80Variant("row", "row", "bfloat16", "bfloat16", None, "bfloat16", "gelu",
+    var = GemmVariant("row", "row", "bfloat16", "bfloat16", None, "bfloat16", "gelu",
                                 split_k=True)
     ptx = compile_ptx(sm80_gemm.kernel_for(sm80_gemm.CONFIGS[name], var),
                       sm80_gemm.signature(var), "sm_90a")

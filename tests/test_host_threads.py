@@ -1,5 +1,5 @@
 """Thread and process safety of first use, on the CPU: the generated-kernel loader
-(sm80_gemm.load_generated) hammered by threads and by processes sharing one cache directory
+(numbatc.kernels.build.load_generated) hammered by threads and by processes sharing one cache directory
 (NUMBATC_CACHE_DIR), a torn cache file, and the first touch of numba's device list.
 
 Each test starts its threads at one barrier, many rounds over, each round in a fresh cache
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from numbatc.kernels import sm80_gemm
+from numbatc.kernels import build
 
 THREADS = 8
 ROUNDS = 12
@@ -56,7 +56,7 @@ def fresh_cache(tmp_path, monkeypatch):
         count[0] += 1
         root = tmp_path / f"cache{count[0]}"
         monkeypatch.setenv("NUMBATC_CACHE_DIR", str(root))
-        monkeypatch.setattr(sm80_gemm, "_MODULES", {}, raising=False)
+        monkeypatch.setattr(build, "_MODULES", {}, raising=False)
         return root / "kernels"
 
     return make
@@ -64,7 +64,7 @@ def fresh_cache(tmp_path, monkeypatch):
 
 def test_cache_dir_follows_the_environment_variable(fresh_cache):
     where = fresh_cache()
-    assert sm80_gemm.cache_dir() == where
+    assert build.cache_dir() == where
     assert where.is_dir()
 
 
@@ -76,7 +76,7 @@ def test_threads_loading_one_kernel_at_once(fresh_cache):
     for _ in range(ROUNDS):
         where = fresh_cache()
         source = _source(7)
-        results, errors = _run_threads(lambda i: sm80_gemm.load_generated("thr", source))
+        results, errors = _run_threads(lambda i: build.load_generated("thr", source))
         assert errors == [None] * THREADS, [e for e in errors if e is not None][0]
         assert all(r is results[0] for r in results), "threads got different kernel objects"
         assert results[0] == ("kernel", 7)
@@ -90,7 +90,7 @@ def test_threads_loading_different_kernels_at_once(fresh_cache):
     for _ in range(ROUNDS):
         where = fresh_cache()
         results, errors = _run_threads(
-            lambda i: sm80_gemm.load_generated("mix", _source(i % 3)))
+            lambda i: build.load_generated("mix", _source(i % 3)))
         assert errors == [None] * THREADS, [e for e in errors if e is not None][0]
         assert [r[1] for r in results] == [i % 3 for i in range(THREADS)]
         assert len(list(where.glob("mix_*.py"))) == 3
@@ -102,12 +102,12 @@ def test_a_torn_cache_file_is_rewritten(fresh_cache):
     disk) is replaced, not imported."""
     where = fresh_cache()
     source = _source(3)
-    sm80_gemm.load_generated("torn", source)
+    build.load_generated("torn", source)
     (path,) = where.glob("torn_*.py")
     path.write_text(source[: len(source) // 3] + "gemm_kernel = (")  # a SyntaxError
-    fresh_cache_modules = sm80_gemm._MODULES
+    fresh_cache_modules = build._MODULES
     fresh_cache_modules.clear()
-    assert sm80_gemm.load_generated("torn", source) == ("kernel", 3)
+    assert build.load_generated("torn", source) == ("kernel", 3)
     assert path.read_text() == source
 
 
@@ -123,15 +123,15 @@ def test_user_globals_make_their_own_module(fresh_cache):
     def g():
         pass
 
-    kf = sm80_gemm.load_generated("epi", source, USER_EPILOGUE=f)
-    kg = sm80_gemm.load_generated("epi", source, USER_EPILOGUE=g)
+    kf = build.load_generated("epi", source, USER_EPILOGUE=f)
+    kg = build.load_generated("epi", source, USER_EPILOGUE=g)
     assert kf() is f and kg() is g
-    assert sm80_gemm.load_generated("epi", source, USER_EPILOGUE=f) is kf
+    assert build.load_generated("epi", source, USER_EPILOGUE=f) is kf
 
 
 _PROCESS = textwrap.dedent("""
     import sys, threading, time
-    from numbatc.kernels import sm80_gemm
+    from numbatc.kernels import build
 
     start, n = float(sys.argv[1]), int(sys.argv[2])
     while time.time() < start:
@@ -142,7 +142,7 @@ _PROCESS = textwrap.dedent("""
         try:
             for i in range(n):
                 src = f"gemm_kernel = ('kernel', {i})\\n" + "# padding\\n" * 400
-                assert sm80_gemm.load_generated("proc", src) == ("kernel", i)
+                assert build.load_generated("proc", src) == ("kernel", i)
         except BaseException as exc:
             errors.append(repr(exc))
 

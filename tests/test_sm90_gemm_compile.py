@@ -68,7 +68,7 @@ def test_assembles_for_sm90a_without_local_memory(name, var):
 
 @pytest.mark.parametrize("pairs", [False, True])
 def test_pair_stores_only_where_out_allows(pairs):
-    """Sm80Variant.out_pairs: a 16-bit out's column pairs inside the matrix as one st.global.b32
+    """GemmVariant.out_pairs: a 16-bit out's column pairs inside the matrix as one st.global.b32
     each (BN / 8 fragments x 2 rows per thread); without it, 16-bit stores only."""
     var = sm90_gemm.Sm90Variant("row", "row", "bfloat16", "bfloat16", None, None, None,
                                 out_pairs=pairs)

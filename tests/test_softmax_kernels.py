@@ -10,7 +10,7 @@ import pytest
 
 from intrinsics.toolchain import compile_ptx
 from numbatc.kernels import row_softmax, sm80_gemm_softmax
-from numbatc.kernels.sm80_gemm import Sm80Variant
+from numbatc.kernels.epilogue import GemmVariant
 from tests.test_setmaxnreg_compile import nvjitlink_info_log
 
 def _no_spills(ptx, arch):
@@ -56,10 +56,10 @@ def test_row_softmax_choice_covers_the_row(n):
     assert scalar.vec == 1 and (scalar.chunks * 1024 >= n if scalar.chunks else n > 16 * 1024)
 
 
-FUSED = [(name, Sm80Variant("row", "row", "bfloat16", "bfloat16", None, None, None))
+FUSED = [(name, GemmVariant("row", "row", "bfloat16", "bfloat16", None, None, None))
          for name in sorted(sm80_gemm_softmax.CONFIGS)] + [
-    ("64x256x64_8w_3s", Sm80Variant("row", "col", "float16", "float32", None, "float32", None)),
-    ("32x128x64_4w_4s", Sm80Variant("col", "row", "bfloat16", "bfloat16", None, "bfloat16", None)),
+    ("64x256x64_8w_3s", GemmVariant("row", "col", "float16", "float32", None, "float32", None)),
+    ("32x128x64_4w_4s", GemmVariant("col", "row", "bfloat16", "bfloat16", None, "bfloat16", None)),
 ]
 
 

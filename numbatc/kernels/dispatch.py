@@ -15,6 +15,7 @@ from numba import config
 
 from numbatc import _capture
 from numbatc.kernels import sm80_gemm
+from numbatc.kernels.epilogue import GemmVariant
 
 _EMULATED = bool(config.ENABLE_CUDASIM)
 
@@ -201,7 +202,7 @@ def _sm90_producer(p, cfg, forced):
 
 def _variant(p):
     # a row-major 16-bit out whose start and rows are 4-byte aligned takes a column pair in one
-    # 32-bit store (Sm80Variant.out_pairs)
+    # 32-bit store (GemmVariant.out_pairs)
     out_pairs = (p.out.layout == "row" and p.out_dtype in ("bfloat16", "float16")
                  and p.out.alignment >= 4)
     if getattr(p, "tensor_scales", None) is not None:  # FP8, per-tensor scales: sm90_gemm
@@ -213,7 +214,7 @@ def _variant(p):
             bias_dtype=p.bias_dtype, activation=p.activation, out_layout=p.out.layout,
             c_layout=p.c.layout if p.c is not None else "row", epilogue=p.epilogue,
             epilogue_args=len(p.epilogue_args), b_dtype=p.b_dtype, out_pairs=out_pairs)
-    return sm80_gemm.Sm80Variant(
+    return GemmVariant(
         a_layout=p.a.layout,
         b_layout=p.b.layout,
         in_dtype=p.in_dtype,
@@ -513,7 +514,7 @@ def launch_gemm(p):
     stream_handle)`` that launches the same kernel for another problem with everything but
     those equal (shapes, strides, dtypes, layouts, flags, device; c_ptr and bias_ptr are out_ptr
     when absent; with a user epilogue a ninth argument, its arguments' kernel parameters, see
-    sm80_gemm.flat_epilogue_args), or None where there is none: the emulation, K == 0, an
+    epilogue.flat_epilogue_args), or None where there is none: the emulation, K == 0, an
     operand that had to be packed (not 16-byte aligned), ``NUMBATC_PRINT_CONFIG`` set (each call
     prints).  numbatc.gemm caches it (see gemm._FAST).  Block-scaled problems run
     sm100_scaled_gemm (compute capability 10.x only) and return None.  FP8 with per-tensor scales

@@ -33,7 +33,7 @@ names the phase unambiguously.  ``advance`` wraps the index at ``stages`` and fl
 
 The functions are ``@cuda.jit(device=True, forceinline=True)`` closures over the stage count
 (numba freezes it: ``index + 1 == stages`` is a compare with an immediate); the kernels that
-call them are cached on disk by numbatc.kernels.sm80_gemm.load_generated, whose file names hash
+call them are cached on disk by numbatc.kernels.build.load_generated, whose file names hash
 this module's source with the rest of numbatc.
 """
 

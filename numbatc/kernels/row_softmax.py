@@ -2,7 +2,8 @@
 in float32, for bf16, f16 and f32 rows of any length (sm_80 and newer).
 
 ``WPR`` warps own one row (``RPB = max(1, 4 // WPR)`` rows per block of at least 4 warps).  Two
-forms, generated per configuration like sm80_gemm (named variables, so values stay in registers):
+forms, generated per configuration (named variables, so values stay in registers; compiled and
+cached by numbatc.kernels.build):
 
 - registers (``chunks`` > 0): each thread loads ``chunks`` vectors of ``VEC`` elements of its row
   (one pass over the row: read once, write once); the row maximum and then the sum of
@@ -266,7 +267,6 @@ def softmax_kernel(x, out, M, N, ldx, ldo):
             w(f"        {stmt}")
         for stmt in _store(cfg, [f"math.exp2({v} * L2E - mb) * inv" for v in vs], "orow + e"):
             w(f"        {stmt}")
-    w("\n\ngemm_kernel = softmax_kernel  # the name sm80_gemm.load_generated returns")
     return "\n".join(lines) + "\n"
 
 
@@ -277,9 +277,9 @@ def softmax_kernel(x, out, M, N, ldx, ldo):
 
 @functools.cache
 def kernel_for(cfg: RowSoftmaxConfig):
-    from numbatc.kernels.sm80_gemm import load_generated
+    from numbatc.kernels.build import load_generated
 
-    return load_generated("row_softmax", kernel_source(cfg))
+    return load_generated("row_softmax", kernel_source(cfg), entry="softmax_kernel")
 
 
 _STORAGE = {"bfloat16": "uint16", "float16": "uint16", "float32": "float32"}

@@ -1,5 +1,5 @@
 """The Blackwell GEMM (sm_100a): TMA -> tcgen05.mma -> tensor memory -> tcgen05.ld epilogue,
-warp-specialised, bf16/f16 in, fp32 accumulation in tensor memory, and sm80_gemm's fused epilogue
+warp-specialised, bf16/f16 in, fp32 accumulation in tensor memory, and the shared fused epilogue
 (alpha, beta * C, bias, activation, user epilogues).
 
 NOTE: there is no Blackwell GPU here.  This kernel is verified by assembling it for sm_100a and
@@ -31,7 +31,7 @@ epilogue thread stores its own row (uncoalesced), no 2-CTA (cta_group::2) MMA.
 import functools
 from dataclasses import dataclass
 
-from numbatc.kernels import sm80_gemm
+from numbatc.kernels import build, epilogue
 
 __all__ = ["Sm100Config", "CONFIGS", "check_variant", "kernel_for", "kernel_source", "launch",
            "grid_for", "signature", "prologue_source", "epilogue_warps_source"]
@@ -138,7 +138,7 @@ MMA = nt.tcgen05_mma("f16")
 LD = nt.tcgen05_ld("32x32b", 32)
 IDESC = np.uint32({idesc:#x})  # kind::f16, {ptx} x {ptx} -> f32, M={BM}, N={BN}, A and B K-major
 ''')
-    w(sm80_gemm.epilogue_source(var))
+    w(epilogue.epilogue_source(var))
     w(f'''
 
 @cuda.jit(cache={var.epilogue is None}, launch_bounds=({_THREADS}, 1))
@@ -223,7 +223,7 @@ def prologue_source(w, cfg, bk, tmem_cols, what):
 def epilogue_warps_source(w, cfg, tmem_cols, ea):
     """Emit the end of the kernel body after the MMA thread's k loop (inside ``if lane == 0``
     of the MMA warp): the accumulator commit, the epilogue warps (tcgen05.ld 32x32b of the
-    BN accumulator columns, sm80_gemm's store_pair) and the TMEM teardown."""
+    BN accumulator columns, epilogue.store_pair) and the TMEM teardown."""
     BN, S = cfg.bn, cfg.stages
     w(f'''                nt.tcgen05_commit(bars, {S} + s)  # stage s free once these MMAs have read it
             nt.tcgen05_commit(bars, {2 * S})  # the accumulator is complete
@@ -251,10 +251,10 @@ def epilogue_warps_source(w, cfg, tmem_cols, ea):
 
 @functools.cache
 def kernel_for(cfg: Sm100Config, var):
-    """The compiled-on-demand kernel for (cfg, var) (see sm80_gemm.load_generated); a variant
+    """The compiled-on-demand kernel for (cfg, var) (see build.load_generated); a variant
     with a user epilogue is compiled in this process only."""
     extra = {} if var.epilogue is None else {"USER_EPILOGUE": var.epilogue}
-    return sm80_gemm.load_generated("sm100_gemm", kernel_source(cfg, var), **extra)
+    return build.load_generated("sm100_gemm", kernel_source(cfg, var), **extra)
 
 
 def grid_for(cfg: Sm100Config, m: int, n: int):
@@ -264,10 +264,10 @@ def grid_for(cfg: Sm100Config, m: int, n: int):
 @functools.cache
 def signature(var):
     """Argument types on the GPU: the two tensor maps (64-byte aligned uint64[:] copies), then
-    c, bias and out as typed pointers as in sm80_gemm."""
+    c, bias and out as typed pointers as in every GEMM kernel (epilogue.signature)."""
     from numba import types
 
-    base = sm80_gemm.signature(var)
+    base = epilogue.signature(var)
     tmap = types.Array(types.uint64, 1, "C")
     return (tmap, tmap) + base[2:5] + (base[5], base[6], base[7]) + base[10:]
 
@@ -296,6 +296,6 @@ def launch(cfg: Sm100Config, var, tma_a, tma_b, c, bias, out, m, n, k, ldc, ldo,
     kernel = kernel_for(cfg, var)
     args = (tma_a, tma_b, c, bias, out, m, n, k, ldc, ldo, np.float32(alpha), np.float32(beta),
             group_m)
-    args, sig = sm80_gemm.with_epilogue_args(kernel, var, args, signature(var), epilogue_args)
+    args, sig = epilogue.with_epilogue_args(kernel, var, args, signature(var), epilogue_args)
     launching.launch(kernel, grid_for(cfg, m, n), cfg.threads, args,
                      shared_bytes=cfg.shared_bytes, stream=stream, signature=sig)

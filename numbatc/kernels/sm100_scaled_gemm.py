@@ -1,7 +1,7 @@
 """The block-scaled Blackwell GEMM (sm_100a): MXFP8 and NVFP4 operands with per-block scale
 factors, TMA -> tcgen05.cp (scales to tensor memory) -> block-scaled tcgen05.mma -> tcgen05.ld
 epilogue, warp-specialised as sm100_gemm (whose prologue, epilogue warps and teardown it shares),
-fp32 accumulation and sm80_gemm's fused epilogue (alpha, beta * C, bias, activation, user
+fp32 accumulation and the shared fused epilogue (alpha, beta * C, bias, activation, user
 epilogues).
 
 NOTE: there is no Blackwell GPU here.  This kernel is verified by assembling it for sm_100a and
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from numbatc.kernels import sm100_gemm, sm80_gemm
+from numbatc.kernels import build, epilogue, sm100_gemm
 
 __all__ = ["FORMATS", "ScaledFormat", "ScaledConfig", "ScaledVariant", "CONFIGS", "kernel_for",
            "kernel_source", "launch", "grid_for", "signature", "tensor_maps", "chunk_groups",
@@ -200,7 +200,7 @@ CONFIGS = {
 @dataclass(frozen=True)
 class ScaledVariant:
     """What the kernel is specialised for besides the tile: the format, each operand's element
-    type ('e4m3' | 'e5m2' for mxfp8, 'e2m1' for nvfp4) and the epilogue (as Sm80Variant)."""
+    type ('e4m3' | 'e5m2' for mxfp8, 'e2m1' for nvfp4) and the epilogue (as GemmVariant)."""
 
     fmt: str
     a_type: str
@@ -224,9 +224,9 @@ class ScaledVariant:
 
     @property
     def epilogue_variant(self):
-        """The sm80_gemm variant whose epilogue (store_pair) and c/bias/out argument types this
+        """The GEMM variant whose epilogue (store_pair) and c/bias/out argument types this
         kernel uses; its operand fields are placeholders (this kernel reads A and B by TMA)."""
-        return sm80_gemm.Sm80Variant("row", "col", "bfloat16", self.out_dtype, self.c_dtype,
+        return epilogue.GemmVariant("row", "col", "bfloat16", self.out_dtype, self.c_dtype,
                                      self.bias_dtype, self.activation, self.out_layout,
                                      self.c_layout, self.epilogue, self.epilogue_args)
 
@@ -274,7 +274,7 @@ LD = nt.tcgen05_ld("32x32b", 32)
             f.kind, var.a_type, var.b_type, f.scale, m=BM, n=BN, scale_vec=f.scale_vec,
             sfa_id=sf_id, sfb_id=sf_id)
         w(f"IDESC_{i} = np.uint32({idesc:#x})  # sfa_id = sfb_id = {sf_id}")
-    w(sm80_gemm.epilogue_source(var.epilogue_variant))
+    w(epilogue.epilogue_source(var.epilogue_variant))
     w(f'''
 
 @cuda.jit(cache={var.epilogue is None}, launch_bounds=({_THREADS}, 1))
@@ -334,10 +334,10 @@ def gemm_kernel(tma_a, tma_b, sfa, sfb, c, bias, out, M, N, K, ldc, ldo, alpha, 
 
 @functools.cache
 def kernel_for(cfg: ScaledConfig, var: ScaledVariant):
-    """The compiled-on-demand kernel for (cfg, var) (see sm80_gemm.load_generated); a variant
+    """The compiled-on-demand kernel for (cfg, var) (see build.load_generated); a variant
     with a user epilogue is compiled in this process only."""
     extra = {} if var.epilogue is None else {"USER_EPILOGUE": var.epilogue}
-    return sm80_gemm.load_generated("sm100_scaled_gemm", kernel_source(cfg, var), **extra)
+    return build.load_generated("sm100_scaled_gemm", kernel_source(cfg, var), **extra)
 
 
 def grid_for(cfg: ScaledConfig, m: int, n: int):
@@ -350,7 +350,7 @@ def signature(var: ScaledVariant):
     two scale-chunk buffers (uint8[:]), then c, bias, out and the scalars as in sm100_gemm."""
     from numba import types
 
-    base = sm80_gemm.signature(var.epilogue_variant)
+    base = epilogue.signature(var.epilogue_variant)
     tmap = types.Array(types.uint64, 1, "C")
     chunks = types.Array(types.uint8, 1, "C")
     return (tmap, tmap, chunks, chunks) + base[2:8] + base[10:]
@@ -439,6 +439,6 @@ def launch(cfg: ScaledConfig, var: ScaledVariant, tma_a, tma_b, sfa, sfb, c, bia
     kernel = kernel_for(cfg, var)
     args = (tma_a, tma_b, sfa, sfb, c, bias, out, m, n, k, ldc, ldo, np.float32(alpha),
             np.float32(beta), group_m)
-    args, sig = sm80_gemm.with_epilogue_args(kernel, var, args, signature(var), epilogue_args)
+    args, sig = epilogue.with_epilogue_args(kernel, var, args, signature(var), epilogue_args)
     launching.launch(kernel, grid_for(cfg, m, n), cfg.threads, args,
                      shared_bytes=cfg.shared_bytes, stream=stream, signature=sig)

@@ -29,7 +29,7 @@ Either way the eight row addresses of an ldmatrix (eight consecutive rows, one c
 eight different 16-byte bank groups.
 
 The kernel is generated Python source per (configuration, variant), cached on disk and compiled
-by numba-cuda like sm80_gemm's (``sm80_gemm.load_generated``).  Accumulators are named
+by numba-cuda (``numbatc.kernels.build.load_generated``).  Accumulators are named
 variables (``s_<i>_<j>``, ``o_<i>_<d>``) so that they live in registers.
 """
 
@@ -39,7 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbatc.kernels.sm80_gemm import QUAD_REDUCTIONS, load_generated
+from numbatc.kernels.build import load_generated
+from numbatc.kernels.epilogue import QUAD_REDUCTIONS
 
 __all__ = ["AttnConfig", "AttnVariant", "choose_config", "kernel_for", "kernel_source",
            "launch", "signature"]
@@ -181,8 +182,8 @@ def load_{name}(smem, sbase, src, gbase, stride, rlim, t):
 
 
 def row_helpers(var) -> str:
-    """Source of the softmax row helpers both attention kernels paste: sm80_gemm's quad
-    reductions and ``keep`` (-inf outside the keys a query sees: past Sk, and past the
+    """Source of the softmax row helpers both attention kernels paste: the quad reductions
+    (numbatc.kernels.epilogue) and ``keep`` (-inf outside the keys a query sees: past Sk, and past the
     bottom-right-aligned diagonal when causal)."""
     return QUAD_REDUCTIONS.lstrip("\n") + f'''
 
@@ -442,7 +443,6 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
               f"o_{i}_{d}[2] * inv_1, o_{i}_{d}[3] * inv_1)")
         store_o_rows(w, "    ", D, lambda h: f"row_base + {16 * i + 8 * h}",
                      lambda h, d, c: f"o_{i}_{d}[{2 * h + c}]")
-    w("\n\ngemm_kernel = attention_kernel  # the entry point sm80_gemm.load_generated returns")
     return "\n".join(lines) + "\n"
 
 
@@ -453,8 +453,8 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
 
 @functools.cache
 def kernel_for(cfg: AttnConfig, var: AttnVariant):
-    """The compiled-on-demand kernel for (cfg, var), cached on disk (sm80_gemm.load_generated)."""
-    return load_generated("sm80_attention", kernel_source(cfg, var))
+    """The compiled-on-demand kernel for (cfg, var), cached on disk (build.load_generated)."""
+    return load_generated("sm80_attention", kernel_source(cfg, var), entry="attention_kernel")
 
 
 @functools.cache

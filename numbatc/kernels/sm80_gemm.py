@@ -6,9 +6,8 @@ The kernel is written as Python source generated per (configuration, variant) an
 numba-cuda: the warp tile's accumulators are named variables (``acc_i_j``, one 4-tuple per
 16x8 mma tile) so that they stay in registers -- a loop over a tuple of tuples cannot be unrolled
 by numba, and a local array indexed at run time would live in local memory.  The generated
-module is written to the kernel cache directory and imported from there, so numba's on-disk
-cache (``cache=True``) keeps the compiled kernel between processes; the file name hashes the
-source of numbatc and intrinsics, which invalidates the cache when either changes.
+module is compiled and cached on disk through numbatc.kernels.build; the epilogue, split-K and
+the launch are every GEMM kernel's (numbatc.kernels.epilogue).
 
 Shared-memory tiles (one per operand per stage), each row of ``ROW`` bytes swizzled so that the
 eight row addresses of an ldmatrix land in eight different 16-byte bank groups:
@@ -26,19 +25,24 @@ such operands made ptxas hoist its unrolled addresses and spill: 255 registers a
 spills, against 254 and none without it.)
 """
 
-import contextlib
 import functools
-import hashlib
-import importlib.util
-import os
-import pathlib
-import threading
-import uuid
 from dataclasses import dataclass
 
-import numpy as np
+from numbatc.kernels.build import load_generated
+from numbatc.kernels.epilogue import (  # what every GEMM kernel shares
+    CONVERSIONS,
+    SPLIT_HELPERS,
+    GemmVariant,
+    full_tile_epilogue,
+    launch_gemm_kernel,
+    signature,  # this kernel's arguments: every GEMM kernel's
+    split_epilogue_source,
+    split_source,
+    stores_source,
+)
 
-__all__ = ["Sm80Config", "Sm80Variant", "CONFIGS", "kernel_for", "kernel_source", "launch"]
+__all__ = ["Sm80Config", "CONFIGS", "grid_for", "kernel_for", "kernel_source", "launch",
+           "signature"]
 
 
 @dataclass(frozen=True)
@@ -112,34 +116,6 @@ CONFIGS = {
 }
 
 
-@dataclass(frozen=True)
-class Sm80Variant:
-    """What a kernel is specialised for besides its tile shape: operand layouts ('row': the
-    last index is contiguous; 'col': the first), the element formats and the epilogue."""
-
-    a_layout: str
-    b_layout: str
-    in_dtype: str  # 'bfloat16' | 'float16'
-    out_dtype: str  # 'bfloat16' | 'float16' | 'float32'
-    c_dtype: str | None  # dtype of C when beta * C is added, else None
-    bias_dtype: str | None
-    activation: str | None  # None | 'relu' | 'gelu' | 'silu'
-    out_layout: str = "row"
-    c_layout: str = "row"
-    # A user epilogue: a cuda.jit(device=True) function fn(value, row, col, *args) -> value,
-    # applied to every output element after the built-in terms; ``epilogue_args`` extra arrays.
-    epilogue: object = None
-    epilogue_args: int = 0
-    # Split-K (small M): blockIdx.y picks a K slice of k_chunk values; each block writes its
-    # float32 partial tile to its slice of a workspace, and the last block of a tile to arrive
-    # (a per-tile counter) sums the slices in order (deterministic) and runs the epilogue.
-    split_k: bool = False
-    # out is row-major bf16/f16 with 4-byte aligned rows (start and ldo): in tiles wholly inside
-    # the matrix a fragment's column pair (even column) is one 32-bit store (intrinsics.gmem)
-    # instead of two 16-bit ones.  Set by the dispatcher from out's alignment.
-    out_pairs: bool = False
-
-
 # ---------------------------------------------------------------------------------------------
 # Source generation
 # ---------------------------------------------------------------------------------------------
@@ -156,20 +132,6 @@ def _swizzle_expr(row_bytes):
         return "(o ^ ((o >> 3) & 0x30))"
     shift = row_bytes.bit_length() - 1 - 4  # log2(row_bytes) - 4
     return f"(o ^ ((o >> {shift}) & 0x70))"
-
-
-def _load_from(dtype):
-    """Expression turning stored bits/values ``x`` of ``dtype`` into float32."""
-    if dtype == "bfloat16":
-        return "bf16_to_f32(x)"
-    if dtype == "float16":
-        return "f16_to_f32(x)"
-    return "x"
-
-
-def _flat(layout, row, col, ld):
-    """Flat element index of (row, col) in a matrix of the given layout and leading dimension."""
-    return f"({row}) * {ld} + ({col})" if layout == "row" else f"({row}) + ({col}) * {ld}"
 
 
 def tile_row_bytes(cfg, var):
@@ -210,7 +172,7 @@ def _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems):
             w(f"    b_off_{ks}_{j} = np.int32({a_elems} + swz_b(o) // 2)")
 
 
-def _loader(w, cfg, op, layout, rowb, base_elems):
+def loader_source(w, cfg, op, layout, rowb, base_elems):
     """Emit ``load_<op>``: the thread's 16-byte cp.async copies of one tile.
 
     Tile rows run along the operand's non-contiguous dimension, 8 elements per copy.  Thread t
@@ -244,153 +206,7 @@ def load_{op}(smem, stage, src, start, ld, r0, c0, mn_lim, k0, k_lim):
     return per_row
 
 
-_CONVERSIONS = '''
-
-@cuda.jit(device=True, forceinline=True)
-def bf16_to_f32(x):
-    return nt.unpack_bf16x2(np.uint32(x))[0]
-
-
-@cuda.jit(device=True, forceinline=True)
-def f16_to_f32(x):
-    return nt.unpack_f16x2(np.uint32(x))[0]
-'''
-
-
-def _epilogue_source(var: Sm80Variant) -> str:
-    """The epilogue's device functions for ``var``: ``activation``, ``store_pair`` (alpha,
-    beta * C, bias, activation, conversion and bounds-checked stores of two adjacent columns)
-    and ``store_tile`` (one m16n8 accumulator fragment: rows r and r + 8, columns col and
-    col + 1)."""
-    act = {
-        None: "    return v",
-        "relu": "    return v if v > 0 else np.float32(0)",
-        "gelu": "    return np.float32(0.5) * v * (np.float32(1) + math.tanh(np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v)))",
-        "silu": "    return v / (np.float32(1) + math.exp(-v))",
-    }[var.activation]
-    o0 = _flat(var.out_layout, "r", "col", "ldo")
-    o1 = _flat(var.out_layout, "r", "col + 1", "ldo")
-    put2 = None  # put_pair's store, where it differs from store_pair's
-    if var.out_dtype in ("bfloat16", "float16"):
-        pack = "nt.pack_bf16x2" if var.out_dtype == "bfloat16" else "nt.pack_f16x2"
-        store2 = (f"    p = {pack}(v0, v1)\n"
-                  f"    out[{o0}] = np.uint16(p & 0xFFFF)\n"
-                  "    if both:\n"
-                  f"        out[{o1}] = np.uint16(p >> 16)")
-        if var.out_pairs:
-            assert var.out_layout == "row", "out_pairs needs a row-major out"
-            put2 = f"    nt.st_global_b32(out, {o0}, {pack}(v0, v1))"
-    else:
-        store2 = (f"    out[{o0}] = v0\n"
-                  "    if both:\n"
-                  f"        out[{o1}] = v1")
-    c_term = ""
-    if var.c_dtype is not None:
-        c0 = _flat(var.c_layout, "r", "col", "ldc")
-        c1 = _flat(var.c_layout, "r", "col + 1", "ldc")
-        c_term = f"""
-    x = c[{c0}]
-    v0 += beta * {_load_from(var.c_dtype)}
-    if both:
-        x = c[{c1}]
-        v1 += beta * {_load_from(var.c_dtype)}"""
-    ea, user = "", ""
-    if var.epilogue is not None:
-        # USER_EPILOGUE is set on the generated module before its first compilation.
-        ea = ", eargs"
-        user = """
-    v0 = np.float32(USER_EPILOGUE(v0, r, col, *eargs))
-    if both:
-        v1 = np.float32(USER_EPILOGUE(v1, r, col + 1, *eargs))"""
-    bias_term = ""
-    if var.bias_dtype is not None:
-        bias_term = f"""
-    x = bias[col]
-    v0 += {_load_from(var.bias_dtype)}
-    if both:
-        x = bias[col + 1]
-        v1 += {_load_from(var.bias_dtype)}"""
-    return f'''
-
-@cuda.jit(device=True, forceinline=True)
-def activation(v):
-{act}
-
-
-@cuda.jit(device=True, forceinline=True)
-def store_pair(out, c, bias, r, col, v0, v1, N, ldc, ldo, alpha, beta{ea}):
-    both = col + 1 < N
-    v0 = alpha * v0
-    v1 = alpha * v1{c_term}{bias_term}
-    v0 = activation(v0)
-    v1 = activation(v1){user}
-{store2}
-
-
-@cuda.jit(device=True, forceinline=True)
-def value_pair(c, bias, r, col, v0, v1, ldc, alpha, beta{ea}):
-    # store_pair's arithmetic for two in-bounds columns, no store (the full-tile epilogue)
-    both = True
-    v0 = alpha * v0
-    v1 = alpha * v1{c_term}{bias_term}
-    v0 = activation(v0)
-    v1 = activation(v1){user}
-    return v0, v1
-
-
-@cuda.jit(device=True, forceinline=True)
-def value_tile(c, bias, acc, r, col, ldc, alpha, beta{ea}):
-    v0, v1 = value_pair(c, bias, r, col, acc[0], acc[1], ldc, alpha, beta{ea})
-    v2, v3 = value_pair(c, bias, r + 8, col, acc[2], acc[3], ldc, alpha, beta{ea})
-    return (v0, v1, v2, v3)
-
-
-@cuda.jit(device=True, forceinline=True)
-def put_pair(out, r, col, v0, v1, ldo):
-    both = True
-{store2 if put2 is None else put2}
-
-
-@cuda.jit(device=True, forceinline=True)
-def put_tile(out, vals, r, col, ldo):
-    put_pair(out, r, col, vals[0], vals[1], ldo)
-    put_pair(out, r + 8, col, vals[2], vals[3], ldo)
-
-
-@cuda.jit(device=True, forceinline=True)
-def store_tile(out, c, bias, acc, r, col, M, N, ldc, ldo, alpha, beta{ea}):
-    if col < N:
-        if r < M:
-            store_pair(out, c, bias, r, col, acc[0], acc[1], N, ldc, ldo, alpha, beta{ea})
-        if r + 8 < M:
-            store_pair(out, c, bias, r + 8, col, acc[2], acc[3], N, ldc, ldo, alpha, beta{ea})
-'''
-
-
-# The reductions over the quad of lanes that share a row of an m16n8 fragment (lanes 4g .. 4g+3):
-# generated kernels that reduce rows (softmax) paste this source.
-QUAD_REDUCTIONS = '''
-
-@cuda.jit(device=True, forceinline=True)
-def quad_max(x):
-    x = max(x, nt.shfl_bfly(x, 1))
-    return max(x, nt.shfl_bfly(x, 2))
-
-
-@cuda.jit(device=True, forceinline=True)
-def quad_sum(x):
-    x = x + nt.shfl_bfly(x, 1)
-    return x + nt.shfl_bfly(x, 2)
-'''
-
-
-def epilogue_source(var: Sm80Variant) -> str:
-    """Source of the epilogue helpers (with the bf16/f16 decoders they use), for kernels that
-    store m16n8-shaped fragments the way sm80_gemm does (sm90_gemm's wgmma accumulator too)."""
-    return _CONVERSIONS + _epilogue_source(var)
-
-
-def mainloop_source(w, cfg: Sm80Config, var: Sm80Variant):
+def mainloop_source(w, cfg: Sm80Config, var: GemmVariant):
     """Emit (through ``w``) the main loop that sm80 kernels share, inside a kernel whose
     ``smem``, ``t``, ``wm``/``wn``, ``m0``/``n0`` limits, ``k_tiles``, the copy starts
     (``a_start``, ``b_start``, ``a_r0`` ...) and ``load_a``/``load_b`` are defined: zeroed
@@ -439,41 +255,6 @@ def mainloop_source(w, cfg: Sm80Config, var: Sm80Variant):
                 w(f"        acc_{i}_{j} = MMA(fa_{i}, fb_{j}, acc_{i}_{j})")
 
 
-def full_tile_epilogue(w, tiles, var, inside, indent="    "):
-    """Emit the epilogue of fragments ``tiles`` = [(acc, row, column expressions)]: when
-    ``inside`` (the block's whole tile lies in the matrix) every fragment's values first
-    (value_tile: its loads of c and of a user epilogue's arrays), then every store (put_tile);
-    otherwise store_tile per fragment with its bounds checks.  With nothing to load (no c, no
-    user epilogue) the inside path exists only for out_pairs' 32-bit stores.
-
-    NOTE: store_tile per fragment interleaves each fragment's loads with the previous one's
-    stores to ``out``, which may alias c or a user epilogue's arrays, so neither compiler may
-    move a load above a store: every fragment waited a full memory latency in turn (measured:
-    a bias + GELU + residual user epilogue cost +32 % over the plain GEMM at 4096^3 on the
-    H200).  Values first lets all the loads be in flight together."""
-    ea = ", eargs" if var.epilogue is not None else ""
-    x = indent
-    if var.epilogue is None and var.c_dtype is None and not var.out_pairs:
-        # per-element stores either way, and at most the bias (cached) to load: one pass
-        for acc, row, col in tiles:
-            w(f"{x}store_tile(out, c, bias, {acc}, {row}, {col}, M, N, ldc, ldo, alpha, beta)")
-        return
-    w(f"{x}if {inside}:")
-    if var.epilogue is None and var.c_dtype is None and var.bias_dtype is None:
-        # nothing to load: each fragment's values, then its pair stores
-        for acc, row, col in tiles:
-            w(f"{x}    put_tile(out, value_tile(c, bias, {acc}, {row}, {col}, ldc, alpha, beta), "
-              f"{row}, {col}, ldo)")
-    else:
-        for i, (acc, row, col) in enumerate(tiles):
-            w(f"{x}    ev_{i} = value_tile(c, bias, {acc}, {row}, {col}, ldc, alpha, beta{ea})")
-        for i, (acc, row, col) in enumerate(tiles):
-            w(f"{x}    put_tile(out, ev_{i}, {row}, {col}, ldo)")
-    w(f"{x}else:")
-    for acc, row, col in tiles:
-        w(f"{x}    store_tile(out, c, bias, {acc}, {row}, {col}, M, N, ldc, ldo, alpha, beta{ea})")
-
-
 def module_header(w, generator, cfg, var, constants=""):
     """Emit the head of a generated mma.sync GEMM module: its docstring, imports, the MMA and
     cp.async operations, ``constants`` (lines of module constants), and the swizzles of the A
@@ -502,87 +283,7 @@ def swz_b(o):
 ''')
 
 
-def split_source(var, a_kmajor, b_kmajor):
-    """(extra kernel parameters, the K-slice prologue, the additions to A's and B's start
-    indices) of a split-K variant (see Sm80Variant.split_k), all "" otherwise: blockIdx.y is
-    the slice, K becomes the slice's length and the operands' start indices move to its first
-    k.  Shared by sm80_gemm and sm90_gemm (whose producer takes the start indices)."""
-    if not var.split_k:
-        return "", "", "", ""
-    return (", ws, counters, k_chunk, splits",
-            "    split = cuda.blockIdx.y\n"
-            "    kbeg = split * k_chunk\n"
-            "    K = min(K - kbeg, k_chunk)\n",
-            " + kbeg" if a_kmajor else " + kbeg * lda",
-            " + kbeg" if b_kmajor else " + kbeg * ldb")
-
-
-def split_epilogue_source(w, tiles, var, tile_id, sync, leader, indent="    "):
-    """Emit split-K's epilogue (see Sm80Variant.split_k) for fragments ``tiles`` = [(acc
-    expression, row expression, column expression)] in store_tile's m16n8 layout: store the
-    partial sums to this split's slice of ``ws`` (float32, splits x M x N), fence, count the
-    tile's arrivals in ``counters[tile_id]``; the last block to arrive sums the slices in split
-    order, runs store_tile and resets the counter for the next launch.  ``sync`` synchronises
-    the threads that hold fragments, ``leader`` is the condition of the one that counts."""
-    ea = ", eargs" if var.epilogue is not None else ""
-    x = indent
-    w(f"{x}# split-K: this block's partial tile to its slice of the workspace")
-    w(f"{x}sl = split * M")
-    for acc, row, col in tiles:
-        w(f"{x}put_partial(ws, sl, {acc}, {row}, {col}, M, N)")
-    w(f"""{x}cuda.threadfence()
-{x}{sync}
-{x}last = cuda.shared.array(1, np.int32)
-{x}if {leader}:
-{x}    last[0] = np.int32(nt.atomic_add_global(counters, {tile_id}, np.int32(1)) == splits - 1)
-{x}{sync}
-{x}if last[0] != 0:
-{x}    cuda.threadfence()""")
-    for acc, row, col in tiles:
-        w(f"{x}    store_tile(out, c, bias, sum_partials(ws, splits, {row}, {col}, M, N), {row}, "
-          f"{col}, M, N, ldc, ldo, alpha, beta{ea})")
-    w(f"""{x}    if {leader}:
-{x}        counters[{tile_id}] = np.int32(0)""")
-
-
-SPLIT_HELPERS = '''
-
-@cuda.jit(device=True, forceinline=True)
-def put_partial(ws, sl, acc, r, col, M, N):
-    both = col + 1 < N
-    if r < M and col < N:
-        ws[(sl + r) * N + col] = acc[0]
-        if both:
-            ws[(sl + r) * N + col + 1] = acc[1]
-    if r + 8 < M and col < N:
-        ws[(sl + r + 8) * N + col] = acc[2]
-        if both:
-            ws[(sl + r + 8) * N + col + 1] = acc[3]
-
-
-@cuda.jit(device=True, forceinline=True)
-def sum_partials(ws, splits, r, col, M, N):
-    # rows and columns outside the matrix read nothing (store_tile skips them too)
-    v0 = v1 = v2 = v3 = np.float32(0)
-    ok0 = r < M and col < N
-    ok1 = r < M and col + 1 < N
-    ok2 = r + 8 < M and col < N
-    ok3 = r + 8 < M and col + 1 < N
-    for s in range(splits):
-        o = (s * M + r) * N + col
-        if ok0:
-            v0 += ws[o]
-        if ok1:
-            v1 += ws[o + 1]
-        if ok2:
-            v2 += ws[o + 8 * N]
-        if ok3:
-            v3 += ws[o + 8 * N + 1]
-    return (v0, v1, v2, v3)
-'''
-
-
-def kernel_source(cfg: Sm80Config, var: Sm80Variant) -> str:
+def kernel_source(cfg: Sm80Config, var: GemmVariant) -> str:
     """Python source of the kernel for one configuration and variant."""
     BM, BN, BK = cfg.bm, cfg.bn, cfg.bk
     WM, WN = cfg.warp_m, cfg.warp_n
@@ -594,9 +295,9 @@ def kernel_source(cfg: Sm80Config, var: Sm80Variant) -> str:
     w = lines.append
 
     module_header(w, "sm80_gemm", cfg, var)
-    w(_CONVERSIONS)
-    a_per_row = _loader(w, cfg, "a", var.a_layout, a_rowb, 0)
-    b_per_row = _loader(w, cfg, "b", var.b_layout, b_rowb, a_elems)
+    w(CONVERSIONS)
+    a_per_row = loader_source(w, cfg, "a", var.a_layout, a_rowb, 0)
+    b_per_row = loader_source(w, cfg, "b", var.b_layout, b_rowb, a_elems)
 
     # --- the kernel ---------------------------------------------------------------------------
     # Operands are flat: element (i, j) of a 'row' matrix is x[i * ld + j], of a 'col' one
@@ -630,7 +331,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     m_lim = M - m0
     n_lim = N - n0
 
-    # This thread's copies: one column chunk, rows r0 + i * step (see _loader).
+    # This thread's copies: one column chunk, rows r0 + i * step (see loader_source).
     a_r0 = t // {a_per_row}
     a_c0 = (t % {a_per_row}) * 8
     b_r0 = t // {b_per_row}
@@ -654,102 +355,22 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     else:
         full_tile_epilogue(w, tiles, var, f"m0 + {BM} <= M and n0 + {BN} <= N")
 
-    w(_epilogue_source(var))
+    w(stores_source(var))
     if var.split_k:
         w(SPLIT_HELPERS)
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
-# Compilation and caching
+# Compilation and launch
 # ---------------------------------------------------------------------------------------------
 
 
 @functools.cache
-def _source_fingerprint():
-    """Hash of numbatc's and intrinsics' sources: part of every generated kernel's file name, so
-    the on-disk cache is invalidated whenever either package changes."""
-    digest = hashlib.sha256()
-    for package in ("numbatc", "intrinsics"):
-        root = pathlib.Path(importlib.util.find_spec(package).origin).parent
-        for path in sorted(root.rglob("*.py")):
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def cache_dir():
-    """Where generated kernels (and numba's cache of them) live: $NUMBATC_CACHE_DIR, else
-    ~/.cache/numbatc."""
-    root = os.environ.get("NUMBATC_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "numbatc")
-    path = pathlib.Path(root) / "kernels"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-#: (file path, ids of module_globals) -> (the module imported from it, the globals' values).
-_MODULES: dict = {}
-_MODULES_LOCK = threading.Lock()
-
-
-def load_generated(prefix, source, **module_globals):
-    """Write generated kernel source to the cache directory (once, atomically) and import it;
-    the file name hashes the source with numbatc's and intrinsics' own, so numba's on-disk cache
-    next to it is never stale.  ``module_globals`` are set on the module before anything is
-    compiled (a user epilogue function).  Returns the module's ``gemm_kernel``.
-
-    Safe from many threads and processes at once: each writer writes its own temporary file
-    (in the same directory, named by process, thread and a random part) and renames it over the
-    final name (atomic on POSIX and Windows), so a reader sees no file or a whole one; a file
-    whose text is not the source (a torn write from an older numbatc, a disk error) is
-    rewritten.  In one process one module is imported per (file, module_globals) (under a
-    lock), so threads asking for the same kernel at once get the same dispatcher and numba
-    compiles it once."""
-    digest = hashlib.sha256((_source_fingerprint() + source).encode()).hexdigest()[:20]
-    path = cache_dir() / f"{prefix}_{digest}.py"
-    key = (str(path), tuple(sorted((name, id(value)) for name, value in module_globals.items())))
-    with _MODULES_LOCK:
-        found = _MODULES.get(key)
-        if found is not None:
-            return found[0].gemm_kernel
-        _write_once(path, source)
-        spec = importlib.util.spec_from_file_location(f"numbatc_generated.{prefix}_{digest}",
-                                                      path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        for name, value in module_globals.items():
-            setattr(module, name, value)
-        # the values are kept with the module: their ids in the key stay theirs
-        _MODULES[key] = (module, tuple(module_globals.values()))
-    return module.gemm_kernel
-
-
-def _write_once(path, source):
-    """Make ``path`` hold ``source``: left alone when it already does, else written to a
-    temporary file of this call's own and renamed over ``path``."""
-    try:
-        if path.read_text() == source:
-            return
-    except (FileNotFoundError, UnicodeDecodeError):
-        pass
-    # a name no other thread or process uses; "x" creates it (with the umask's permissions,
-    # which tempfile.mkstemp's 0600 would not keep for a cache shared between users)
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}."
-                         f"{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "x") as f:
-            f.write(source)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-@functools.cache
-def kernel_for(cfg: Sm80Config, var: Sm80Variant):
-    """The compiled-on-demand kernel for (cfg, var) (see load_generated).  A variant with a user
-    epilogue is compiled in this process only (its function is not in the generated file)."""
+def kernel_for(cfg: Sm80Config, var: GemmVariant):
+    """The compiled-on-demand kernel for (cfg, var) (see build.load_generated).  A variant
+    with a user epilogue is compiled in this process only (its function is not in the generated
+    file)."""
     extra = {} if var.epilogue is None else {"USER_EPILOGUE": var.epilogue}
     return load_generated("sm80_gemm", kernel_source(cfg, var), **extra)
 
@@ -758,27 +379,7 @@ def grid_for(cfg: Sm80Config, m: int, n: int):
     return ((m + cfg.bm - 1) // cfg.bm) * ((n + cfg.bn - 1) // cfg.bn)
 
 
-_STORAGE = {"bfloat16": "uint16", "float16": "uint16", "float32": "float32"}
-
-
-@functools.cache
-def signature(var: Sm80Variant):
-    """The kernel's argument types on the GPU: operands as typed device pointers (flat, with
-    their leading dimensions as separate arguments), so a launch builds no array objects."""
-    from numba import types
-
-    def ptr(dtype):
-        return types.CPointer(getattr(types, _STORAGE[dtype]))
-
-    i64, f32 = types.int64, types.float32
-    split = ((types.CPointer(f32), types.CPointer(types.int32), i64, i64)
-             if getattr(var, "split_k", False) else ())
-    return (ptr(var.in_dtype), ptr(var.in_dtype), ptr(var.c_dtype or var.out_dtype),
-            ptr(var.bias_dtype or var.out_dtype), ptr(var.out_dtype),
-            i64, i64, i64, i64, i64, i64, i64, f32, f32, i64) + split
-
-
-def launch(cfg: Sm80Config, var: Sm80Variant, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
+def launch(cfg: Sm80Config, var: GemmVariant, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
            alpha, beta, stream=0, group_m=8, epilogue_args=(), prepare=False, split=None):
     """Launch the kernel.  Operands are flat: device pointers (ints) on the GPU, 1-d arrays in
     the emulation; their start and leading dimension must be 16-byte aligned (the dispatcher
@@ -787,7 +388,7 @@ def launch(cfg: Sm80Config, var: Sm80Variant, a, b, c, bias, out, m, n, k, lda, 
     ``prepare=True``: launch through an ``intrinsics.launch.PreparedLaunch`` and return a
     relaunch function ``fn(a, b, c, bias, out, alpha, beta, stream, eflat=())`` for the same
     shape and leading dimensions (the host cost of a warm ``numbatc.gemm``; ``eflat``: a user
-    epilogue's arguments as :func:`flat_epilogue_args` gives them); None, after launching the
+    epilogue's arguments as epilogue.flat_epilogue_args gives them); None, after launching the
     ordinary way, where there is none (the emulation, an argument type a prepared launch cannot
     pass).
 
@@ -805,75 +406,3 @@ def launch(cfg: Sm80Config, var: Sm80Variant, a, b, c, bias, out, m, n, k, lda, 
                               split=split)
 
 
-def launch_gemm_kernel(kernel, var, grid, threads, shared_bytes, cluster, a, b, c, bias, out, m,
-                       n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m, epilogue_args,
-                       prepare, split=None, kernel_signature=None):
-    """Launch a generated GEMM kernel with sm80_gemm's arguments (sm90_gemm's too): prepared
-    (returning the relaunch function, see :func:`launch`) where it can be, else through
-    ``intrinsics.launch.launch`` with a user epilogue's arrays as a final tuple argument.
-    ``kernel_signature``: the argument types where they are not :func:`signature`'s (sm90_gemm's
-    fp8 form takes uint8 operand pointers)."""
-    from numba import config
-
-    from intrinsics import launch as launching
-
-    if prepare and not config.ENABLE_CUDASIM:
-        sig = kernel_signature or signature(var)
-        eflat = ()
-        if var.epilogue is not None:
-            _, sig = with_epilogue_args(kernel, var, (), sig, epilogue_args)
-            eflat = flat_epilogue_args(epilogue_args)
-        prepared = launching.prepare(kernel, grid, threads, sig, shared_bytes=shared_bytes,
-                                     cluster=cluster)
-        if prepared is not None:
-            if split is None:
-                def relaunch(a, b, c, bias, out, alpha, beta, stream, eflat=()):
-                    prepared(stream, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha,
-                             beta, group_m, *eflat)
-            else:
-                def relaunch(a, b, c, bias, out, alpha, beta, stream, eflat=()):
-                    prepared(stream, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha,
-                             beta, group_m, *split(stream), *eflat)
-
-            relaunch(a, b, c, bias, out, alpha, beta, stream, eflat)
-            return relaunch
-    args = (a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, np.float32(alpha), np.float32(beta),
-            group_m)
-    if split is not None:
-        ws, counters, k_chunk, splits = split(stream)
-        args += (ws, counters, np.int64(k_chunk), np.int64(splits))
-    args, sig = with_epilogue_args(kernel, var, args, kernel_signature or signature(var),
-                                   epilogue_args)
-    launching.launch(kernel, grid, threads, args, shared_bytes=shared_bytes, cluster=cluster,
-                     stream=stream, signature=sig)
-    return None
-
-
-def flat_epilogue_args(epilogue_args):
-    """A user epilogue's arguments (Numba device arrays and numbers) as the kernel parameters
-    numba passes for them (intrinsics.launch.array_params for an array), for a prepared launch."""
-    from intrinsics.launch import array_params
-
-    flat = ()
-    for x in epilogue_args:
-        if hasattr(x, "device_ctypes_pointer"):
-            flat += array_params(x.device_ctypes_pointer.value, x.shape, x.strides,
-                                 x.dtype.itemsize)
-        else:
-            flat += (x,)
-    return flat
-
-
-def with_epilogue_args(kernel, var, args, sig, epilogue_args):
-    """(args, signature) of a generated kernel's launch: a user epilogue's arrays go last, as one
-    tuple argument (typed from the values); the signature is None in the emulation."""
-    from numba import config
-
-    sig = None if config.ENABLE_CUDASIM else tuple(sig)
-    if var.epilogue is not None:
-        args += (tuple(epilogue_args),)
-        if sig is not None:
-            from numba import types
-
-            sig += (types.Tuple([kernel.typeof_pyval(x) for x in epilogue_args]),)
-    return args, sig

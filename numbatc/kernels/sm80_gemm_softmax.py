@@ -18,16 +18,13 @@ and fragment offsets, imported from it).  The epilogue:
 import functools
 import math
 
-from numbatc.kernels.sm80_gemm import (  # the shared main loop's pieces
-    QUAD_REDUCTIONS,
-    _CONVERSIONS,
+from numbatc.kernels.build import load_generated
+from numbatc.kernels.epilogue import CONVERSIONS, QUAD_REDUCTIONS, GemmVariant, to_f32_expr
+from numbatc.kernels.sm80_gemm import (  # the sm80 kernel's main loop, which this one runs
+    Sm80Config,
+    loader_source,
     mainloop_source,
     module_header,
-    _load_from,
-    _loader,
-    Sm80Config,
-    Sm80Variant,
-    load_generated,
     tile_row_bytes,
 )
 
@@ -61,7 +58,7 @@ def choose(m, n):
     return next(c for c in CONFIGS.values() if (c.bm, c.bn) == (bm, bn))
 
 
-def kernel_source(cfg: Sm80Config, var: Sm80Variant) -> str:
+def kernel_source(cfg: Sm80Config, var: GemmVariant) -> str:
     """Python source of the kernel.  ``var``: operand layouts, in/out/bias dtypes (c and the
     activation unused)."""
     BM, BK = cfg.bm, cfg.bk
@@ -75,9 +72,9 @@ def kernel_source(cfg: Sm80Config, var: Sm80Variant) -> str:
     module_header(w, "sm80_gemm_softmax", cfg, var,
                   constants=f"NEG = np.float32(-math.inf)\nL2E = np.float32({math.log2(math.e)!r})\n")
     w(QUAD_REDUCTIONS)
-    w(_CONVERSIONS)
-    a_per_row = _loader(w, cfg, "a", var.a_layout, a_rowb, 0)
-    b_per_row = _loader(w, cfg, "b", var.b_layout, b_rowb, a_elems)
+    w(CONVERSIONS)
+    a_per_row = loader_source(w, cfg, "a", var.a_layout, a_rowb, 0)
+    b_per_row = loader_source(w, cfg, "b", var.b_layout, b_rowb, a_elems)
 
     if var.bias_dtype is not None:
         w(f'''
@@ -87,7 +84,7 @@ def logit(bias, v, col, N, scale):
     """scale * v + bias[col]; -inf past the last column."""
     if col < N:
         x = bias[col]
-        return scale * v + {_load_from(var.bias_dtype)}
+        return scale * v + {to_f32_expr(var.bias_dtype)}
     return NEG''')
     else:
         w('''
@@ -205,7 +202,7 @@ def gemm_kernel(a, b, bias, out, M, N, K, lda, ldb, ldo, scale):
 
 
 @functools.cache
-def kernel_for(cfg: Sm80Config, var: Sm80Variant):
+def kernel_for(cfg: Sm80Config, var: GemmVariant):
     return load_generated("sm80_gemm_softmax", kernel_source(cfg, var))
 
 
@@ -213,7 +210,7 @@ _STORAGE = {"bfloat16": "uint16", "float16": "uint16", "float32": "float32"}
 
 
 @functools.cache
-def signature(var: Sm80Variant):
+def signature(var: GemmVariant):
     from numba import types
 
     def ptr(dtype):

@@ -58,7 +58,7 @@ Causal (bottom-right aligned, query i sees keys j <= i + Sk - Sq): a block loads
 its last row sees; each consumer computes the tiles its own rows see and only waits for and
 releases the others; only tiles that cross the diagonal or the end of the keys run the masks.
 GQA: query head h reads key/value head h // group.  The kernel is generated Python source per
-(configuration, variant), cached on disk like sm80_gemm's, launched through intrinsics.launch
+(configuration, variant), cached on disk (numbatc.kernels.build), launched through intrinsics.launch
 (setmaxnreg: whole-program JIT).
 
 The ``_tma`` configurations replace the cp.async producer with one thread issuing TMA tensor
@@ -73,7 +73,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from numbatc.kernels import sm80_attention
-from numbatc.kernels.sm80_gemm import load_generated
+from numbatc.kernels.build import load_generated
 
 __all__ = ["Sm90AttnConfig", "CONFIGS", "DEFAULT", "DEFAULT_TMA", "HEAD_DIMS", "TMA_BY_DEFAULT",
            "choose_config", "kernel_for", "kernel_source", "launch", "launch_attention",
@@ -730,7 +730,6 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         body = "\n".join(lines[tile_part:])
         del lines[tile_part:]
         w(sm90_attention_tma.consumer_loop(body, cfg.pingpong))
-    w("\n\ngemm_kernel = attention_kernel  # the entry point sm80_gemm.load_generated returns")
     return "\n".join(lines) + "\n"
 
 
@@ -741,8 +740,8 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
 
 @functools.cache
 def kernel_for(cfg: Sm90AttnConfig, var: AttnVariant):
-    """The compiled-on-demand kernel for (cfg, var), cached on disk (sm80_gemm.load_generated)."""
-    return load_generated("sm90_attention", kernel_source(cfg, var))
+    """The compiled-on-demand kernel for (cfg, var), cached on disk (build.load_generated)."""
+    return load_generated("sm90_attention", kernel_source(cfg, var), entry="attention_kernel")
 
 
 def signature(var: AttnVariant, cfg: Sm90AttnConfig = None):

@@ -1,6 +1,7 @@
 """The Hopper GEMM (sm_90a): warp-specialised, a cp.async producer warpgroup feeding two wgmma
 consumer warpgroups through an mbarrier pipeline, fp32 accumulation in registers, and the same
-fused epilogue as sm80_gemm (alpha, beta * C, bias, activation).
+fused epilogue as every GEMM kernel (numbatc.kernels.epilogue: alpha, beta * C, bias,
+activation).
 
 Two producers.  This module's: the producer warpgroup's 128 threads issue 16-byte ``cp.async``
 copies straight into their 128B-swizzled places and signal the stage's *full* mbarrier with
@@ -44,7 +45,7 @@ must be cheap -- tiles wholly inside the operands take unchecked copies (``load_
 ~2.5 SASS instructions per 16-byte copy: byte-addressed operands, 128-byte column steps as
 immediate offsets), only edge tiles the checked ones (~17); the epilogue stores straight from
 registers, a bf16/f16 column pair as one 32-bit store where out allows it
-(``Sm80Variant.out_pairs``).  Not written: an epilogue overlapped with another tile's main loop
+(``GemmVariant.out_pairs``).  Not written: an epilogue overlapped with another tile's main loop
 (consumers on different tiles, or a TMA store).
 
 FP8 (:data:`FP8_CONFIGS`, :class:`Sm90Fp8Variant`): a float8_e4m3fn or float8_e5m2, b either
@@ -61,22 +62,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbatc.kernels import sm80_gemm
+from numbatc.kernels import build, epilogue
 
 __all__ = ["Sm90Config", "Sm90Variant", "Sm90Fp8Variant", "CONFIGS", "FP8_CONFIGS",
            "FP8_DTYPES", "DEFAULT_PRODUCER", "kernel_for", "kernel_source", "kernel_signature",
            "launch", "signature", "grid_for", "with_producer", "tma_unsupported"]
 
-# The variant (layouts, dtypes, epilogue) is sm80's: the same problem description, and the same
-# kernel arguments (sm80_gemm.signature).
-Sm90Variant = sm80_gemm.Sm80Variant
+# The variant (layouts, dtypes, epilogue) is every GEMM kernel's: the same problem description,
+# and the same kernel arguments (epilogue.signature).
+Sm90Variant = epilogue.GemmVariant
 
 #: fp8 dtype name -> wgmma's PTX type.
 FP8_DTYPES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 
 
 @dataclass(frozen=True)
-class Sm90Fp8Variant(sm80_gemm.Sm80Variant):
+class Sm90Fp8Variant(epilogue.GemmVariant):
     """An fp8 problem: ``in_dtype`` is a's dtype and ``b_dtype`` b's (float8_e4m3fn or
     float8_e5m2 each); a_layout must be 'row' and b_layout 'col' (both K-major)."""
 
@@ -84,7 +85,7 @@ class Sm90Fp8Variant(sm80_gemm.Sm80Variant):
 
 
 def signature(var):
-    """The kernel's argument types: sm80_gemm.signature's, with a and b as uint8 pointers for
+    """The kernel's argument types: epilogue.signature's, with a and b as uint8 pointers for
     every input dtype -- the producer addresses its copies in bytes, so that a copy's address
     is one multiply-add from its row's (a GEP on a 2-byte type adds a scaling per copy)."""
     return _byte_signature(var)
@@ -98,7 +99,7 @@ def _byte_signature(var):
 
     u8 = types.CPointer(types.uint8)
     as_bf16 = replace(var, in_dtype="bfloat16") if var.in_dtype in FP8_DTYPES else var
-    return (u8, u8) + tuple(sm80_gemm.signature(as_bf16)[2:])
+    return (u8, u8) + tuple(epilogue.signature(as_bf16)[2:])
 
 _THREADS_PER_WG = 128
 _SWIZZLE = 128  # bytes: BK = 64 two-byte elements fill one 128-byte swizzle row
@@ -450,11 +451,11 @@ def _mma_line(bn, var, a_kmajor, b_kmajor):
 
 
 def _epilogue_helpers(var):
-    """sm80_gemm's epilogue device functions (bf16/f16 decoding, activation, store_pair,
+    """The shared epilogue device functions (bf16/f16 decoding, activation, store_pair,
     store_tile), so that both kernels store identically.  store_tile(acc4, r, col) stores
     (acc[0], acc[1]) at (r, col..col+1) and (acc[2], acc[3]) at (r + 8, col..col+1): exactly one
     8-column group of a wgmma accumulator (registers 4j..4j+3)."""
-    return sm80_gemm.epilogue_source(var)
+    return epilogue.epilogue_source(var)
 
 
 def kernel_source(cfg: Sm90Config, var: Sm90Variant) -> str:
@@ -518,11 +519,11 @@ def swz(o):
         b_part = dict(start=b_start, smem=f"rank * {cfg.b_part_bytes}", n_lim="N - n0",
                       k0=f"k0 + rank * {BK // C}")
     ea = ", eargs" if var.epilogue is not None else ""  # a user epilogue's extra arrays
-    # split-K (sm80_gemm.Sm80Variant.split_k): this block's K slice; the producer's start
+    # split-K (epilogue.GemmVariant.split_k): this block's K slice; the producer's start
     # indices move to its first k; the consumers' epilogue goes through the workspace
     if var.split_k and C > 1:
         raise ValueError(f"sm90 config {cfg.name}: split-K is for single-CTA configs")
-    split_args, split_range, split_a, split_b = sm80_gemm.split_source(var, a_kmajor, b_kmajor)
+    split_args, split_range, split_a, split_b = epilogue.split_source(var, a_kmajor, b_kmajor)
     forward_loop = ""
     if C > 1:
         w(f"""
@@ -752,33 +753,33 @@ col_base = n0 + (lane % 4) * 2""".split("\n")
     if var.split_k:
         # the 256 consumer threads synchronise on named barrier 1 (the producer has left);
         # thread 128 (consumer warpgroup 0's first) counts the tile's arrivals
-        sm80_gemm.split_epilogue_source(w, tiles, var, "cuda.blockIdx.x",
-                                        f"nt.named_barrier_sync(1, {128 * cfg.consumers})",
-                                        "t == 128", indent="        ")
+        epilogue.split_epilogue_source(w, tiles, var, "cuda.blockIdx.x",
+                                       f"nt.named_barrier_sync(1, {128 * cfg.consumers})",
+                                       "t == 128", indent="        ")
     else:
         # this warpgroup's 64 rows: the whole (64 x BN) part inside the matrix or not
-        sm80_gemm.full_tile_epilogue(w, tiles, var, f"m0 + cw * 64 + 64 <= M and n0 + {BN} <= N",
-                                     indent=pad)
+        epilogue.full_tile_epilogue(w, tiles, var, f"m0 + cw * 64 + 64 <= M and n0 + {BN} <= N",
+                                    indent=pad)
         if pers:
             w(pad + "tile += cuda.gridDim.x")
     if C > 1:
         w("    # a CTA's shared memory and barriers must outlive its peer's last copy and arrival")
         w("    nt.cluster_sync()")
     if var.split_k:
-        w(sm80_gemm.SPLIT_HELPERS)
+        w(epilogue.SPLIT_HELPERS)
     return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
-# Compilation and caching (the generated module lives in sm80_gemm's cache directory)
+# Compilation and caching (numbatc.kernels.build)
 # ---------------------------------------------------------------------------------------------
 
 @functools.cache
 def kernel_for(cfg: Sm90Config, var: Sm90Variant):
-    """The compiled-on-demand kernel for (cfg, var) (see sm80_gemm.load_generated); a variant
+    """The compiled-on-demand kernel for (cfg, var) (see build.load_generated); a variant
     with a user epilogue is compiled in this process only, as in sm80_gemm."""
     extra = {} if var.epilogue is None else {"USER_EPILOGUE": var.epilogue}
-    return sm80_gemm.load_generated("sm90_gemm", kernel_source(cfg, var), **extra)
+    return build.load_generated("sm90_gemm", kernel_source(cfg, var), **extra)
 
 
 def grid_for(cfg: Sm90Config, m: int, n: int):
@@ -821,7 +822,7 @@ def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, 
     # the kernel reads a and b through byte pointers (see signature): the emulation's flat
     # arrays are viewed as bytes; on the GPU they are device pointers already
     a, b = (x if isinstance(x, (int, np.integer)) else _byte_view(x) for x in (a, b))
-    return sm80_gemm.launch_gemm_kernel(
+    return epilogue.launch_gemm_kernel(
         kernel_for(cfg, var), var, grid, cfg.threads, cfg.shared_bytes, cluster,
         a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m,
         epilogue_args, prepare, split=split, kernel_signature=signature(var))

@@ -58,7 +58,7 @@ instantiates them with its constants and holds the kernel itself: the consumers 
 epilogue.  Those stay text (not tried as code in this change): the consumers' 128-float
 accumulator tuple is indexed with constants in 32 unrolled epilogue fragments and 4 unrolled
 wgmma calls, where a loop over the tuple risks a run-time tuple index (numba lowers one through
-a stack copy: local memory), and the shared epilogue (sm80_gemm.epilogue_source,
+a stack copy: local memory), and the shared epilogue (numbatc.kernels.epilogue: epilogue_source,
 full_tile_epilogue, split-K) is itself text.
 """
 
@@ -228,7 +228,7 @@ def signature(var):
 def kernel_source(cfg, var) -> str:
     """Python source of the TMA-producer kernel for one configuration and variant (sm90_gemm's
     kernel_source calls this for configurations with ``producer == 'tma'``)."""
-    from numbatc.kernels import sm80_gemm, sm90_gemm
+    from numbatc.kernels import epilogue, sm90_gemm
 
     assert cfg.producer == "tma" and cfg.cluster_m == 1, cfg
     BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages
@@ -238,7 +238,7 @@ def kernel_source(cfg, var) -> str:
     a_part = int(a_lay.offset(64, 0))  # consumer warpgroup 1's rows 64.. of A
     pers = cfg.persistent and not var.split_k
     ea = ", eargs" if var.epilogue is not None else ""
-    split_args, split_range, _, _ = sm80_gemm.split_source(var, a_kmajor, b_kmajor)
+    split_args, split_range, _, _ = epilogue.split_source(var, a_kmajor, b_kmajor)
     # NOTE: a literal tuple of more than 30 values compiles (CPython 3.11) to BUILD_LIST +
     # LIST_TO_TUPLE, which numba's IR peephole rejects; a sum of 16-value tuples types as one
     # UniTuple and folds away.
@@ -264,7 +264,7 @@ tile_coords = make_tile_coords({BM}, {BN})
 # K-major A, K-major B, persistent, element bytes
 PRODUCE = make_producer({BM}, {BN}, {BK}, {S}, {a_kmajor}, {b_kmajor}, {pers}, {cfg.elem_bytes})
 ''')
-    w(sm80_gemm.epilogue_source(var))
+    w(epilogue.epilogue_source(var))
     if pers:
         head = f"    n_tiles = np.int64((M + {BM - 1}) // {BM}) * np.int64((N + {BN - 1}) // {BN})\n"
         tile_loop = ["tile = np.int64(cuda.blockIdx.x)",
@@ -357,13 +357,13 @@ def gemm_kernel(tma_a, tma_b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, 
     if var.split_k:
         # the 256 consumer threads synchronise on named barrier 1 (the producer has left);
         # thread 128 (consumer warpgroup 0's first) counts the tile's arrivals
-        sm80_gemm.split_epilogue_source(w, tiles, var, "cuda.blockIdx.x",
-                                        f"nt.named_barrier_sync(1, {128 * cfg.consumers})",
-                                        "t == 128", indent=x)
-        w(sm80_gemm.SPLIT_HELPERS)
+        epilogue.split_epilogue_source(w, tiles, var, "cuda.blockIdx.x",
+                                       f"nt.named_barrier_sync(1, {128 * cfg.consumers})",
+                                       "t == 128", indent=x)
+        w(epilogue.SPLIT_HELPERS)
     else:
-        sm80_gemm.full_tile_epilogue(w, tiles, var, f"m0 + cw * 64 + 64 <= M and n0 + {BN} <= N",
-                                     indent=x)
+        epilogue.full_tile_epilogue(w, tiles, var, f"m0 + cw * 64 + 64 <= M and n0 + {BN} <= N",
+                                    indent=x)
         if pers:
             w(x + "tile += cuda.gridDim.x")
     return "\n".join(lines) + "\n"
@@ -519,18 +519,19 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
            stream, group_m, epilogue_args, prepare, split):
     """sm90_gemm.launch for a TMA configuration (``a``, ``b`` flat as there: device pointers or
     emulated arrays).  With ``prepare`` (GPU only) returns the relaunch function of
-    sm80_gemm.launch's contract, which looks up (or builds) the maps of its a and b pointers."""
+    sm80_gemm.launch's contract (epilogue.launch_gemm_kernel's), which looks up (or builds) the
+    maps of its a and b pointers."""
     from numba import config
 
     from intrinsics import launch as launching
-    from numbatc.kernels import sm80_gemm
+    from numbatc.kernels import epilogue
 
     sig = signature(var)
     if prepare and not config.ENABLE_CUDASIM:
         eflat = ()
         if var.epilogue is not None:
-            _, sig = sm80_gemm.with_epilogue_args(kernel, var, (), sig, epilogue_args)
-            eflat = sm80_gemm.flat_epilogue_args(epilogue_args)
+            _, sig = epilogue.with_epilogue_args(kernel, var, (), sig, epilogue_args)
+            eflat = epilogue.flat_epilogue_args(epilogue_args)
         prepared = launching.prepare(kernel, grid, cfg.threads, sig,
                                      shared_bytes=cfg.shared_bytes)
         if prepared is not None:
@@ -543,7 +544,7 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
             relaunch(a, b, c, bias, out, alpha, beta, stream, eflat)
             return relaunch
     ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream)
-    return sm80_gemm.launch_gemm_kernel(
+    return epilogue.launch_gemm_kernel(
         kernel, var, grid, cfg.threads, cfg.shared_bytes, None, ta.device, tb.device, c, bias,
         out, m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m, epilogue_args, False,
         split=split, kernel_signature=sig)

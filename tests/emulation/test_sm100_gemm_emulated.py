@@ -13,6 +13,7 @@ from numba import config, cuda
 
 import numbatc
 from numbatc.kernels import sm100_gemm
+from numbatc.kernels.epilogue import GemmVariant
 
 pytestmark = [pytest.mark.emulation,
               pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="needs NUMBA_ENABLE_CUDASIM=1")]
@@ -48,9 +49,8 @@ def test_sm100_gemm_in_the_emulation(m, n, k, cfg, dtype, fused):
     b = gen.standard_normal((k, n)).astype(_np(dtype))
     ref = a.astype(np.float64) @ b.astype(np.float64)
     out_dtype = "bfloat16" if fused else "float32"
-    var = sm100_gemm.sm80_gemm.Sm80Variant("row", "col", dtype, out_dtype,
-                                           "bfloat16" if fused else None,
-                                           dtype if fused else None, "gelu" if fused else None)
+    var = GemmVariant("row", "col", dtype, out_dtype, "bfloat16" if fused else None,
+                      dtype if fused else None, "gelu" if fused else None)
     da = _padded(a)
     db = _padded(b.T).T  # (K, N), column-major
     ta, tb = sm100_gemm.tensor_maps(cfg, var, da, db)

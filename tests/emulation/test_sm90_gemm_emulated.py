@@ -99,7 +99,7 @@ CASES = [
 ]
 
 
-# bf16 outputs whose column pairs inside the matrix are 32-bit stores (Sm80Variant.out_pairs)
+# bf16 outputs whose column pairs inside the matrix are 32-bit stores (GemmVariant.out_pairs)
 PAIR_CASES = [
     (160, 136, 200, WRAP_W1, "row", "col", "bfloat16", "gelu"),
     (136, 130, 128, WRAP, "col", "row", "float16", "silu"),
