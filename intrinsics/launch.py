@@ -32,8 +32,8 @@ import numpy as np
 
 from numba import cuda
 
-__all__ = ["LaunchError", "PreparedLaunch", "array_params", "launch", "max_dynamic_shared_bytes",
-           "prepare"]
+__all__ = ["LaunchError", "PreparedLaunch", "array_params", "compile_kernel", "launch",
+           "max_dynamic_shared_bytes", "prepare"]
 
 _DEFAULT_DYNAMIC_LIMIT = 48 * 1024
 
@@ -227,10 +227,20 @@ def _plan_for(kernel, signature, shared_bytes, cluster, whole_program):
     return plan
 
 
+def compile_kernel(kernel, signature, whole_program=None):
+    """numba's compile of ``kernel`` for ``signature`` exactly as a launch makes it (numba's disk
+    cache first, then typing, lowering, NVVM and the link; the result is saved to that cache):
+    :func:`linear_singly_assigned_scan`, and a kernel that will be loaded through the driver's
+    whole-program JIT (``whole_program`` None or True, see :func:`_ptx_link_for_whole_program`)
+    linked from its PTX.  ``numbatc.precompile`` fills the disk cache through this function, so
+    that what it stores is what a launch looks up."""
+    with linear_singly_assigned_scan(), _ptx_link_for_whole_program(whole_program is not False):
+        return kernel.compile(tuple(signature))
+
+
 def _plan(kernel, signature, shared_bytes, cluster, whole_program):
     """Compile, load and configure a kernel once: (compiled kernel, cuda.core kernel)."""
-    with linear_singly_assigned_scan():
-        compiled = kernel.compile(tuple(signature))
+    compiled = compile_kernel(kernel, signature, whole_program)
     cufunc = compiled._codelibrary.get_cufunc()
     if whole_program is None:
         whole_program = "setmaxnreg" in compiled._codelibrary.get_asm_str()
@@ -491,6 +501,42 @@ def _scan_patchable():
 #: sha256[:16] of numba-cuda's Lower._find_singly_assigned_variable source that
 #: _singly_assigned_linear reproduces (numba-cuda 0.30.x).
 _KNOWN_SCAN_SOURCES = {"c3b499f765172885"}
+
+
+@contextlib.contextmanager
+def _ptx_link_for_whole_program(active=True):
+    """Within the block, numba links a kernel whose PTX holds setmaxnreg from that PTX instead
+    of by LTO; ``NUMBATC_LTO_LINK=1`` keeps numba's own link.
+
+    numba-cuda links every kernel by LTO where nvJitLink is present (``cuda.jit``'s default): NVVM
+    writes the kernel's LTO-IR (on top of the PTX it has already written) and nvJitLink
+    optimises and assembles it.  A kernel whose PTX holds setmaxnreg is loaded from that PTX by
+    the driver's whole-program JIT instead (see _plan), so the LTO cubin, made inside numba's
+    ``compile`` (and kept in its disk cache), is never launched.  Linking such a kernel from its
+    PTX skips the LTO-IR and the LTO link (0.3 s of the 2.5 s of CPU time that sm90_gemm's
+    128x256x64_4s_pt_tma takes to compile on a 2-core host); the PTX is the same text (up to the
+    order of its unused environment symbols, which differs between any two processes), so the
+    driver runs the same code (ptxas' whole-program SASS of both: byte-identical).  The cubin made
+    from the PTX still gives the loaded module and its static shared memory."""
+    import os
+
+    if not active or os.environ.get("NUMBATC_LTO_LINK"):
+        yield
+        return
+    from numba.cuda import codegen
+
+    original = codegen.CUDACodeLibrary.__dict__["get_cubin"]
+
+    def get_cubin(self, cc=None):
+        if self._lto and any("setmaxnreg" in ptx for ptx in self.get_asm_strs(cc=cc)):
+            self._lto = False
+        return original(self, cc)
+
+    codegen.CUDACodeLibrary.get_cubin = get_cubin
+    try:
+        yield
+    finally:
+        codegen.CUDACodeLibrary.get_cubin = original
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from numbatc.gemm import gemm  # noqa: E402  (the function; the module is sys.mo
 from numbatc.softmax import gemm_softmax, softmax  # noqa: E402
 from numbatc.attention import attention  # noqa: E402  (the function, as numbatc.gemm)
 from numbatc._capture import CaptureError  # noqa: E402
+from numbatc.precompile import precompile  # noqa: E402  (the function, as numbatc.gemm)
 
 
 def __getattr__(name):

@@ -1,0 +1,140 @@
+"""numbatc.precompile / ``python -m numbatc precompile`` (CPU): the configurations a list of shapes
+uses, merged; one real fill of a temporary NUMBATC_CACHE_DIR for compute capability 8.0 (two
+small sm80_gemm configurations), found again by a second run and by the launch's compile path;
+clear errors for bad specifications."""
+
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+import numbatc
+
+pc = importlib.import_module("numbatc.precompile")  # the module; numbatc.precompile is the function
+
+
+def test_parse_shapes_accepts_sizes_and_named_sets():
+    from numbatc.bench import SHAPES
+
+    assert pc.parse_shapes("1x4096x4096, 16X4096x4096") == [(1, 4096, 4096), (16, 4096, 4096)]
+    assert pc.parse_shapes("llama8b") == [tuple(s) for s in SHAPES["llama8b"]]
+    assert pc.parse_shapes([(2, 3, 4), "5x6x7"]) == [(2, 3, 4), (5, 6, 7)]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("4096x4096", "MxNxK"),
+    ("llama9b", "named set"),
+    ("16x4096x0", ">= 1"),
+    ("", "no shapes"),
+    ([(1, 2)], "three positive integers"),
+])
+def test_bad_shapes_say_what_is_accepted(spec, message):
+    with pytest.raises(ValueError, match=message):
+        pc.parse_shapes(spec)
+
+
+def test_parse_cc():
+    assert pc.parse_cc("9.0a") == pc.parse_cc("sm_90a") == pc.parse_cc("90") == (9, 0)
+    assert pc.parse_cc(8.0) == pc.parse_cc((8, 0)) == (8, 0)
+    with pytest.raises(ValueError, match="8.0 or newer"):
+        pc.parse_cc("7.5")
+    with pytest.raises(ValueError, match="9.0a"):
+        pc.parse_cc("hopper")
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="dtype"):
+        pc.plan("16x16x16", "int8", cc="9.0a")
+    with pytest.raises(ValueError, match="b_layout"):
+        pc.plan("16x16x16", b_layout="diag", cc="9.0a")
+    with pytest.raises(ValueError, match="K-major"):
+        pc.plan("16x16x16", "float8_e4m3fn", b_layout="row", cc="9.0a")
+
+
+def test_cli_reports_a_bad_spec(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        pc.main(["--shapes", "1x2", "--cc", "9.0a"])
+    assert exit_.value.code == 2
+    assert "shape '1x2': write MxNxK" in capsys.readouterr().err
+
+
+def test_plan_merges_shapes_that_share_a_configuration():
+    """Every shape lands in exactly one job, and jobs are distinct (config, variant) choices of
+    the dispatcher; the llama8b layers at M = 4096 and a 4096^3 square share one."""
+    shapes = "1x4096x4096,16x4096x4096,4096x4096x4096,llama8b,1x4096x4096"
+    planned = pc.plan(shapes, cc="9.0a")
+    assert sum(len(v) for v in planned.values()) == len(pc.parse_shapes(shapes))
+    keys = [(job.family, job.config.name, job.variant) for job in planned]
+    assert len(set(keys)) == len(keys)
+    square = next(job for job, members in planned.items() if (4096, 4096, 4096) in members)
+    assert all(s in planned[square] for s in [(4096, 6144, 4096), (4096, 28672, 4096)])
+    for job, members in planned.items():  # each job is the dispatcher's choice for its shapes
+        for m, n, k in members:
+            p = pc._problem(m, n, k, "bfloat16", "row", "col", None, False, None, (9, 0))
+            family, cfg, var = pc._dispatch_choice(p)
+            assert (family.__name__, cfg, var) == (job.family, job.config, job.variant)
+
+
+def test_each_configuration_is_compiled_once(monkeypatch):
+    """The compile step runs once per distinct configuration; a second run reports them cached."""
+    done, calls = set(), []
+
+    def fake(job):
+        calls.append(job)
+        status = "cached" if job in done else "compiled"
+        done.add(job)
+        return status, 0.0, None
+
+    monkeypatch.setattr(pc, "_compile_job", fake)
+    shapes = "1x4096x4096,16x4096x4096,32x4096x4096,128x4096x4096,4096x4096x4096,llama8b"
+    first = numbatc.precompile(shapes, cc="9.0a", jobs=0, progress=False)
+    assert len(calls) == len(first.configs) == len(pc.plan(shapes, cc="9.0a"))
+    assert (first.compiled, first.cached, first.failed) == (len(calls), 0, 0)
+    second = numbatc.precompile(shapes, cc="9.0a", jobs=0, progress=False)
+    assert (second.compiled, second.cached) == (0, len(first.configs))
+    assert "already cached" in second.summary()
+
+
+def test_a_failing_configuration_is_reported_not_raised(monkeypatch):
+    monkeypatch.setattr(pc, "_compile_job", lambda job: ("failed", 0.0, "RuntimeError: boom"))
+    result = numbatc.precompile("16x4096x4096", cc="8.0", jobs=0, progress=False)
+    assert result.failed == 1 and result.configs[0].error == "RuntimeError: boom"
+
+
+def test_precompile_fills_the_cache_the_launch_reads(tmp_path, monkeypatch):
+    """Two sm80_gemm configurations (three shapes) compiled for cc 8.0 by a worker process into
+    a fresh NUMBATC_CACHE_DIR; a second run (a new worker) finds both; and the launch's own
+    compile path (intrinsics.launch.compile_kernel, as for a GPU of cc 8.0) takes numba's
+    disk-cache hit for them, compiling nothing."""
+    monkeypatch.setenv("NUMBATC_CACHE_DIR", str(tmp_path / "cache"))
+    shapes = "1x256x256,16x512x256,32x256x256"
+    planned = pc.plan(shapes, cc="8.0")
+    assert sorted(job.config.name for job in planned) == ["16x128x64_4w_6s", "64x128x64_4w_4s"]
+    first = numbatc.precompile(shapes, cc="8.0", jobs=1, progress=False)
+    assert (first.compiled, first.cached, first.failed) == (2, 0, 0), first.configs
+    assert len(list((tmp_path / "cache" / "kernels" / "__pycache__").glob("*.nbi"))) == 2
+    second = numbatc.precompile(shapes, cc="8.0", jobs=1, progress=False)
+    assert (second.compiled, second.cached, second.failed) == (0, 2, 0), second.configs
+
+    from intrinsics import launch as launching
+
+    for job in planned:
+        family = importlib.import_module(job.family)
+        kernel_for = getattr(family.kernel_for, "__wrapped__", family.kernel_for)  # no memo
+        kernel = kernel_for(job.config, job.variant)
+        sig = pc._kernel_and_signature(family, job.config, job.variant)[1]
+        with pc._target((8, 0)):
+            launching.compile_kernel(kernel, sig)
+        assert (kernel._cache_hits[sig], kernel._cache_misses[sig]) == (1, 0)
+
+
+def test_python_m_numbatc_precompile_dry_run():
+    run = subprocess.run([sys.executable, "-m", "numbatc", "precompile", "--shapes",
+                          "16x4096x4096,4096x4096x4096", "--cc", "9.0a", "--dry-run"],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, NUMBA_ENABLE_CUDASIM="0"))
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.strip().splitlines()
+    assert len(lines) == 2 and any("4096x4096x4096" in line for line in lines)
