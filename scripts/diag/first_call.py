@@ -1,0 +1,111 @@
+"""First calls of numbatc.gemm in a fresh process, per shape: wall time, where it went (numba
+typing/lowering, NVVM, LTO-IR, nvJitLink, driver JIT, cache load), numba's disk-cache hits and
+misses for the configuration, and the result against a float32 reference.  One JSON line per shape.
+
+    python scripts/diag/first_call.py 4096x4096x4096 16x4096x4096 ...
+
+On the H200, for issue 18's first-call target (not yet run there): cold, with
+``CUDA_CACHE_DISABLE=1`` (and ``NUMBATC_LTO_LINK=1`` for numba's own LTO link), against a cache
+filled by ``CUDA_VISIBLE_DEVICES= python -m numbatc precompile --shapes ... --cc 9.0a`` (the
+path a CPU host takes; disk_hits 1 / disk_misses 0 and a small rel_err say it was found and runs
+right) and by ``python -m numbatc precompile`` on the GPU itself.  Tried here under the
+simulator only (NUMBA_ENABLE_CUDASIM=1: no compiler phases to time).
+"""
+
+import json
+import sys
+import time
+
+import numpy as np
+
+T = {}
+
+
+def timed(owner, attr, name, outer_only=False):
+    orig = getattr(owner, attr)
+    depth = [0]
+
+    def wrap(*a, **k):
+        depth[0] += 1
+        t = time.perf_counter()
+        try:
+            return orig(*a, **k)
+        finally:
+            depth[0] -= 1
+            if not outer_only or depth[0] == 0:
+                T[name] = T.get(name, 0.0) + time.perf_counter() - t
+
+    setattr(owner, attr, wrap)
+
+
+def main(shapes):
+    t0 = time.perf_counter()
+    from numba import config, cuda
+
+    import numbatc
+    from intrinsics import launch as launching
+
+    pc = sys.modules["numbatc.precompile"]
+    if not config.ENABLE_CUDASIM:  # (the simulator, to try the script: no compiler to time)
+        from numba.cuda import codegen, dispatcher
+        from numba.cuda.core import caching
+
+        timed(dispatcher, "compile_cuda", "typing+lowering", outer_only=True)
+        timed(codegen.CUDACodeLibrary, "get_asm_strs", "nvvm_ptx")
+        timed(codegen.CUDACodeLibrary, "get_ltoir", "nvvm_ltoir")
+        timed(codegen.CUDACodeLibrary, "get_cubin", "link_cubin")
+        timed(codegen.CUDACodeLibrary, "get_cufunc", "module_load+link")
+        timed(launching, "_whole_program_kernel", "driver_jit")
+        timed(caching.Cache, "load_overload", "cache_load")
+    import_s = time.perf_counter() - t0
+
+    @cuda.jit
+    def warm(x):  # numba's first compile of the process (its registries) and the context
+        x[0] = 1
+
+    t = time.perf_counter()
+    x = cuda.device_array(1, np.int32)
+    warm[1, 1](x)
+    cuda.synchronize()
+    init_s = time.perf_counter() - t
+    print(json.dumps({"import_s": round(import_s, 3), "numba_init_s": round(init_s, 3)}))
+    rng = np.random.default_rng(0)
+    for spec in shapes:
+        m, n, k = (int(v) for v in spec.split("x"))
+        a32 = rng.standard_normal((m, k), dtype=np.float32)
+        w32 = rng.standard_normal((n, k), dtype=np.float32)
+        bits = lambda x: (x.view(np.uint32) >> 16).astype(np.uint16)  # bf16, truncated
+        a16, w16 = bits(a32), bits(w32)
+        f32 = lambda b: (b.astype(np.uint32) << 16).view(np.float32)
+        ref = f32(a16) @ f32(w16).T
+        a = numbatc.bfloat16(cuda.to_device(a16))
+        wd = cuda.to_device(w16)
+        # b = w.T, a column-major view of the row-major weight (no copy), as x @ W.T
+        bt = wd.T if config.ENABLE_CUDASIM else cuda.cudadrv.devicearray.DeviceNDArray(
+            (k, n), (2, 2 * k), np.dtype(np.uint16), gpu_data=wd.gpu_data)
+        b = numbatc.bfloat16(bt)
+        T.clear()
+        t = time.perf_counter()
+        out = numbatc.gemm(a, b)
+        cuda.synchronize()
+        first = time.perf_counter() - t
+        t = time.perf_counter()
+        numbatc.gemm(a, b)
+        cuda.synchronize()
+        second = time.perf_counter() - t
+        got = f32(out.copy_to_host().view(np.uint16))
+        err = float(np.abs(got - ref).max() / np.abs(ref).max())
+        cc = (9, 0) if config.ENABLE_CUDASIM else tuple(cuda.get_current_device().compute_capability)
+        [(job, _)] = pc.plan(spec, cc=cc).items()
+        family = __import__(job.family, fromlist=["x"])
+        kernel, sig = pc._kernel_and_signature(family, job.config, job.variant)
+        print(json.dumps({"shape": spec, "config": job.label, "first_s": round(first, 3),
+                          "second_s": round(second, 4),
+                          "phases": {key: round(v, 3) for key, v in T.items()},
+                          "disk_hits": getattr(kernel, "_cache_hits", {}).get(sig),
+                          "disk_misses": getattr(kernel, "_cache_misses", {}).get(sig),
+                          "rel_err": err}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
