@@ -2,8 +2,9 @@
 the output and lse allocation, and the AttentionProblem that reaches
 ``numbatc.kernels.sm80_attention.launch_attention`` (replaced here by a recorder).
 
-Arrays are the fakes of test_gemm_api (made-up device pointers, never dereferenced; the
-pointer encodes the device); its autouse fixture ``no_gpu`` answers the device queries."""
+Arrays are the fakes of tests/helpers/fake_arrays.py (made-up device pointers, never
+dereferenced; the pointer encodes the device); its autouse fixture ``no_gpu`` answers the device
+queries."""
 
 import importlib
 import math
@@ -13,7 +14,7 @@ import pytest
 
 import numbatc
 from numbatc._interop import DTypeView
-from tests.test_gemm_api import FakeCuda, no_gpu  # noqa: F401  (no_gpu: autouse fixture)
+from tests.helpers.fake_arrays import FakeCuda, no_gpu  # noqa: F401  (no_gpu: autouse)
 
 attention_mod = importlib.import_module("numbatc.attention")
 gemm_mod = importlib.import_module("numbatc.gemm")

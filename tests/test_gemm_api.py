@@ -4,13 +4,10 @@ __cuda_array_interface__, DLPack, stand-ins for torch and CuPy), and the GemmPro
 ``numbatc.kernels.dispatch.launch_gemm`` (replaced here by a recorder).
 
 Arrays here are fakes with made-up device pointers: nothing is ever dereferenced. A fake pointer
-encodes its device in bits 40 and up (see ``_pointer_device`` below)."""
+encodes its device in bits 40 and up (the stand-ins and fixtures: tests/helpers/fake_arrays.py)."""
 
-import importlib
-import itertools
 import subprocess
 import sys
-import types
 
 import ml_dtypes
 import numpy as np
@@ -19,108 +16,11 @@ import pytest
 import numbatc
 from numbatc import _interop
 from numbatc._interop import DTypeView, as_cuda_array
+from tests.helpers.fake_arrays import (  # noqa: F401  (launched, no_gpu: fixtures; no_gpu autouse)
+    FakeCuda, col_major, fake_cupy, fake_ptr, fake_torch, gemm_mod, launched, no_gpu,
+    real_allocate_like)
 
-gemm_mod = importlib.import_module("numbatc.gemm")  # numbatc.gemm is the function
 gemm = numbatc.gemm
-real_allocate_like = _interop.allocate_like  # the autouse fixture below replaces it by fakes
-
-_serial = itertools.count(1)
-
-
-def fake_ptr(device=0):
-    return ((device + 1) << 40) + next(_serial) * (1 << 24)  # 16 MiB apart, 256-B aligned
-
-
-class FakeCuda:
-    """A CUDA array seen only through __cuda_array_interface__ v3 (strides given in elements)."""
-
-    def __init__(self, shape, dtype="float16", strides=None, ptr=None, device=0, readonly=False,
-                 stream=None, typestr=None, mask=None):
-        dt = np.dtype(dtype)
-        self.shape = tuple(shape)
-        self.dtype = dt
-        self.ptr = fake_ptr(device) if ptr is None else ptr
-        self.device = device
-        self.elem_strides = strides
-        cai = {
-            "shape": self.shape,
-            "typestr": typestr or dt.str,
-            "data": (self.ptr, readonly),
-            "strides": None if strides is None else tuple(s * dt.itemsize for s in strides),
-            "version": 3,
-        }
-        if stream is not None:
-            cai["stream"] = stream
-        if mask is not None:
-            cai["mask"] = mask
-        self.__cuda_array_interface__ = cai
-
-    def _strides(self):
-        if self.elem_strides is not None:
-            return self.elem_strides
-        st, acc = [], 1
-        for s in reversed(self.shape):
-            st.append(acc)
-            acc *= s
-        return tuple(reversed(st))
-
-    @property
-    def T(self):
-        return FakeCuda(self.shape[::-1], self.dtype, self._strides()[::-1], ptr=self.ptr,
-                        device=self.device)
-
-    def at(self, i, j, shape):
-        """The sub-block starting at element (i, j), of ``shape``, same strides."""
-        s = self._strides()
-        return FakeCuda(shape, self.dtype, s, ptr=self.ptr + (i * s[0] + j * s[1]) * self.dtype.itemsize,
-                        device=self.device)
-
-
-def col_major(rows, cols, dtype="float16", ld=None, device=0):
-    """A (rows, cols) column-major array: the transpose of a row-major (cols, ld) buffer."""
-    ld = rows if ld is None else ld
-    return FakeCuda((rows, cols), dtype, strides=(1, ld), device=device)
-
-
-@pytest.fixture(autouse=True)
-def no_gpu(monkeypatch):
-    """Device queries answered from the fake pointers; an H200 (sm_90) unless a test says so;
-    results allocated as fakes on the operand's device."""
-    monkeypatch.setattr(_interop, "_pointer_device", lambda ptr, name="array": (ptr >> 40) - 1)
-    monkeypatch.setattr(gemm_mod, "_device_capability", lambda device: (9, 0))
-    allocated = []
-
-    def allocate_like(t, shape, dtype):
-        ca = as_cuda_array(t)
-        dtype = _interop.dtype_name(dtype)
-        if dtype == "bfloat16":
-            r = DTypeView(FakeCuda(shape, "uint16", device=ca.device or 0), "bfloat16")
-        else:
-            r = FakeCuda(shape, dtype, device=ca.device or 0)
-        allocated.append((shape, dtype, r))
-        return r
-
-    monkeypatch.setattr(_interop, "allocate_like", allocate_like)
-    return allocated
-
-
-@pytest.fixture
-def launched(monkeypatch):
-    """Replaces launch_gemm (and the K == 0 host epilogue) by recorders."""
-    calls = []
-    try:
-        dispatch = importlib.import_module("numbatc.kernels.dispatch")
-        monkeypatch.setattr(dispatch, "launch_gemm", calls.append)
-    except ImportError:  # the kernel layer is not written yet
-        kernels = types.ModuleType("numbatc.kernels")
-        kernels.__path__ = []
-        dispatch = types.ModuleType("numbatc.kernels.dispatch")
-        dispatch.launch_gemm = calls.append
-        monkeypatch.setitem(sys.modules, "numbatc.kernels", kernels)
-        monkeypatch.setitem(sys.modules, "numbatc.kernels.dispatch", dispatch)
-    epilogues = []
-    monkeypatch.setattr(gemm_mod, "_epilogue_without_product", epilogues.append)
-    return types.SimpleNamespace(launches=calls, epilogues=epilogues)
 
 
 def ab(m=64, n=48, k=32, dtype="float16"):
@@ -260,60 +160,8 @@ def test_dlpack_dtype_table():
 # ---------------------------------------------------------------------------------------------
 
 
-def _fake_torch(monkeypatch, current_stream=0xABC0):
-    torch = types.ModuleType("torch")
-
-    class DType:
-        def __init__(self, name, size):
-            self.name, self.size = name, size
-
-        def __str__(self):
-            return f"torch.{self.name}"
-
-    DType.__module__ = "torch"
-    for name, size in [("float16", 2), ("bfloat16", 2), ("float32", 4), ("uint16", 2)]:
-        setattr(torch, name, DType(name, size))
-
-    class Device:
-        def __init__(self, type_, index):
-            self.type, self.index = type_, index
-
-    class Tensor:
-        def __init__(self, shape, dtype, strides=None, device=("cuda", 0), ptr=None):
-            self.shape, self.dtype = tuple(shape), dtype
-            self._strides = strides or FakeCuda(shape)._strides()
-            self.device = Device(*device)
-            self.layout = "torch.strided"
-            self.ptr = fake_ptr(device[1] or 0) if ptr is None else ptr
-
-        def data_ptr(self):
-            return self.ptr
-
-        def stride(self):
-            return self._strides
-
-        def element_size(self):
-            return self.dtype.size
-
-        @property
-        def T(self):
-            return Tensor(self.shape[::-1], self.dtype, self._strides[::-1],
-                          (self.device.type, self.device.index), self.ptr)
-
-        @property
-        def __cuda_array_interface__(self):  # as torch: refuses bfloat16
-            raise TypeError("Got unsupported ScalarType BFloat16")
-
-    torch.Tensor = Tensor
-    torch.empty = lambda shape, dtype, device: Tensor(shape, dtype, device=(device.type, device.index))
-    torch.cuda = types.SimpleNamespace(
-        current_stream=lambda device: types.SimpleNamespace(cuda_stream=current_stream))
-    monkeypatch.setitem(sys.modules, "torch", torch)
-    return torch
-
-
 def test_torch_bf16_transposed_and_stream(monkeypatch):
-    torch = _fake_torch(monkeypatch)
+    torch = fake_torch(monkeypatch)
     t = torch.Tensor((8, 4), torch.bfloat16, device=("cuda", 1)).T
     ca = as_cuda_array(t, "a")
     assert (ca.library, ca.dtype, ca.itemsize, ca.shape, ca.strides, ca.device) == (
@@ -323,7 +171,7 @@ def test_torch_bf16_transposed_and_stream(monkeypatch):
 
 
 def test_torch_cpu_tensor_is_a_host_array(monkeypatch):
-    torch = _fake_torch(monkeypatch)
+    torch = fake_torch(monkeypatch)
     with pytest.raises(TypeError, match=r"a is a CPU torch.Tensor.*tensor.cuda\(\)"):
         as_cuda_array(torch.Tensor((2, 2), torch.float16, device=("cpu", None)), "a")
     with pytest.raises(TypeError, match="not a CUDA device"):
@@ -331,7 +179,7 @@ def test_torch_cpu_tensor_is_a_host_array(monkeypatch):
 
 
 def test_torch_result_is_a_torch_tensor(monkeypatch, launched):
-    torch = _fake_torch(monkeypatch, current_stream=0x5150)
+    torch = fake_torch(monkeypatch, current_stream=0x5150)
     monkeypatch.setattr(_interop, "allocate_like", real_allocate_like)
     a = torch.Tensor((16, 8), torch.bfloat16)
     b = torch.Tensor((16, 8), torch.bfloat16).T  # column-major (8, 16)
@@ -342,46 +190,8 @@ def test_torch_result_is_a_torch_tensor(monkeypatch, launched):
     assert (p.in_dtype, p.out_dtype, p.out.ptr) == ("bfloat16", "float32", out.ptr)
 
 
-def _fake_cupy(monkeypatch, current_stream=0xC0C0):
-    cupy = types.ModuleType("cupy")
-
-    class ndarray:
-        def __init__(self, shape, dtype, strides=None, device=0, ptr=None):
-            self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-            st = strides or FakeCuda(shape)._strides()
-            self.strides = tuple(s * self.dtype.itemsize for s in st)
-            self.device = types.SimpleNamespace(id=device)
-            self.data = types.SimpleNamespace(ptr=fake_ptr(device) if ptr is None else ptr)
-
-        @property
-        def T(self):
-            return ndarray(self.shape[::-1], self.dtype,
-                           tuple(s // self.dtype.itemsize for s in self.strides[::-1]),
-                           self.device.id, self.data.ptr)
-
-    class Device:
-        current = 0
-
-        def __init__(self, i):
-            self.i = i
-
-        def __enter__(self):
-            self.prev, Device.current = Device.current, self.i
-
-        def __exit__(self, *exc):
-            Device.current = self.prev
-
-    cupy.ndarray = ndarray
-    cupy.empty = lambda shape, dtype: ndarray(shape, dtype, device=Device.current)
-    cupy.cuda = types.SimpleNamespace(
-        Device=Device,
-        get_current_stream=lambda: types.SimpleNamespace(ptr=current_stream + Device.current))
-    monkeypatch.setitem(sys.modules, "cupy", cupy)
-    return cupy
-
-
 def test_cupy_ml_dtypes_bf16_and_allocation(monkeypatch):
-    cupy = _fake_cupy(monkeypatch)
+    cupy = fake_cupy(monkeypatch)
     x = cupy.ndarray((4, 6), ml_dtypes.bfloat16, device=2)
     ca = as_cuda_array(x)
     assert (ca.library, ca.dtype, ca.device, ca.strides) == ("cupy", "bfloat16", 2, (6, 1))
@@ -394,7 +204,7 @@ def test_cupy_ml_dtypes_bf16_and_allocation(monkeypatch):
 
 
 def test_marked_bf16_results_come_back_marked(monkeypatch):
-    cupy = _fake_cupy(monkeypatch)
+    cupy = fake_cupy(monkeypatch)
     u = cupy.ndarray((4, 6), np.uint16, device=1)
     x = numbatc.bfloat16(u)
     assert isinstance(x, DTypeView) and x.data is u and x.shape == (4, 6)

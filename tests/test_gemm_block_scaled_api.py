@@ -1,7 +1,8 @@
 """numbatc.gemm's block-scaled inputs (MXFP8, NVFP4) without a GPU: the contract's checks
 (formats, scale shapes and dtypes, K, K-major layouts, the compute capability), the GemmProblem
 that reaches ``numbatc.kernels.dispatch.launch_gemm`` (a recorder here), the marking wrappers,
-and the dispatcher's refusals.  Arrays are test_gemm_api's fakes: nothing is dereferenced."""
+and the dispatcher's refusals.  Arrays are tests/helpers/fake_arrays.py's fakes: nothing is
+dereferenced."""
 
 import importlib
 import types
@@ -10,7 +11,7 @@ import pytest
 
 import numbatc
 from numbatc._interop import DTypeView
-from tests.test_gemm_api import FakeCuda, col_major, launched, no_gpu  # noqa: F401  (fixtures)
+from tests.helpers.fake_arrays import FakeCuda, col_major, launched, no_gpu  # noqa: F401 (fixtures)
 
 gemm_mod = importlib.import_module("numbatc.gemm")
 gemm = numbatc.gemm

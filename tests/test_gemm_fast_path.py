@@ -3,7 +3,8 @@ the prepared launch it ends in (intrinsics.launch.PreparedLaunch).
 
 ``launch_gemm`` is replaced by a recorder that returns a recording relaunch function, so a call
 either goes through the checks (the recorder sees a GemmProblem) or is warm (only the relaunch
-function sees it).  Arrays are the stand-ins of test_gemm_api (a fake torch; fake pointers)."""
+function sees it).  Arrays are the stand-ins of tests/helpers/fake_arrays.py (a fake torch; fake
+pointers)."""
 
 import importlib
 import threading
@@ -13,7 +14,8 @@ import pytest
 
 import numbatc
 from numbatc import _interop
-from tests.test_gemm_api import _fake_cupy, _fake_torch, fake_ptr, no_gpu  # noqa: F401 (fixture)
+from tests.helpers.fake_arrays import (  # noqa: F401 (no_gpu: autouse fixture)
+    T, fake_cupy, fake_ptr, fake_torch, no_gpu, value_devices)
 
 gemm_mod = importlib.import_module("numbatc.gemm")
 dispatch = importlib.import_module("numbatc.kernels.dispatch")
@@ -43,22 +45,9 @@ def rec(monkeypatch):
     gemm_mod._FAST.clear()
 
 
-def _value_devices(torch):
-    """torch.device compares and hashes by value; so must the stand-in's."""
-    device = type(torch.Tensor((1,), torch.float16).device)
-    device.__eq__ = lambda self, other: (self.type, self.index) == (other.type, other.index)
-    device.__hash__ = lambda self: hash((self.type, self.index))
-    return torch
-
-
 @pytest.fixture
 def torch(monkeypatch):
-    return _value_devices(_fake_torch(monkeypatch, current_stream=0x5150))
-
-
-def T(torch, shape, dtype="float16", strides=None, device=0, ptr=None):
-    return torch.Tensor(shape, getattr(torch, dtype), strides=strides, device=("cuda", device),
-                        ptr=ptr)
+    return value_devices(fake_torch(monkeypatch, current_stream=0x5150))
 
 
 def test_second_call_is_warm_and_launches_the_same(rec, torch):
@@ -165,7 +154,7 @@ def test_key_changes_with_everything_validation_reads(rec, torch, monkeypatch):
     a, b = T(torch, (64, 32)), T(torch, (32, 48))
     plain = gemm_mod._warm_key(a, b, None, None, None, 1.0, 0.0, None, None)[0]
     # the library (same shapes and dtype through CuPy) and the dispatch environment
-    cupy = _fake_cupy(monkeypatch)
+    cupy = fake_cupy(monkeypatch)
     ca, cb = cupy.ndarray((64, 32), np.float16), cupy.ndarray((32, 48), np.float16)
     assert gemm_mod._warm_key(ca, cb, None, None, None, 1.0, 0.0, None, None)[0] != plain
     monkeypatch.setenv("NUMBATC_SM80_CONFIG", "64x64x64_4w_3s")
@@ -265,7 +254,7 @@ def test_env_change_goes_back_through_dispatch(rec, torch, monkeypatch):
 
 def test_stream_getter_follows_the_current_stream(rec, monkeypatch):
     streams = iter(range(0x1000, 0x2000))
-    torch = _value_devices(_fake_torch(monkeypatch))
+    torch = value_devices(fake_torch(monkeypatch))
     torch.cuda.current_stream = lambda device: type("S", (), {"cuda_stream": next(streams)})()
     a, b, out = T(torch, (64, 32)), T(torch, (32, 48)), T(torch, (64, 48))
     gemm(a, b, out=out)

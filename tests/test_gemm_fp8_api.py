@@ -2,7 +2,7 @@
 pairs, numbers as scales, K-major layouts, compute capability 9.0), the GemmProblem that reaches
 ``numbatc.kernels.dispatch.launch_gemm``, the dispatcher's choice of sm90_gemm's fp8 form with
 the scales folded into alpha, and the warm call (the scales fold into the relaunch's alpha).
-Arrays are test_gemm_api's fakes: nothing is dereferenced."""
+Arrays are tests/helpers/fake_arrays.py's fakes: nothing is dereferenced."""
 
 import importlib
 
@@ -11,7 +11,8 @@ import pytest
 
 import numbatc
 from numbatc.kernels import sm90_gemm
-from tests.test_gemm_api import FakeCuda, _fake_torch, col_major, launched, no_gpu  # noqa: F401
+from tests.helpers.fake_arrays import (  # noqa: F401  (launched, no_gpu: fixtures)
+    FakeCuda, col_major, fake_torch, launched, no_gpu)
 
 gemm_mod = importlib.import_module("numbatc.gemm")
 dispatch = importlib.import_module("numbatc.kernels.dispatch")
@@ -177,7 +178,7 @@ def test_packing_pads_fp8_rows_to_16_bytes():
 
 @pytest.fixture
 def torch(monkeypatch):
-    torch = _fake_torch(monkeypatch, current_stream=0x5150)
+    torch = fake_torch(monkeypatch, current_stream=0x5150)
     dtype = type(torch.float16)
     for name in ("float8_e4m3fn", "float8_e5m2"):
         setattr(torch, name, dtype(name, 1))

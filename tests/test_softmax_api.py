@@ -1,7 +1,7 @@
 """numbatc.softmax and numbatc.gemm_softmax without a GPU: every validation error names what is
 wrong, rows flatten (or are refused) as documented, the vector-load decision, empty inputs, the
 fused/unfused choice around N = 256 and what reaches the launches (replaced here by recorders).
-Arrays are test_gemm_api's fakes (made-up pointers, never dereferenced)."""
+Arrays are tests/helpers/fake_arrays.py's fakes (made-up pointers, never dereferenced)."""
 
 import importlib
 
@@ -10,7 +10,7 @@ import pytest
 
 import numbatc
 from numbatc._interop import DTypeView
-from tests.test_gemm_api import FakeCuda, col_major, no_gpu  # noqa: F401  (no_gpu: autouse fixture)
+from tests.helpers.fake_arrays import FakeCuda, col_major, no_gpu  # noqa: F401  (no_gpu: autouse)
 
 softmax_mod = importlib.import_module("numbatc.softmax")
 
@@ -182,10 +182,9 @@ def warm_rec(monkeypatch):
 
 
 def test_softmax_second_call_is_warm(warm_rec, monkeypatch):
-    from tests.test_gemm_api import _fake_torch
-    from tests.test_gemm_fast_path import T, _value_devices
+    from tests.helpers.fake_arrays import T, fake_torch, value_devices
 
-    torch = _value_devices(_fake_torch(monkeypatch, current_stream=0x77))
+    torch = value_devices(fake_torch(monkeypatch, current_stream=0x77))
     x, out = T(torch, (64, 48)), T(torch, (64, 48))
     assert numbatc.softmax(x, out=out) is out
     assert len(warm_rec["checked"]) == 1 and len(softmax_mod._FAST) == 1
@@ -206,8 +205,7 @@ def test_gemm_softmax_second_call_is_warm(monkeypatch):
     import contextlib
 
     from numbatc.kernels import dispatch, sm80_gemm_softmax
-    from tests.test_gemm_api import _fake_torch
-    from tests.test_gemm_fast_path import T, _value_devices
+    from tests.helpers.fake_arrays import T, fake_torch, value_devices
 
     calls = {"checked": [], "relaunched": []}
 
@@ -221,7 +219,7 @@ def test_gemm_softmax_second_call_is_warm(monkeypatch):
     monkeypatch.setattr(softmax_mod._interop, "_device_scope", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(dispatch, "_operand", lambda op, stream, keep: (op.ptr, op.ld))
     softmax_mod._FAST.clear()
-    torch = _value_devices(_fake_torch(monkeypatch, current_stream=0x99))
+    torch = value_devices(fake_torch(monkeypatch, current_stream=0x99))
     a, b, out = T(torch, (64, 32)), T(torch, (32, 48)), T(torch, (64, 48))
     numbatc.gemm_softmax(a, b, out=out, scale=0.5)
     assert len(calls["checked"]) == 1
