@@ -252,7 +252,9 @@ FP8_SPLIT = sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e4m3fn", "bfloat16", 
                                      split_k=True, b_dtype="float8_e5m2")
 TMA_CASES = ([(n, FP8_PLAIN if n.startswith("fp8") else PLAIN) for n in TMA_NAMES]
              + [("128x256x64_4s_pt_tma", v) for v in (FUSED, A_COL)]
-             + [("128x256x64_4s_w1_tma", SPLIT), ("fp8_128x256x128_4s_w1_tma", FP8_SPLIT),
+             + [(n, SPLIT) for n in ("128x256x64_4s_w1_tma", "64x256x64_4s_w1_tma",
+                                     "64x128x64_6s_w1_tma", "128x128x64_6s_w1_tma")]
+             + [("fp8_128x256x128_4s_w1_tma", FP8_SPLIT),
                 ("fp8_128x256x128_4s_pt_tma", FP8_FUSED)])
 
 
@@ -289,7 +291,8 @@ def test_tma_producer_assembles_without_spills(name, var, tmp_path):
     assert len(mma) == 4
     for text in (f"setmaxnreg.dec.sync.aligned.u32 {cfg.producer_regs};",
                  f"setmaxnreg.inc.sync.aligned.u32 {cfg.consumer_regs};",
-                 f"wgmma.wait_group.sync.aligned {cfg.inflight};", ".maxntid 384, 1, 1",
+                 f"wgmma.wait_group.sync.aligned {cfg.inflight};",
+                 f".maxntid {cfg.threads}, 1, 1",
                  "prefetch.tensormap"):
         assert text in ptx, text
     assert "ld.local" not in ptx and "st.local" not in ptx

@@ -195,6 +195,9 @@ def _sm90_producer(p, cfg, forced):
     if reason is None:
         return cfg
     twin = sm90_gemm.with_producer(cfg, "cp.async")
+    if twin.producer == "tma":  # a forced TMA-only configuration
+        raise ValueError(f"sm90 config {cfg.name} loads by TMA only, and {reason}; force "
+                         "another configuration or pass operands a tensor map can describe")
     if os.environ.get("NUMBATC_PRINT_CONFIG"):
         print(f"numbatc.gemm: sm90_gemm {twin.name}, not {cfg.name}: {reason}", file=sys.stderr)
     return twin
@@ -317,6 +320,53 @@ def _epilogue_extra(p):
                                    for x in p.epilogue_args)}
 
 
+#: Hopper tiles for problems whose 128 x 256 tiles do not fill the GPU twice, with the time
+#: per wave of tiles in seconds per (BM x BN x K) multiply-add, fitted (median) to the H200
+#: sweep of 2026-12-01 (scripts/sweep_gemm.py, docs/PERFORMANCE.md): M in {8 .. 512} x the
+#: shape table's layers, each tile without split-K.  The heuristic takes the tile whose waves x
+#: BM x BN x K x that figure is least: 0.84 (geometric mean) of cuBLAS over the 78 shapes where
+#: the persistent 128 x 256 tiles gave 0.67 and the best of the candidates per shape 0.90.
+_SMALL_TILES = (("64x128x64_6s_w1_tma", 64, 128, 7.44e-10),
+                ("64x256x64_4s_w1_tma", 64, 256, 4.87e-10),
+                ("128x128x64_6s_w1_tma", 128, 128, 5.32e-10),
+                ("128x256x64_4s_w1_tma", 128, 256, 3.92e-10))
+
+
+def _small_tile(p):
+    """The Hopper configuration for a problem too small for the persistent 128 x 256 tiles
+    (fewer than two waves of them on 132 SMs), or None: bigger problems, and operands that a
+    tensor map cannot describe (these tiles load by TMA only)."""
+    from numbatc.kernels import sm90_gemm
+
+    if sm90_gemm.DEFAULT_PRODUCER != "tma" or p.k == 0 or sm90_gemm.tma_unsupported(
+            (("a", p.a.alignment), ("b", p.b.alignment))) is not None:
+        return None
+
+    def tiles(bm, bn):
+        return -(-p.m // bm) * -(-p.n // bn)
+
+    if tiles(128, 256) >= 2 * _NUM_SMS_GUESS:
+        return None
+    cost = [(-(-tiles(bm, bn) // _NUM_SMS_GUESS) * bm * bn * p.k * per, name)
+            for name, bm, bn, per in _SMALL_TILES]
+    return min(cost)[1]
+
+
+def _small_split(cfg, p):
+    """Split-K for the small tiles: 2 slices where the tiles fill at most half the GPU and K is
+    long (measured on the H200: M = 8 .. 128 at N = 4096, K = 14336 from 0.56-0.72x to
+    0.76-0.83x of cuBLAS with 2 slices, M = 64 at N = 8192, K = 28672 1.00 to 1.02x; more
+    slices, or K = 4096, lose: each slice writes and reads its float32 partial tile)."""
+    if cfg.name not in {name for name, *_ in _SMALL_TILES}:
+        return None
+    tiles = -(-p.m // cfg.bm) * -(-p.n // cfg.bn)
+    k_tiles = -(-p.k // cfg.bk)
+    if tiles * 2 <= _NUM_SMS_GUESS and k_tiles >= 128:
+        per = -(-k_tiles // 2)
+        return 2, per * cfg.bk
+    return 1, p.k
+
+
 def _kernel_family(p):
     """(module, config) for the problem.
 
@@ -346,12 +396,13 @@ def _kernel_family(p):
     elif _EMULATED and not choice:
         # 384 Python threads per block: tests/emulation runs sm90_gemm directly, at tiny sizes
         reason = "the CPU emulation runs sm80_gemm unless NUMBATC_GEMM_KERNEL=sm90"
-    elif p.m <= 64 and not choice:
-        # NOTE: one 128-row tile per CTA wastes most of each wgmma at decode sizes; until the
-        # small-M Hopper path exists the 64-row mma.sync tiles are the better choice there.
-        reason = "M <= 64: sm80_gemm's 64-row tiles"
+    elif p.m <= 64 and not choice and _small_tile(p) is None:
+        # the 64-row Hopper tiles load by TMA only; without it the 64-row mma.sync tiles
+        reason = "M <= 64 and an operand a tensor map cannot describe: sm80_gemm's 64-row tiles"
     if reason is None:
         name = choice.partition(":")[2]
+        if not name:
+            name = _small_tile(p)
         if not name:
             # NOTE: measured on the H200 (docs/PERFORMANCE.md, fourth session), same runs: the
             # persistent 128x256x64_4s_pt 668 / 617 TFLOP/s at 4096^3 / 8192^3 against 638 / 581
@@ -567,7 +618,12 @@ def launch_gemm(p):
         # one 384-thread block per SM; M = 128 / 256 at N = 8192 give 32 / 64 tiles.
         # NOTE: FP8 splits only when NUMBATC_SPLIT_K asks: its split form is emulation- and
         # assembly-verified but has not run on a GPU yet (the bf16 one has).
-        splits, k_chunk = choose_split(cfg, p.m, p.n, p.k, family, blocks_per_sm=1, max_m=256)
+        small = None if os.environ.get("NUMBATC_SPLIT_K") else _small_split(cfg, p)
+        if small is not None:
+            splits, k_chunk = small
+        else:
+            splits, k_chunk = choose_split(cfg, p.m, p.n, p.k, family, blocks_per_sm=1,
+                                           max_m=256)
         if splits > 1 and cfg.name in _SPLIT_TWIN:
             twin = _SPLIT_TWIN[cfg.name]
             cfg = family.CONFIGS.get(twin) or family.FP8_CONFIGS[twin]

@@ -260,6 +260,13 @@ CONFIGS = {
         Sm90Config("128x256x64_4s_pt_tma", 256, 4, persistent=True, producer="tma", **_TMA_REGS),
         Sm90Config("128x256x64_4s_w1_pt_tma", 256, 4, inflight=1, persistent=True,
                    producer="tma", **_TMA_REGS),
+        # one consumer warpgroup, 64-row tiles: twice the CTAs of the 128-row ones at small M
+        # (256 threads: 256 registers each at launch, so the producer need not go down to 24)
+        Sm90Config("64x256x64_4s_w1_tma", 256, 4, bm=64, consumers=1, inflight=1,
+                   producer="tma", producer_regs=56, consumer_regs=240),
+        Sm90Config("64x128x64_6s_w1_tma", 128, 6, bm=64, consumers=1, inflight=1,
+                   producer="tma", producer_regs=56, consumer_regs=240),
+        Sm90Config("128x128x64_6s_w1_tma", 128, 6, inflight=1, producer="tma", **_TMA_REGS),
     )
 }
 

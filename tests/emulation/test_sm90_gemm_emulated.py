@@ -96,6 +96,9 @@ CASES = [
     (72, 40, 200, WRAP_TMA, "col", "row", "float16", "gelu"),
     (200, 264, 136, WRAP_TMA_W1_PT, "row", "row", "bfloat16", None),
     (130, 136, 72, "128x256x64_4s_pt_tma", "col", "col", "bfloat16", "silu"),
+    # one consumer warpgroup on 64-row tiles: 2 x 2 tiles, ragged M and N
+    (72, 136, 200, "64x128x64_6s_w1_tma", "row", "col", "bfloat16", "gelu"),
+    (100, 40, 136, "64x256x64_4s_w1_tma", "col", "row", "float16", None),
 ]
 
 

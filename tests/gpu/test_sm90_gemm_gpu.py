@@ -246,16 +246,19 @@ def test_sm90_tma_user_epilogue(monkeypatch):
 
 
 def test_sm90_tma_default_switch(monkeypatch, capsys):
-    """sm90_gemm.DEFAULT_PRODUCER = "tma": the heuristic's choices run as their _tma twins (and
-    split-K's as the w1 twin), unaligned operands as the cp.async ones."""
+    """sm90_gemm.DEFAULT_PRODUCER = "tma": the heuristic's choices run as their _tma twins (small
+    problems on the TMA-only small tiles, split-K among them), unaligned operands as the
+    cp.async ones."""
     from numbatc.kernels import sm90_gemm
 
     monkeypatch.setattr(sm90_gemm, "DEFAULT_PRODUCER", "tma")
     monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
     for m, n, k, layouts, want in [
-            (1000, 1000, 1000, ("row", "row"), "sm90_gemm 128x256x64_4s_pt_tma a="),
-            (520, 128, 136, ("col", "col"), "sm90_gemm 128x128x64_4s_w1_tma a="),
-            (200, 4096, 4096, ("row", "col"), "slices of 1024 (128x256x64_4s_w1_tma)"),
+            # problems under two waves of 128 x 256 tiles: dispatch._small_tile's TMA tiles
+            (1000, 1000, 1000, ("row", "row"), "sm90_gemm 64x128x64_6s_w1_tma a="),
+            (520, 128, 136, ("col", "col"), "sm90_gemm 64x128x64_6s_w1_tma a="),
+            (64, 4096, 14336, ("row", "col"), "slices of 7168 (64x128x64_6s_w1_tma)"),
+            (4096, 4096, 512, ("row", "col"), "sm90_gemm 128x256x64_4s_pt_tma a="),
             (300, 300, 301, ("row", "row"), "sm90_gemm 128x256x64_4s_pt, not 128x256x64_4s_pt_tma")]:
         check(m, n, k, "bfloat16", *layouts)
         err = capsys.readouterr().err

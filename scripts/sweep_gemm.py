@@ -1,0 +1,71 @@
+"""Time numbatc.gemm's candidate kernels on a set of shapes, to tune dispatch's heuristic: each
+candidate is a forced kernel (NUMBATC_GEMM_KERNEL) and split count (NUMBATC_SPLIT_K), timed
+like the benchmark (numbatc.bench._time_gpu), with cuBLAS (torch.matmul) in the same run and each
+candidate's result checked against a float32 product (a broken candidate shows as an error, not
+a time).  b is w.T of a row-major (n, k) weight, as in a Linear layer.
+
+    python3 scripts/sweep_gemm.py [--shapes table-small] [--m 64,128] > sweep.txt
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+import numbatc
+from numbatc.bench import SHAPES, _time_gpu
+
+CANDIDATES = [("default", None, None), ("sm80", "sm80", None)] + [
+    (f"{name} s{s}", f"sm90:{name}", str(s))
+    for name, splits in (("128x256x64_4s_w1_tma", (1, 2, 4, 8)),
+                         ("128x128x64_6s_w1_tma", (1, 2, 4, 8)),
+                         ("64x256x64_4s_w1_tma", (1, 2, 4, 8)),
+                         ("64x128x64_6s_w1_tma", (1, 2, 4, 8, 16)))
+    for s in splits]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="table")
+    ap.add_argument("--m", default="8,32,64,128,256,512")
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    ms = {int(x) for x in args.m.split(",")}
+    shapes = sorted({s for s in SHAPES[args.shapes] if s[0] in ms}, key=lambda s: (s[1], s[2], s[0]))
+    print("m n k candidate ms ratio_to_cublas max_rel_err", flush=True)
+    for m, n, k in shapes:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).T
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        ref = a.float() @ b.float()
+        cublas = _time_gpu(lambda: torch.matmul(a, b, out=out), torch, args.reps)
+        best = (float("inf"), "")
+        for label, kernel, split in CANDIDATES:
+            for var, val in (("NUMBATC_GEMM_KERNEL", kernel), ("NUMBATC_SPLIT_K", split)):
+                if val is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = val
+            try:
+                out.fill_(float("nan"))
+                numbatc.gemm(a, b, out=out)
+                torch.cuda.synchronize()
+                err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+                t = _time_gpu(lambda: numbatc.gemm(a, b, out=out), torch, args.reps)
+            except Exception as exc:  # noqa: BLE001 -- a candidate that cannot run says why
+                print(f"{m} {n} {k} {label.replace(' ', '_')} error {type(exc).__name__}: "
+                      f"{str(exc)[:100]}", flush=True)
+                continue
+            ok = err < 2e-2
+            print(f"{m} {n} {k} {label.replace(' ', '_')} {t:.4f} {cublas / t:.3f} {err:.1e}"
+                  f"{'' if ok else ' WRONG'}", flush=True)
+            if ok and t < best[0]:
+                best = (t, label)
+        print(f"# best {m}x{n}x{k}: {best[1]} {cublas / best[0]:.3f}x cuBLAS", flush=True)
+    for var in ("NUMBATC_GEMM_KERNEL", "NUMBATC_SPLIT_K"):
+        os.environ.pop(var, None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
