@@ -16,13 +16,15 @@ def _problem(m, n, k, alignment=16):
 
 
 @pytest.mark.parametrize("m, n, k, name", [
-    (8, 4096, 4096, "64x128x64_6s_w1_tma"),      # 64 tiles of 64 x 128: one wave
+    (8, 4096, 4096, None),                       # M <= 16: sm80_gemm's 16-row tiles
+    (32, 4096, 4096, "64x128x64_6s_w1_tma"),     # 64 tiles of 64 x 128: one wave
     (128, 4096, 4096, "64x128x64_6s_w1_tma"),    # 128 tiles: still one wave
     (256, 8192, 8192, "64x256x64_4s_w1_tma"),    # 64 x 128 would take two waves
     (64, 28672, 4096, "64x256x64_4s_w1_tma"),    # 112 tiles of 64 x 256: one wave
     (128, 57344, 8192, "128x256x64_4s_w1_tma"),  # 224 tiles of 128 x 256, under two waves
     (4096, 4096, 4096, None),                    # 512 tiles of 128 x 256: the persistent ones
     (512, 57344, 8192, None),
+    (1000, 1000, 1000, None),                    # M > 512: past the fitted range
 ])
 def test_small_tile_choice(m, n, k, name):
     assert dispatch._small_tile(_problem(m, n, k)) == name
@@ -37,17 +39,25 @@ def test_small_tiles_need_tensor_maps():
     # an operand a tensor map cannot describe: no TMA-only tile, the old choice instead
     assert dispatch._small_tile(_problem(8, 4096, 4096, alignment=8)) is None
     assert dispatch._small_tile(_problem(8, 4096, 0)) is None
-    family, cfg = dispatch._kernel_family(_problem(8, 4096, 4096, alignment=8))
+    family, cfg = dispatch._kernel_family(_problem(32, 4096, 4096, alignment=8))
     assert family.__name__.endswith("sm80_gemm")
     family, cfg = dispatch._kernel_family(_problem(128, 4096, 4096, alignment=8))
     assert family.__name__.endswith("sm90_gemm") and cfg.producer == "cp.async"
 
 
 def test_kernel_family_takes_the_small_tiles_on_hopper():
-    family, cfg = dispatch._kernel_family(_problem(8, 4096, 4096))
+    family, cfg = dispatch._kernel_family(_problem(32, 4096, 4096))
     assert family.__name__.endswith("sm90_gemm") and cfg.name == "64x128x64_6s_w1_tma"
-    family, cfg = dispatch._kernel_family(_problem(4096, 4096, 4096))
-    assert cfg.name == "128x256x64_4s_pt_tma"
+    family, cfg = dispatch._kernel_family(_problem(8, 4096, 4096))
+    assert family.__name__.endswith("sm80_gemm")
+    for shape, name in (((4096, 4096, 4096), "128x256x64_4s_pt_tma"),
+                        # tests/gpu/test_sm90_gemm_gpu.py::test_sm90_tma_default_switch's cases
+                        ((1000, 1000, 1000), "128x256x64_4s_pt_tma"),
+                        ((520, 128, 136), "128x128x64_4s_w1_tma"),
+                        ((64, 4096, 14336), "64x128x64_6s_w1_tma"),
+                        ((4096, 4096, 512), "128x256x64_4s_pt_tma")):
+        family, cfg = dispatch._kernel_family(_problem(*shape))
+        assert family.__name__.endswith("sm90_gemm") and cfg.name == name, (shape, cfg.name)
 
 
 def test_forced_tma_only_config_with_unaligned_operands_is_an_error(monkeypatch):
@@ -57,9 +67,9 @@ def test_forced_tma_only_config_with_unaligned_operands_is_an_error(monkeypatch)
 
 
 @pytest.mark.parametrize("m, n, k, splits", [
-    (8, 4096, 14336, 2),     # 32 tiles, 224 k tiles: two slices
+    (32, 4096, 14336, 2),    # 32 tiles, 224 k tiles: two slices
     (128, 4096, 14336, 2),
-    (8, 4096, 4096, 1),      # K too short
+    (32, 4096, 4096, 1),     # K too short
     (64, 8192, 28672, 2),    # 64 tiles: half the GPU
     (128, 8192, 28672, 1),   # 128 tiles: all of it
 ])

@@ -334,8 +334,8 @@ _SMALL_TILES = (("64x128x64_6s_w1_tma", 64, 128, 7.44e-10),
 
 def _small_tile(p):
     """The Hopper configuration for a problem too small for the persistent 128 x 256 tiles
-    (fewer than two waves of them on 132 SMs), or None: bigger problems, and operands that a
-    tensor map cannot describe (these tiles load by TMA only)."""
+    (fewer than two waves of them on 132 SMs, 16 < M <= 512), or None: other problems, and
+    operands that a tensor map cannot describe (these tiles load by TMA only)."""
     from numbatc.kernels import sm90_gemm
 
     if sm90_gemm.DEFAULT_PRODUCER != "tma" or p.k == 0 or sm90_gemm.tma_unsupported(
@@ -345,7 +345,11 @@ def _small_tile(p):
     def tiles(bm, bn):
         return -(-p.m // bm) * -(-p.n // bn)
 
-    if tiles(128, 256) >= 2 * _NUM_SMS_GUESS:
+    # NOTE: M <= 16 keeps sm80_gemm's 16-row tiles with split-K (0.84-0.87x against 0.76x for
+    # the 64-row TMA tiles at M = 8 and K = 8192 / 14336), and M > 512 the persistent 128 x 256
+    # tiles (the fit covers M = 8 .. 512: at M = 4096, N = K = 1024 it chose 64 x 128 tiles at
+    # 0.71x where the persistent ones ran at 0.87x).
+    if p.m <= 16 or p.m > 512 or tiles(128, 256) >= 2 * _NUM_SMS_GUESS:
         return None
     cost = [(-(-tiles(bm, bn) // _NUM_SMS_GUESS) * bm * bn * p.k * per, name)
             for name, bm, bn, per in _SMALL_TILES]
@@ -397,8 +401,10 @@ def _kernel_family(p):
         # 384 Python threads per block: tests/emulation runs sm90_gemm directly, at tiny sizes
         reason = "the CPU emulation runs sm80_gemm unless NUMBATC_GEMM_KERNEL=sm90"
     elif p.m <= 64 and not choice and _small_tile(p) is None:
-        # the 64-row Hopper tiles load by TMA only; without it the 64-row mma.sync tiles
-        reason = "M <= 64 and an operand a tensor map cannot describe: sm80_gemm's 64-row tiles"
+        # M <= 16, or an operand that a tensor map cannot describe (the 64-row Hopper tiles
+        # load by TMA only): the 16- and 64-row mma.sync tiles
+        reason = ("M <= 64 and M <= 16 or an operand a tensor map cannot describe: sm80_gemm's "
+                  "16- / 64-row tiles")
     if reason is None:
         name = choice.partition(":")[2]
         if not name:
