@@ -9,7 +9,7 @@ from numba import types
 from intrinsics._core import ArchitectureError
 from intrinsics.toolchain import assemble, compile_ptx
 from numbatc.kernels import sm100_scaled_gemm as sg
-from tests.test_setmaxnreg_compile import nvjitlink_info_log
+from tests.helpers.assemblers import nvjitlink_info_log
 
 PLAIN = {"mxfp8": sg.ScaledVariant("mxfp8", "e4m3", "e5m2", "bfloat16"),
          "nvfp4": sg.ScaledVariant("nvfp4", "e2m1", "e2m1", "bfloat16")}

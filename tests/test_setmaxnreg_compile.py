@@ -14,8 +14,6 @@ What ptxas does with it is checked too, because the instruction is only a hint:
 """
 
 import re
-import shutil
-import subprocess
 
 import pytest
 from numba import cuda, types
@@ -24,6 +22,7 @@ from numba.core.errors import TypingError
 from intrinsics.setmaxnreg import REGISTER_COUNTS, SETMAXNREG_ARCH, setmaxnreg_dec, setmaxnreg_inc
 from intrinsics.toolchain import AssemblyError, assemble, compile_ptx
 from tests.compilecheck import ARCH_NAMES, check_on_arch
+from tests.helpers.assemblers import nvjitlink_info_log, whole_program_ptxas
 
 SIG = (types.float32[:], types.float32[:])
 THREADS = 384
@@ -91,25 +90,6 @@ def test_docstrings_quote_the_ptx():
 # ---------------------------------------------------------------------------------------------
 
 
-def nvjitlink_info_log(ptx, arch="sm_90a", options=("-O3",)):
-    """Assemble with nvJitLink as the project's toolchain does and return its info log."""
-    from cuda.bindings import nvjitlink
-
-    opts = [f"-arch={arch}", *options]
-    handle = nvjitlink.create(len(opts), opts)
-    try:
-        data = ptx.encode()
-        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel")
-        nvjitlink.complete(handle)
-        size = nvjitlink.get_info_log_size(handle)
-        log = bytearray(size)
-        if size:
-            nvjitlink.get_info_log(handle, log)
-        return bytes(log).rstrip(b"\0").decode(errors="replace")
-    finally:
-        nvjitlink.destroy(handle)
-
-
 def test_nvjitlink_sees_the_register_cap():
     log = nvjitlink_info_log(_ptx())
     assert "C7508" not in log, log
@@ -121,30 +101,6 @@ def test_nvjitlink_compiles_relocatable_and_drops_setmaxnreg(launch_bounds):
     ordinary launch path) compiles PTX with --compile-only and ignores setmaxnreg."""
     log = nvjitlink_info_log(_ptx(launch_bounds))
     assert "C7504" in log and "setmaxnreg" in log, log
-
-
-def whole_program_ptxas(ptx, tmp_path):
-    """Run ``ptxas -v`` (whole-program, as the driver's JIT compiles a module) on ``ptx``;
-    returns its log.  An older ptxas gets the PTX with its own ``.version`` (the kernel uses
-    nothing newer than PTX 8.0)."""
-    exe = shutil.which("ptxas")
-    if exe is None:
-        pytest.skip("no ptxas binary on PATH")
-    src = tmp_path / "kernel.ptx"
-    for _ in range(2):
-        src.write_text(ptx)
-        run = subprocess.run(
-            [exe, "-v", "-arch=sm_90a", str(src), "-o", str(tmp_path / "kernel.cubin")],
-            capture_output=True, text=True,
-        )
-        log = run.stdout + run.stderr
-        if run.returncode == 0:
-            return log
-        newest = re.search(r"Unsupported \.version \S+; current version is '([\d.]+)'", log)
-        if newest is None:
-            break
-        ptx = re.sub(r"^\.version \S+", f".version {newest.group(1)}", ptx, flags=re.M)
-    pytest.fail(f"ptxas failed:\n{log}")
 
 
 def test_whole_program_keeps_setmaxnreg_with_launch_bounds(tmp_path):

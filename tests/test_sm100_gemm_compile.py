@@ -8,7 +8,7 @@ from intrinsics._core import ArchitectureError
 from intrinsics.toolchain import assemble, compile_ptx
 from numbatc.kernels import sm100_gemm
 from numbatc.kernels.epilogue import GemmVariant as Variant
-from tests.test_setmaxnreg_compile import nvjitlink_info_log
+from tests.helpers.assemblers import nvjitlink_info_log
 
 PLAIN = Variant("row", "col", "bfloat16", "bfloat16", None, None, None)
 FUSED = Variant("row", "col", "float16", "float32", "float32", "float16", "silu")

@@ -21,7 +21,7 @@ import pytest
 from intrinsics._core import ArchitectureError
 from intrinsics.toolchain import compile_ptx
 from numbatc.kernels import sm90_attention as attn
-from tests.test_setmaxnreg_compile import whole_program_ptxas
+from tests.helpers.assemblers import whole_program_ptxas
 
 
 @functools.cache

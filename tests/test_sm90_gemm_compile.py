@@ -14,7 +14,7 @@ import pytest
 from intrinsics._core import ArchitectureError
 from intrinsics.toolchain import assemble, compile_ptx
 from numbatc.kernels import sm90_gemm
-from tests.test_setmaxnreg_compile import nvjitlink_info_log, whole_program_ptxas
+from tests.helpers.assemblers import nvjitlink_info_log, whole_program_ptxas
 
 PLAIN = sm90_gemm.Sm90Variant("row", "row", "bfloat16", "float32", None, None, None)
 FUSED = sm90_gemm.Sm90Variant("row", "col", "float16", "bfloat16", "bfloat16", "float16", "gelu",

@@ -11,7 +11,7 @@ import pytest
 from intrinsics.toolchain import compile_ptx
 from numbatc.kernels import row_softmax, sm80_gemm_softmax
 from numbatc.kernels.epilogue import GemmVariant
-from tests.test_setmaxnreg_compile import nvjitlink_info_log
+from tests.helpers.assemblers import nvjitlink_info_log
 
 def _no_spills(ptx, arch):
     assert "ld.local" not in ptx and "st.local" not in ptx, "values went to local memory"
