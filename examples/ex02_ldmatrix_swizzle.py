@@ -17,7 +17,7 @@ import numpy as np
 from numba import cuda, types
 
 import intrinsics as nt
-from intrinsics.smem import swizzle_offset_host
+from intrinsics.layout import swizzle_offset_host
 
 MMA = nt.mma_sync("m16n8k16", "bf16", "bf16", "f32")
 K = 64

@@ -24,7 +24,7 @@ import numpy as np
 from numba import cuda, types
 
 import intrinsics as nt
-from intrinsics.wgmma import SmemLayout, accumulator_coords
+from intrinsics.layout import SmemLayout, accumulator_coords
 
 # NOTE: after `import intrinsics`, which gives the CPU emulation its own to_fixed_tuple.
 from numba.cuda.np.unsafe.ndarray import to_fixed_tuple  # noqa: E402

@@ -26,7 +26,7 @@ from numba import cuda, types
 
 import intrinsics as nt
 from intrinsics.tensormap import TensorMap
-from intrinsics.wgmma import SmemLayout, accumulator_coords
+from intrinsics.layout import SmemLayout, accumulator_coords
 
 # NOTE: after `import intrinsics`, which gives the CPU emulation its own to_fixed_tuple.
 from numba.cuda.np.unsafe.ndarray import to_fixed_tuple  # noqa: E402

@@ -1,7 +1,9 @@
 """Typed Numba intrinsics that emit the PTX of NVIDIA's tensor-core, asynchronous-copy and
 synchronisation instructions, for use inside ``@cuda.jit`` kernels.
 
-One module per instruction family; everything public is re-exported here::
+One module per instruction family; everything public is re-exported here.  The host models of
+the layouts (shared-memory tiles, descriptors, fragment and tensor-memory maps) are the
+``intrinsics.layout`` package, of which only ``SmemLayout`` is re-exported::
 
     import intrinsics as nt
     mma = nt.mma_sync("m16n8k16", "bf16", "bf16", "f32")
@@ -83,6 +85,7 @@ from intrinsics.cluster import (
     map_shared_rank,
 )
 from intrinsics.launch import LaunchError
+from intrinsics.layout import SmemLayout
 from intrinsics.mbarrier import (
     fence_mbarrier_init,
     mbarrier_arrive,
@@ -145,7 +148,6 @@ from intrinsics.tma import (
     tma_store,
 )
 from intrinsics.wgmma import (
-    SmemLayout,
     make_smem_desc,
     smem_desc,
     wgmma_commit_group,

@@ -374,7 +374,7 @@ def mma_sync_block_scale(shape, kind, scale_vec, a="e2m1", b=None, acc="f32", sc
 
     with A 4 x uint32, B 2 x uint32, C/D 4 x float32, ``scale_a``/``scale_b`` uint32 (the
     ``scale-a-data`` / ``scale-b-data`` registers) and four integer selectors.  Where the scale
-    factors sit in those registers is :func:`intrinsics.fragments.mma_scale_fragment`.  A literal
+    factors sit in those registers is :func:`intrinsics.layout.mma_scale_fragment`.  A literal
     selector is checked against Table 37 at typing time and emitted as an immediate; a run-time
     value goes into a 16-bit register (undefined behaviour outside Table 37).  A combination
     outside the table raises ValueError listing the valid ones.

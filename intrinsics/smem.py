@@ -1,40 +1,20 @@
-"""Shared-memory addresses and CuTe-style swizzles.
+"""Shared-memory addresses and swizzles, device side.
 
 ``shared_address(array, index)`` gives the 32-bit address in the ``.shared`` state space that
-ldmatrix, cp.async, mbarrier, TMA and wgmma descriptors take.  The swizzle functions map a byte
-offset inside a tile to the offset where the data really lives; they are the same functions TMA
-applies when it writes a box and wgmma applies when it reads one (PTX ISA 9.7.9.27.5, "Tensor
-Swizzling Modes"; 9.7.15.5.1, "Shared Memory Matrix Layout").
-
-``Swizzle<B, M, S>`` (CuTe's notation) XORs the B bits at position M+S into the B bits at
-position M.  Every mode TMA and wgmma accept keeps 16-byte chunks intact (M = 4 on byte offsets)
-and repeats every 8 rows (S = 3):
-
-    mode    bytes per row   Swizzle      chunk index ^= ...
-    none    16              <0, 4, 3>    nothing
-    32B     32              <1, 4, 3>    (row % 2)      when rows are 32 bytes apart
-    64B     64              <2, 4, 3>    (row % 4) / 1  when rows are 64 bytes apart
-    128B    128             <3, 4, 3>    (row % 8)      when rows are 128 bytes apart
-
-The pattern is a function of the address bits, so a swizzled tile must start at an address
-aligned to its repeat: 256 B for 32B, 512 B for 64B, 1024 B for 128B mode.
+ldmatrix, cp.async, mbarrier, TMA and wgmma descriptors take.  ``swizzle(offset, B, M, S)`` (CuTe
+``Swizzle<B, M, S>``) and ``swizzle_offset(byte_offset, mode)`` map a byte offset inside a tile to
+the offset where the data really lives (PTX ISA 9.7.9.27.5, "Tensor Swizzling Modes"; 9.7.15.5.1,
+"Shared Memory Matrix Layout").  They are the host functions of :mod:`intrinsics.layout.swizzle`
+(where the modes are tabulated) compiled as device functions, so kernels and host models share one
+source.
 """
 
 from numba import cuda, types
 
 from intrinsics._core import check_array, check_index, intrinsic, shared_address as _shared_address
+from intrinsics.layout.swizzle import swizzle_host, swizzle_offset_host
 
-__all__ = [
-    "SWIZZLE_MODES",
-    "shared_address",
-    "swizzle",
-    "swizzle_bits",
-    "swizzle_offset",
-    "swizzle_offset_host",
-]
-
-# mode (bytes) -> CuTe Swizzle<B, M, S> parameters on byte offsets.
-SWIZZLE_MODES = {0: (0, 4, 3), 32: (1, 4, 3), 64: (2, 4, 3), 128: (3, 4, 3)}
+__all__ = ["shared_address", "swizzle", "swizzle_offset"]
 
 
 @intrinsic
@@ -54,33 +34,9 @@ def shared_address(typingctx, array, index):
     return sig, codegen
 
 
-def _swizzle(offset, b, m, s):
-    """CuTe ``Swizzle<b, m, s>`` applied to an integer offset."""
-    mask = ((1 << b) - 1) << (m + s)
-    return offset ^ ((offset & mask) >> s)
-
-
-def _swizzle_offset(byte_offset, mode):
-    """Byte offset ``byte_offset`` of a tile in swizzle ``mode`` (0, 32, 64 or 128 bytes)."""
-    if mode == 128:
-        return byte_offset ^ ((byte_offset & 0x380) >> 3)
-    if mode == 64:
-        return byte_offset ^ ((byte_offset & 0x180) >> 3)
-    if mode == 32:
-        return byte_offset ^ ((byte_offset & 0x80) >> 3)
-    return byte_offset
-
-
-# Device versions (callable from kernels) and the plain Python functions (for the host, NumPy
-# models and the layout tools).
-swizzle = cuda.jit(device=True, inline="always")(_swizzle)
-swizzle_offset = cuda.jit(device=True, inline="always")(_swizzle_offset)
-swizzle_host = _swizzle
-swizzle_offset_host = _swizzle_offset
-
-
-def swizzle_bits(mode):
-    """The ``(B, M, S)`` of a swizzle mode given in bytes, or ValueError naming the valid modes."""
-    if mode not in SWIZZLE_MODES:
-        raise ValueError(f"swizzle mode must be one of {sorted(SWIZZLE_MODES)} bytes, got {mode!r}")
-    return SWIZZLE_MODES[mode]
+swizzle = cuda.jit(device=True, inline="always")(swizzle_host)
+swizzle.__doc__ = """Device function: CuTe ``Swizzle<b, m, s>`` of an integer offset
+(:func:`intrinsics.layout.swizzle_host`)."""
+swizzle_offset = cuda.jit(device=True, inline="always")(swizzle_offset_host)
+swizzle_offset.__doc__ = """Device function: the swizzled byte offset of ``byte_offset`` in mode
+``mode`` (0, 32, 64 or 128 bytes; :func:`intrinsics.layout.swizzle_offset_host`)."""

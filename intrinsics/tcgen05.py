@@ -6,8 +6,12 @@ is proven by nvJitLink 13.5 to assemble for sm_100a, sm_103a and sm_110a (the ``
 too, except the ``.scale_vec::NX`` spellings) and to be refused for sm_90a and sm_120a; the
 *behaviour* -- bit fields, data layouts, the tensor-memory rules -- is modelled from the PTX ISA
 (and, where the ISA's figures were not at hand, from how CUTLASS and DeepGEMM use the
-instruction: each such place says so).  The CPU emulation (``intrinsics/emulate/tcgen05.py``)
-implements exactly these models; a Blackwell run must confirm them.
+instruction: each such place says so).  Those models -- the tcgen05.mma kinds table, the
+instruction and shared-memory descriptors' bit fields, where each TMEM cell and register lands --
+live in :mod:`intrinsics.layout` (``instr_desc``, ``smem``, ``tmem``), shared with wgmma, the
+emulation and ``numbatc.layouts``; this module holds the device side.  The CPU emulation
+(``intrinsics/emulate/tcgen05.py``) implements exactly these models; a Blackwell run must confirm
+them.
 
 The pieces, and who executes them::
 
@@ -70,7 +74,6 @@ targets.  ``.kind::i8`` (sm_100a/sm_110a only), sparse ``tcgen05.mma.sp``, ``.ws
 
 from dataclasses import dataclass
 
-import numpy as np
 from numba import cuda, types
 from numba.cuda.core.errors import NumbaTypeError
 from numba.cuda.extending import _intrinsic
@@ -90,35 +93,28 @@ from intrinsics._core import (
     unpack,
     statement_intrinsic,
 )
+from intrinsics.layout.instr_desc import (
+    TCGEN05_MMA_KINDS,
+    encode_instr_desc,
+    encode_instr_desc_block_scaled,
+)
+from intrinsics.layout.smem import encode_umma_smem_desc
+from intrinsics.layout.tmem import (
+    TCGEN05_CP_SHAPES,
+    TCGEN05_LDST_SHAPES,
+    encode_tmem_address,
+    ldst_register_count,
+)
 from intrinsics.smem import shared_address as smem_shared_address
 
 __all__ = [
-    "IDESC_AB_FORMATS",
-    "IDESC_D_FORMATS",
-    "IDESC_SCALE_FORMATS",
     "TCGEN05",
     "TCGEN05_A_ONLY",
-    "TCGEN05_CP_SHAPES",
-    "TCGEN05_LDST_SHAPES",
-    "TCGEN05_MMA_KINDS",
-    "TMEM_COLUMNS",
-    "TMEM_LANES",
     "Tcgen05MmaSpec",
     "Tcgen05ValueError",
-    "UMMA_LAYOUT_TYPES",
-    "check_mma_shape",
-    "cp_lane_map",
-    "decode_instr_desc",
-    "decode_tmem_address",
-    "decode_umma_smem_desc",
-    "ldst_coords",
     "make_instr_desc",
     "make_instr_desc_block_scaled",
-    "make_instr_desc_block_scaled_host",
-    "make_instr_desc_host",
     "make_umma_smem_desc",
-    "make_umma_smem_desc_host",
-    "scale_factor_coords",
     "tcgen05_alloc",
     "tcgen05_alloc_cg2",
     "tcgen05_alloc_op",
@@ -144,10 +140,7 @@ __all__ = [
     "tcgen05_wait_ld_regs",
     "tcgen05_wait_st",
     "tmem_address",
-    "tmem_address_host",
-    "tmem_d_coords",
     "umma_smem_desc",
-    "umma_smem_desc_address_host",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -196,36 +189,15 @@ def _with_forms(fn, forms, arch):
 # Tensor memory addresses
 # ---------------------------------------------------------------------------------------------
 
-TMEM_LANES = 128
-TMEM_COLUMNS = 512
 _NCOLS = (32, 64, 128, 256, 512)
 CTA_GROUPS = (1, 2)
 
 
-def _tmem_address(lane, column):
-    return np.uint32(((np.int64(lane) & 0xFFFF) << 16) | (np.int64(column) & 0xFFFF))
-
-
-tmem_address = cuda.jit(device=True, inline="always")(_tmem_address)
+tmem_address = cuda.jit(device=True, inline="always")(encode_tmem_address)
 tmem_address.__doc__ = """Device function: the 32-bit TMEM address of (lane, column) --
 ``(lane << 16) | column``: PTX ISA 9.7.16, "Tensor Memory" addresses a cell with the lane in bits
 31-16 and the column in bits 15-0.  Add a lane offset to an allocation's address with
-``d_tmem + (lane << 16)``."""
-
-
-def tmem_address_host(lane, column):
-    """Host twin of :func:`tmem_address` (checks the ranges)."""
-    if not 0 <= lane < TMEM_LANES or not 0 <= column < TMEM_COLUMNS:
-        raise ValueError(f"TMEM has lanes 0..127 and columns 0..511, got lane {lane}, "
-                         f"column {column}")
-    return int(_tmem_address(lane, column))
-
-
-def decode_tmem_address(address):
-    """(lane, column) of a TMEM address.  Bits 30-31 are dropped from the lane: CUTLASS keeps the
-    byte of a scale-factor cell there (``make_runtime_instr_desc_block_scaled``)."""
-    address = int(address)
-    return (address >> 16) & 0x3FFF, address & 0xFFFF
+``d_tmem + (lane << 16)``.  (Host twin: ``intrinsics.layout.tmem_address_host``.)"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,81 +343,8 @@ tcgen05_relinquish_alloc_permit = tcgen05_relinquish_alloc_permit_op(1)
 tcgen05_relinquish_alloc_permit_cg2 = tcgen05_relinquish_alloc_permit_op(2)
 
 # ---------------------------------------------------------------------------------------------
-# tcgen05.mma: the table
+# tcgen05.mma (its kinds table, TCGEN05_MMA_KINDS, is intrinsics.layout.instr_desc's)
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Kind:
-    """One ``.kind`` of tcgen05.mma (PTX ISA 9.7.16, tcgen05.mma, "Kinds and types" table)."""
-
-    k: int  # K of one instruction (dense); every kind reads 32 bytes of K per row
-    ab_types: tuple  # the A/B element types of the instruction descriptor
-    d_types: tuple  # accumulator (D) types
-    elem_bits: int  # bits one element occupies in shared memory / TMEM
-    block_scaled: bool
-    scale_vecs: dict  # scale-vector qualifier -> scale factors per row per instruction
-    scale_types: dict  # scale-vector qualifier -> scale formats the descriptor may name
-
-
-TCGEN05_MMA_KINDS = {
-    # kind: K, A/B types, D types, bits per element, block-scaled, scale vectors, scale types
-    "f16": _Kind(16, ("f16", "bf16"), ("f32", "f16"), 16, False, {}, {}),
-    "tf32": _Kind(8, ("tf32",), ("f32",), 32, False, {}, {}),
-    # fp6/fp4 elements sit in 8-bit containers in shared memory and TMEM for this kind
-    "f8f6f4": _Kind(32, ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1"), ("f32", "f16"), 8, False, {},
-                    {}),
-    "mxf8f6f4": _Kind(32, ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1"), ("f32",), 8, True,
-                      {None: 1, "1X": 1, "block32": 1},
-                      {None: ("ue8m0",), "1X": ("ue8m0",), "block32": ("ue8m0",)}),
-    # packed fp4: two e2m1 per byte, the element with the lower K in the low nibble
-    "mxf4": _Kind(64, ("e2m1",), ("f32",), 4, True,
-                  {None: 2, "2X": 2, "block32": 2},
-                  {None: ("ue8m0",), "2X": ("ue8m0",), "block32": ("ue8m0",)}),
-    "mxf4nvf4": _Kind(64, ("e2m1",), ("f32",), 4, True,
-                      {"2X": 2, "4X": 4, "block32": 2, "block16": 4},
-                      {"2X": ("ue8m0",), "block32": ("ue8m0",), "4X": ("ue4m3", "ue8m0"),
-                       "block16": ("ue4m3", "ue8m0")}),
-}
-
-# Instruction-descriptor codes (PTX ISA 9.7.16, "Instruction descriptor" tables; the same codes as
-# CUTLASS cute/arch/mma_sm100_desc.hpp UMMA::F16F32Format / MXF8F6F4Format / MXF4Format /
-# CFormat / ScaleFormat).
-IDESC_D_FORMATS = {"f16": 0, "f32": 1}
-IDESC_AB_FORMATS = {
-    "f16": {"f16": 0, "bf16": 1},
-    "tf32": {"tf32": 2},
-    "f8f6f4": {"e4m3": 0, "e5m2": 1, "e2m3": 3, "e3m2": 4, "e2m1": 5},
-    "mxf8f6f4": {"e4m3": 0, "e5m2": 1, "e2m3": 3, "e3m2": 4, "e2m1": 5},
-    "mxf4": {"e2m1": 1},
-    "mxf4nvf4": {"e2m1": 1},
-}
-IDESC_SCALE_FORMATS = {"ue4m3": 0, "ue8m0": 1}
-# MN-major (transposed) operands exist only for these element types (CUTLASS InstrDescriptor:
-# "Major value of 1 is only valid for E4M3, E5M2, INT8, F16, BF16 and TF32 source formats").
-_TRANSPOSABLE = ("f16", "bf16", "tf32", "e4m3", "e5m2")
-
-
-def check_mma_shape(kind, m, n, cta_group=1, a_from="smem"):
-    """ValueError naming the valid shapes unless (M, N) is one for ``kind`` and ``cta_group``.
-
-    The rules, from the PTX ISA tcgen05.mma "valid shapes" table as CUTLASS encodes it
-    (cute/arch/mma_sm100_umma.hpp static_asserts): cta_group::1 dense kinds M 64 or 128, N a
-    multiple of 8 in 8..256 (A from TMEM with M=128: a multiple of 16); block-scaled kinds M=128,
-    N a multiple of 8 in 8..256; cta_group::2 M 128 or 256, N a multiple of 16 in 16..256.
-    """
-    row = TCGEN05_MMA_KINDS[kind]
-    if cta_group == 1:
-        ms = (128,) if row.block_scaled else (64, 128)
-        step = 16 if (a_from == "tmem" and m == 128 and not row.block_scaled) else 8
-    else:
-        ms, step = (128, 256), 16
-    if m not in ms:
-        raise ValueError(f"tcgen05.mma kind::{kind} cta_group::{cta_group}: M must be one of "
-                         f"{list(ms)}, got {m!r}")
-    if not isinstance(n, (int, np.integer)) or n % step or not step <= n <= 256:
-        raise ValueError(f"tcgen05.mma kind::{kind} cta_group::{cta_group} M={m}: N must be a "
-                         f"multiple of {step} in {step}..256, got {n!r}")
 
 
 @dataclass(frozen=True)
@@ -549,8 +448,8 @@ def tcgen05_mma(kind, cta_group=1, a_from="smem", scale_vec=None):
         mma(d_tmem, a, b_desc, idesc, enable_input_d)                      # dense kinds
         mma(d_tmem, a, b_desc, idesc, sfa_tmem, sfb_tmem, enable_input_d)  # block-scaled
 
-    ``idesc`` is the 32-bit instruction descriptor (:func:`make_instr_desc_host` ...) that holds
-    M, N, the types, transposes and negations; ``enable_input_d`` 0 makes D = A*B (the old D is
+    ``idesc`` is the 32-bit instruction descriptor (``intrinsics.layout.make_instr_desc_host``
+    ...) that holds M, N, the types, transposes and negations; ``enable_input_d`` 0 makes D = A*B (the old D is
     ignored), anything else D = A*B + D.  The intrinsic's docstring quotes the PTX it emits.
     """
     spec = _resolve_mma(kind, cta_group, a_from, scale_vec)
@@ -682,62 +581,15 @@ tcgen05_commit_multicast_cg2 = tcgen05_commit_op(2, True)
 # tcgen05.ld / tcgen05.st / tcgen05.wait
 # ---------------------------------------------------------------------------------------------
 
-# shape -> (registers per repetition, largest .num).  PTX ISA 9.7.16, tcgen05.ld/st, ".num"
-# table: every shape repeats .x1, .x2, .x4 ... while a thread holds at most 128 registers
-# (nvJitLink refuses 16x128b.x128 and 16x256b.x64: "Illegal vector size: 256").
-TCGEN05_LDST_SHAPES = {"32x32b": (1, 128), "16x64b": (1, 128), "16x128b": (2, 64),
-                       "16x256b": (4, 32)}
 _LDST = "9.7.16 \"tcgen05.ld\" / \"tcgen05.st\" (and \"Matrix fragments for tcgen05.ld/st\")"
-
-
-def _ldst_regs(op, shape, num):
-    if shape not in TCGEN05_LDST_SHAPES:
-        raise ValueError(f"tcgen05.{op} shape must be one of {list(TCGEN05_LDST_SHAPES)}, "
-                         f"got {shape!r}")
-    per, top = TCGEN05_LDST_SHAPES[shape]
-    nums = [1 << i for i in range(8) if 1 << i <= top]
-    if num not in nums:
-        raise ValueError(f"tcgen05.{op}.{shape} takes .num {nums} (at most 128 registers), "
-                         f"got {num!r}")
-    return per * num
-
-
-def ldst_coords(shape, num):
-    """(lane offsets, column offsets), each an int array (32, registers): register ``r`` of warp
-    lane ``l`` holds TMEM cell (lane + dl, column + dc) of the instruction's address.
-
-    The "Matrix fragments for tcgen05.ld/st" figures of PTX ISA 9.7.16, as encoded by CUTLASS
-    (cute/atom/copy_traits_sm100.hpp, Copy_Traits<SM100_TMEM_LOAD_16dp{64,128,256}b1x /
-    32dp32b1x>) and the Apache TVM tcgen05 docs, repeated along the columns for ``.num``::
-
-        32x32b   dl = l                         dc = r
-        16x64b   dl = l/4 + 8*(l%2)             dc = (l/2)%2 + 2*r
-        16x128b  dl = l/4 + 8*(r%2)             dc = l%4 + 4*(r/2)
-        16x256b  dl = l/4 + 8*((r/2)%2)         dc = 2*(l%4) + r%2 + 8*(r/4)
-
-    (16x256b is the mma.sync m16n8 accumulator layout, repeated every 8 columns.)"""
-    regs = _ldst_regs("ld", shape, num)
-    lane = np.arange(32)[:, None]
-    r = np.arange(regs)[None, :]
-    if shape == "32x32b":
-        dl, dc = lane + 0 * r, r + 0 * lane
-    elif shape == "16x64b":
-        dl, dc = lane // 4 + 8 * (lane % 2) + 0 * r, (lane // 2) % 2 + 2 * r
-    elif shape == "16x128b":
-        dl, dc = lane // 4 + 8 * (r % 2), lane % 4 + 4 * (r // 2)
-    else:
-        dl, dc = lane // 4 + 8 * ((r // 2) % 2), 2 * (lane % 4) + r % 2 + 8 * (r // 4)
-    return dl, dc
-
-
 _LDST_CACHE = {}
 
 
 def tcgen05_ld(shape, num):
     """The ``tcgen05.ld.sync.aligned.<shape>.x<num>.b32`` intrinsic: ``regs = ld(taddr)``,
-    a UniTuple of uint32 (:func:`ldst_coords` gives each register's cell).  Shapes and .num:
+    a UniTuple of uint32 (``intrinsics.layout.ldst_coords`` gives each register's cell).  Shapes and .num:
     32x32b and 16x64b x1..x128, 16x128b x1..x64, 16x256b x1..x32."""
-    regs = _ldst_regs("ld", shape, num)
+    regs = ldst_register_count("ld", shape, num)
     key = ("ld", shape, num)
     if key not in _LDST_CACHE:
         _LDST_CACHE[key] = _build_ld(shape, num, regs)
@@ -747,7 +599,7 @@ def tcgen05_ld(shape, num):
 def tcgen05_st(shape, num):
     """The ``tcgen05.st.sync.aligned.<shape>.x<num>.b32`` intrinsic: ``st(taddr, regs)`` with
     regs a UniTuple of uint32 (same shapes, .num and cells as :func:`tcgen05_ld`)."""
-    regs = _ldst_regs("st", shape, num)
+    regs = ldst_register_count("st", shape, num)
     key = ("st", shape, num)
     if key not in _LDST_CACHE:
         _LDST_CACHE[key] = _build_st(shape, num, regs)
@@ -884,35 +736,6 @@ tcgen05_fence_after_thread_sync = _no_operand(
 # tcgen05.cp (shared memory -> tensor memory)
 # ---------------------------------------------------------------------------------------------
 
-# shape -> (rows, bytes per row).  PTX ISA 9.7.16, tcgen05.cp, ".shape" table.
-TCGEN05_CP_SHAPES = {
-    "128x256b": (128, 32),
-    "4x256b": (4, 32),
-    "128x128b": (128, 16),
-    "64x128b.warpx2::02_13": (64, 16),
-    "64x128b.warpx2::01_23": (64, 16),
-    "32x128b.warpx4": (32, 16),
-}
-
-
-def cp_lane_map(shape):
-    """TMEM lanes (relative to the address's lane) that row ``r`` of the source goes to: a list
-    of lists.  PTX ISA 9.7.16, tcgen05.cp, "multicast" shapes: warpx2::02_13 copies each of the
-    64 rows to lanes r and r+64 (warps 0 and 2, 1 and 3); warpx2::01_23 row r to 64*(r/32)+r%32
-    and 32 above it (warps 0 and 1, 2 and 3); warpx4 each of 32 rows to the four warps' lanes
-    r, r+32, r+64, r+96; 4x256b its 4 rows to lanes 0, 32, 64, 96."""
-    rows = TCGEN05_CP_SHAPES[shape][0]
-    if shape == "4x256b":
-        return [[32 * r] for r in range(rows)]
-    if shape == "64x128b.warpx2::02_13":
-        return [[r, r + 64] for r in range(rows)]
-    if shape == "64x128b.warpx2::01_23":
-        return [[64 * (r // 32) + r % 32, 64 * (r // 32) + r % 32 + 32] for r in range(rows)]
-    if shape == "32x128b.warpx4":
-        return [[r + 32 * w for w in range(4)] for r in range(rows)]
-    return [[r] for r in range(rows)]
-
-
 _CP_CACHE = {}
 
 
@@ -921,7 +744,7 @@ def tcgen05_cp(shape, cta_group=1):
 
     Copies a ``rows x bits`` matrix from shared memory, described by the sm100 shared-memory
     descriptor ``s_desc`` (:func:`make_umma_smem_desc`; rows are the descriptor's MN dimension,
-    the row's bytes its K), to TMEM at ``taddr``: row r to the lanes of :func:`cp_lane_map`, its
+    the row's bytes its K), to TMEM at ``taddr``: row r to the lanes of ``intrinsics.layout.cp_lane_map``, its
     32-bit words to consecutive columns.  Asynchronous; complete it with tcgen05_commit.  Shapes:
     128x256b, 4x256b, 128x128b, 64x128b.warpx2::02_13, 64x128b.warpx2::01_23, 32x128b.warpx4."""
     if shape not in TCGEN05_CP_SHAPES:
@@ -959,222 +782,36 @@ def _build_cp(shape, cta_group):
 
 
 # ---------------------------------------------------------------------------------------------
-# Builders: the instruction descriptor
+# Builders: the instruction descriptor and the shared-memory descriptor (device side)
 # ---------------------------------------------------------------------------------------------
+# The bit layouts, the host builders (make_instr_desc_host, make_instr_desc_block_scaled_host,
+# make_umma_smem_desc_host), the decoders and the address model live in intrinsics.layout
+# (instr_desc and smem); these are the same encoders compiled for kernels.
 
-
-def _make_instr_desc(d_format, a_format, b_format, m, n, a_major, b_major, negate_a, negate_b):
-    # Every field through int64 first (numba types uint32/int64 mixtures as float64).
-    desc = (((np.int64(d_format) & 3) << 4) | ((np.int64(a_format) & 7) << 7)
-            | ((np.int64(b_format) & 7) << 10) | ((np.int64(negate_a) & 1) << 13)
-            | ((np.int64(negate_b) & 1) << 14) | ((np.int64(a_major) & 1) << 15)
-            | ((np.int64(b_major) & 1) << 16) | (((np.int64(n) >> 3) & 0x3F) << 17)
-            | (((np.int64(m) >> 4) & 0x1F) << 24))
-    return np.uint32(desc)
-
-
-def _make_instr_desc_block_scaled(a_format, b_format, scale_format, m, n, a_major, b_major,
-                                  negate_a, negate_b, sfa_id, sfb_id):
-    desc = (((np.int64(sfb_id) & 3) << 4) | ((np.int64(a_format) & 7) << 7)
-            | ((np.int64(b_format) & 7) << 10) | ((np.int64(negate_a) & 1) << 13)
-            | ((np.int64(negate_b) & 1) << 14) | ((np.int64(a_major) & 1) << 15)
-            | ((np.int64(b_major) & 1) << 16) | (((np.int64(n) >> 3) & 0x3F) << 17)
-            | ((np.int64(scale_format) & 1) << 23) | (((np.int64(m) >> 4) & 0x1F) << 24)
-            | ((np.int64(sfa_id) & 3) << 29))
-    return np.uint32(desc)
-
-
-_IDESC_TABLE = """PTX ISA 9.7.16, "Instruction descriptor" (tcgen05-instruction-desc), table
-    "Instruction descriptor format for .kind::f16, .kind::tf32, .kind::f8f6f4 and .kind::i8"::
-
-        bits  0-1   sparsity selector (0)          bit  2   sparsity (0: dense)
-        bit   3     saturate (integer kinds; 0)    bits 4-5 D type: 0 F16, 1 F32 (2 S32)
-        bits  7-9   A type, bits 10-12 B type:     kind::f16 F16 0, BF16 1; kind::tf32 TF32 2;
-                    kind::f8f6f4 E4M3 0, E5M2 1, E2M3 3, E3M2 4, E2M1 5
-        bit  13     negate A        bit 14  negate B
-        bit  15     transpose A (0: K-major, 1: MN-major)   bit 16  transpose B
-        bits 17-22  N >> 3          bits 24-28  M >> 4      bits 30-31  max shift (.ws; 0)"""
-
-_IDESC_BS_TABLE = """PTX ISA 9.7.16, "Instruction descriptor" table "Instruction descriptor format
-    for .kind::mxf8f6f4, .kind::mxf4 and .kind::mxf4nvf4"::
-
-        bits  0-1   sparsity selector (0)          bit  2   sparsity (0: dense)
-        bits  4-5   B scale-factor data ID (the byte of the SFB cell to start at)
-        bits  7-9   A type, bits 10-12 B type:     kind::mxf8f6f4 E4M3 0, E5M2 1, E2M3 3,
-                    E3M2 4, E2M1 5; kind::mxf4 / mxf4nvf4 E2M1 1
-        bit  13     negate A        bit 14  negate B
-        bit  15     transpose A     bit 16  transpose B (fp4/fp6: 0 only)
-        bits 17-22  N >> 3          bit 23  scale type: 0 UE4M3, 1 UE8M0
-        bits 24-28  M >> 4          bits 29-30  A scale-factor data ID
-        bit  31     K: 0 = K of the table (the only value here)"""
-
-make_instr_desc = cuda.jit(device=True, inline="always")(_make_instr_desc)
-make_instr_desc.__doc__ = f"""Device function: the 32-bit tcgen05.mma instruction descriptor of a
+make_instr_desc = cuda.jit(device=True, inline="always")(encode_instr_desc)
+make_instr_desc.__doc__ = """Device function: the 32-bit tcgen05.mma instruction descriptor of a
 dense kind from numeric codes: ``make_instr_desc(d_format, a_format, b_format, m, n, a_major,
-b_major, negate_a, negate_b)`` (codes of :data:`IDESC_D_FORMATS` / :data:`IDESC_AB_FORMATS`;
-majors 0 K-major, 1 MN-major).  Returns uint32.  Layout: {_IDESC_TABLE}"""
+b_major, negate_a, negate_b)`` (codes of ``intrinsics.layout.IDESC_D_FORMATS`` /
+``IDESC_AB_FORMATS``; majors 0 K-major, 1 MN-major).  Returns uint32.
+
+""" + (encode_instr_desc.__doc__ or "")
 
 make_instr_desc_block_scaled = cuda.jit(device=True, inline="always")(
-    _make_instr_desc_block_scaled)
-make_instr_desc_block_scaled.__doc__ = f"""Device function: the 32-bit instruction descriptor of a
+    encode_instr_desc_block_scaled)
+make_instr_desc_block_scaled.__doc__ = """Device function: the 32-bit instruction descriptor of a
 block-scaled kind: ``make_instr_desc_block_scaled(a_format, b_format, scale_format, m, n,
-a_major, b_major, negate_a, negate_b, sfa_id, sfb_id)``.  Returns uint32.  Layout:
-{_IDESC_BS_TABLE}"""
+a_major, b_major, negate_a, negate_b, sfa_id, sfb_id)``.  Returns uint32.
 
+""" + (encode_instr_desc_block_scaled.__doc__ or "")
 
-def _major_bit(name, major):
-    if major not in ("K", "MN"):
-        raise ValueError(f"{name} must be 'K' or 'MN', got {major!r}")
-    return int(major == "MN")
-
-
-def _check_types(kind, a, b):
-    row = TCGEN05_MMA_KINDS[kind]
-    for what, t in (("A", a), ("B", b)):
-        if t not in row.ab_types:
-            raise ValueError(f"tcgen05.mma kind::{kind} takes {what} types "
-                             f"{'/'.join(row.ab_types)}, got {t!r}")
-    if kind == "f16" and a != b:
-        raise ValueError(f"tcgen05.mma kind::f16 needs A and B of one type (f16 or bf16), got "
-                         f"A={a}, B={b}")
-
-
-def make_instr_desc_host(kind, a, b=None, d="f32", *, m=128, n, a_major="K", b_major="K",
-                         negate_a=False, negate_b=False, cta_group=1, a_from="smem"):
-    """Host builder of a dense kind's instruction descriptor (returns an int); checks every
-    field against the ISA: ``kind`` "f16"/"tf32"/"f8f6f4", ``a``/``b`` element types, ``d``
-    "f32" or "f16" (f16 and f8f6f4 only), (M, N) per :func:`check_mma_shape`, majors "K"/"MN"
-    (MN only for f16/bf16/tf32/e4m3/e5m2).  Layout: """ + _IDESC_TABLE
-    b = a if b is None else b
-    if kind not in ("f16", "tf32", "f8f6f4"):
-        raise ValueError(f"make_instr_desc_host builds the dense kinds f16/tf32/f8f6f4, got "
-                         f"{kind!r} (block-scaled: make_instr_desc_block_scaled_host)")
-    _check_types(kind, a, b)
-    row = TCGEN05_MMA_KINDS[kind]
-    if d not in row.d_types:
-        raise ValueError(f"tcgen05.mma kind::{kind} accumulates in {'/'.join(row.d_types)}, "
-                         f"got {d!r}")
-    if a == "bf16" and d != "f32":
-        raise ValueError(f"tcgen05.mma kind::f16 with bf16 inputs accumulates in f32 only, got "
-                         f"{d!r}")
-    check_mma_shape(kind, m, n, cta_group, a_from)
-    am, bm = _major_bit("a_major", a_major), _major_bit("b_major", b_major)
-    for t, mj, what in ((a, am, "A"), (b, bm, "B")):
-        if mj and t not in _TRANSPOSABLE:
-            raise ValueError(f"{what} of type {t} must be K-major; MN-major exists only for "
-                             f"{'/'.join(_TRANSPOSABLE)}")
-    if a_from == "tmem" and am:
-        raise ValueError("A in tensor memory is K-major (a_major='K')")
-    codes = IDESC_AB_FORMATS[kind]
-    return int(_make_instr_desc(IDESC_D_FORMATS[d], codes[a], codes[b], m, n, am, bm,
-                                int(bool(negate_a)), int(bool(negate_b))))
-
-
-def make_instr_desc_block_scaled_host(kind, a, b=None, scale="ue8m0", *, m=128, n,
-                                      scale_vec=None, a_major="K", b_major="K", negate_a=False,
-                                      negate_b=False, sfa_id=0, sfb_id=0, cta_group=1,
-                                      a_from="smem"):
-    """Host builder of a block-scaled kind's instruction descriptor (returns an int).
-
-    ``kind`` "mxf8f6f4"/"mxf4"/"mxf4nvf4"; ``scale`` "ue8m0" or "ue4m3" (mxf4nvf4 with scale_vec
-    "4X"/"block16" only); ``sfa_id``/``sfb_id``: the byte of the scale-factor cell the first
-    scale factor sits in -- 0..3 with 1 scale per row (1X), 0 or 2 with 2 (2X), 0 with 4 (4X).
-    fp4/fp6 operands must be K-major.  Layout: """ + _IDESC_BS_TABLE
-    b = a if b is None else b
-    if kind not in ("mxf8f6f4", "mxf4", "mxf4nvf4"):
-        raise ValueError(f"make_instr_desc_block_scaled_host builds the block-scaled kinds "
-                         f"mxf8f6f4/mxf4/mxf4nvf4, got {kind!r}")
-    _check_types(kind, a, b)
-    row = TCGEN05_MMA_KINDS[kind]
-    if scale_vec not in row.scale_vecs:
-        raise ValueError(f"tcgen05.mma kind::{kind} takes scale_vec "
-                         f"{', '.join(repr(v) for v in row.scale_vecs)}, got {scale_vec!r}")
-    if scale not in row.scale_types[scale_vec]:
-        raise ValueError(f"tcgen05.mma kind::{kind} with scale_vec {scale_vec!r} takes scale "
-                         f"type {'/'.join(row.scale_types[scale_vec])}, got {scale!r}")
-    check_mma_shape(kind, m, n, cta_group, a_from)
-    count = row.scale_vecs[scale_vec]
-    ids = [i for i in range(4) if i % count == 0]
-    for what, sf in (("sfa_id", sfa_id), ("sfb_id", sfb_id)):
-        if sf not in ids:
-            raise ValueError(f"{what} with {count} scale factor(s) per row must be one of {ids} "
-                             f"(the starting byte of the 32-bit cell), got {sf!r}")
-    am, bm = _major_bit("a_major", a_major), _major_bit("b_major", b_major)
-    for t, mj, what in ((a, am, "A"), (b, bm, "B")):
-        if mj and t not in _TRANSPOSABLE:
-            raise ValueError(f"{what} of type {t} must be K-major; MN-major exists only for "
-                             f"{'/'.join(_TRANSPOSABLE)}")
-    codes = IDESC_AB_FORMATS[kind]
-    return int(_make_instr_desc_block_scaled(codes[a], codes[b], IDESC_SCALE_FORMATS[scale], m,
-                                             n, am, bm, int(bool(negate_a)),
-                                             int(bool(negate_b)), sfa_id, sfb_id))
-
-
-def decode_instr_desc(idesc, block_scaled=False):
-    """The fields of an instruction descriptor (numbers, as the tables give them): dict with
-    sparse_id, sparse, a_format, b_format, negate_a, negate_b, a_major, b_major, n, m, and
-    saturate, d_format, max_shift (dense) or sfa_id, sfb_id, scale_format, k_flag
-    (block-scaled)."""
-    x = int(idesc) & 0xFFFFFFFF
-    f = {
-        "sparse_id": x & 3, "sparse": (x >> 2) & 1, "a_format": (x >> 7) & 7,
-        "b_format": (x >> 10) & 7, "negate_a": (x >> 13) & 1, "negate_b": (x >> 14) & 1,
-        "a_major": (x >> 15) & 1, "b_major": (x >> 16) & 1, "n": ((x >> 17) & 0x3F) << 3,
-        "m": ((x >> 24) & 0x1F) << 4,
-    }
-    if block_scaled:
-        f.update(sfb_id=(x >> 4) & 3, scale_format=(x >> 23) & 1, sfa_id=(x >> 29) & 3,
-                 k_flag=(x >> 31) & 1, reserved=((x >> 3) & 1) | ((x >> 6) & 1) << 1)
-    else:
-        f.update(saturate=(x >> 3) & 1, d_format=(x >> 4) & 3, max_shift=(x >> 30) & 3,
-                 reserved=((x >> 6) & 1) | ((x >> 23) & 1) << 1 | ((x >> 29) & 1) << 2)
-    return f
-
-
-# ---------------------------------------------------------------------------------------------
-# Builders: the sm100 shared-memory descriptor
-# ---------------------------------------------------------------------------------------------
-
-# layout (swizzle) name -> the 3-bit code of descriptor bits 61-63 (PTX ISA 9.7.16, "Shared
-# memory descriptor"; CUTLASS UMMA::LayoutType).  Hopper's wgmma used 2 bits at 62-63 with
-# 1 = 128B, 2 = 64B, 3 = 32B.
-UMMA_LAYOUT_TYPES = {0: 0, "128B_base32B": 1, 128: 2, 64: 4, 32: 6}
-
-_SMEM_DESC_TABLE = """PTX ISA 9.7.16, "Shared memory descriptor"
-    (tcgen05-shared-memory-desc-layout)::
-
-        bits  0-13  start address >> 4          bits 16-29  leading-dimension byte offset >> 4
-        bits 32-45  stride-dimension byte offset >> 4
-        bits 46-48  fixed 0b001 (the descriptor version; Hopper's wgmma descriptor has 0 here)
-        bits 49-51  base offset (0 when the swizzle atoms start on their repeat boundary)
-        bit  52     LBO mode: 0 relative byte offset, 1 absolute address (48 B K tiles)
-        bits 53-60  fixed 0
-        bits 61-63  layout: 0 no swizzle, 1 128B with 32B atomic (128B_base32B), 2 128B,
-                    4 64B, 6 32B
-
-    The canonical K-major / MN-major layouts and the meaning of LBO/SBO are wgmma's (see
-    intrinsics.wgmma: same core matrices, same swizzles)."""
-
-
-def _make_umma_smem_desc(addr, lbo_bytes, sbo_bytes, swizzle_bytes):
-    code = 0
-    if swizzle_bytes == 128:
-        code = 2
-    elif swizzle_bytes == 64:
-        code = 4
-    elif swizzle_bytes == 32:
-        code = 6
-    lo = ((np.int64(addr) & 0x3FFFF) >> 4) | (((np.int64(lbo_bytes) & 0x3FFFF) >> 4) << 16)
-    hi = (((np.int64(sbo_bytes) & 0x3FFFF) >> 4) | (np.int64(1) << 14)
-          | (np.int64(code) << 29))
-    return (np.uint64(hi) << np.uint64(32)) | np.uint64(lo)
-
-
-make_umma_smem_desc = cuda.jit(device=True, inline="always")(_make_umma_smem_desc)
-make_umma_smem_desc.__doc__ = f"""Device function: the 64-bit tcgen05 shared-memory descriptor of a
-tile at shared address ``addr`` (bytes, 16-byte aligned) with leading/stride byte offsets and
-swizzle width ``swizzle_bytes`` (0, 32, 64 or 128; anything else encodes "none").  Version 1,
-base offset 0, relative LBO.  Returns uint64.  Layout: {_SMEM_DESC_TABLE}"""
+make_umma_smem_desc = cuda.jit(device=True, inline="always")(encode_umma_smem_desc)
+make_umma_smem_desc.__doc__ = """Device function: the 64-bit tcgen05 shared-memory descriptor
+(PTX ISA 9.7.16, "Shared memory descriptor") of a tile at shared address ``addr`` (bytes, 16-byte
+aligned) with leading/stride byte offsets and swizzle width ``swizzle_bytes`` (0, 32, 64 or 128;
+anything else encodes "none").  Version 1, base offset 0, relative LBO.  Returns uint64.  wgmma's
+descriptor with the version field set: the one encoder and its bit table are in
+:mod:`intrinsics.layout.smem`; the host twin (with base offset and LBO mode) is
+``intrinsics.layout.make_umma_smem_desc_host``."""
 
 
 @cuda.jit(device=True, inline="always")
@@ -1183,101 +820,3 @@ def umma_smem_desc(array, index, lbo_bytes, sbo_bytes, swizzle_bytes):
     in shared memory."""
     return make_umma_smem_desc(smem_shared_address(array, index), lbo_bytes, sbo_bytes,
                                swizzle_bytes)
-
-
-def make_umma_smem_desc_host(addr, lbo_bytes, sbo_bytes, swizzle, base_offset=0, lbo_mode=0):
-    """Host builder of the tcgen05 shared-memory descriptor (returns an int); ``swizzle`` 0, 32,
-    64, 128 (bytes) or "128B_base32B".  Layout: """ + _SMEM_DESC_TABLE
-    if swizzle not in UMMA_LAYOUT_TYPES:
-        raise ValueError(f"swizzle must be one of {list(UMMA_LAYOUT_TYPES)}, got {swizzle!r}")
-    for name, value in (("address", addr), ("LBO", lbo_bytes), ("SBO", sbo_bytes)):
-        if value % 16 or not 0 <= value < 1 << 18:
-            raise ValueError(f"descriptor {name} must be a multiple of 16 in 0..2**18, got {value}")
-    if not 0 <= base_offset < 8 or lbo_mode not in (0, 1):
-        raise ValueError(f"base_offset must be 0..7 and lbo_mode 0 or 1, got {base_offset}, "
-                         f"{lbo_mode}")
-    return ((addr >> 4) | (lbo_bytes >> 4) << 16 | (sbo_bytes >> 4) << 32 | 1 << 46
-            | base_offset << 49 | lbo_mode << 52 | UMMA_LAYOUT_TYPES[swizzle] << 61)
-
-
-def decode_umma_smem_desc(desc):
-    """The fields of a tcgen05 shared-memory descriptor: dict(addr, lbo, sbo (bytes), version,
-    base_offset, lbo_mode, layout (the code), swizzle (bytes or "128B_base32B"; None for an
-    undefined code), fixed (bits 53-60))."""
-    desc = int(desc)
-    code = (desc >> 61) & 7
-    names = {v: k for k, v in UMMA_LAYOUT_TYPES.items()}
-    return {
-        "addr": (desc & 0x3FFF) << 4, "lbo": ((desc >> 16) & 0x3FFF) << 4,
-        "sbo": ((desc >> 32) & 0x3FFF) << 4, "version": (desc >> 46) & 7,
-        "base_offset": (desc >> 49) & 7, "lbo_mode": (desc >> 52) & 1, "layout": code,
-        "swizzle": names.get(code), "fixed": (desc >> 53) & 0xFF,
-    }
-
-
-def umma_smem_desc_address_host(desc, major, elem_bytes, mn, k):
-    """Shared byte address that tcgen05 reads for element (mn, k) of one instruction's operand
-    (A: mn = m, B: mn = n; ``k`` within the instruction, 0..K-1), given its descriptor.
-
-    The canonical layouts are wgmma's: the descriptor is rewritten as the equivalent Hopper one
-    and :func:`intrinsics.wgmma.smem_desc_address_host` computes the address (one model for
-    both families).  Supported: swizzle none/32B/64B/128B, base offset 0, LBO mode 0; anything
-    else raises NotImplementedError."""
-    from intrinsics.wgmma import make_smem_desc_host, smem_desc_address_host
-
-    f = decode_umma_smem_desc(desc)
-    if f["swizzle"] not in (0, 32, 64, 128) or f["base_offset"] or f["lbo_mode"]:
-        raise NotImplementedError(
-            f"descriptor layout {f['swizzle']!r} (code {f['layout']}), base offset "
-            f"{f['base_offset']}, LBO mode {f['lbo_mode']}: only swizzle none/32B/64B/128B with "
-            "base offset 0 and relative LBO are modelled")
-    hopper = make_smem_desc_host(f["addr"], f["lbo"], f["sbo"], f["swizzle"])
-    return smem_desc_address_host(hopper, major, elem_bytes, mn, k)
-
-
-# ---------------------------------------------------------------------------------------------
-# Tensor-memory layouts of the MMA operands (host models)
-# ---------------------------------------------------------------------------------------------
-
-
-def tmem_d_coords(m, n, d="f32"):
-    """(lane, column, half) of D[row, col] for cta_group::1 (int arrays of shape (m, n)).
-
-    PTX ISA 9.7.16.10.5, "Data path layout organization": M=128 is layout D (row i in lane i);
-    M=64 (not .ws) is layout F (rows 16w..16w+15 in lanes 32w..32w+15: half of each warp's
-    lanes).  An f32 element fills a column (half 0); an f16 accumulator packs two columns' values
-    into one 32-bit cell, the even one in the low half (CUTLASS tmem_ptr: 16-bit elements at two
-    per column) -- the f16 packing is modelled from CUTLASS, not from an ISA figure."""
-    rows, cols = np.meshgrid(np.arange(m), np.arange(n), indexing="ij")
-    if m == 128:
-        lanes = rows
-    elif m == 64:
-        lanes = 32 * (rows // 16) + rows % 16
-    else:
-        raise ValueError(f"cta_group::1 D layouts exist for M=64 and M=128, got M={m}")
-    if d == "f16":
-        return lanes, cols // 2, cols % 2
-    return lanes, cols, np.zeros_like(cols)
-
-
-def scale_factor_coords(operand, rows, count, sf_id=0):
-    """(lane, column offset, byte) of scale factor j of row ``r`` of A or B for cta_group::1,
-    M=128: int arrays of shape (rows, count) (B: for the datapath of warp 0; warp w's datapath
-    reads the same cells 32*w lanes higher).
-
-    MODELLED, not from an ISA figure I could check: the layout CUTLASS and DeepGEMM produce for
-    block-scaled UMMA -- their 128-row scale-factor chunk (rows r at byte offset 16*(r%32) +
-    4*(r/32) + j of 512 bytes) copied with ``tcgen05.cp.32x128b.warpx4`` -- read as::
-
-        A row m:  lane m,                 column sfa + m/32,   byte sf_id + j
-        B row n:  lane 32*w + n%32,       column sfb + n/32,   byte sf_id + j
-
-    where w is the warp (TMEM sub-partition) whose lanes hold the D rows being computed: every
-    sub-partition needs all of B's scale factors, which is why they are replicated four times."""
-    r = np.arange(rows)[:, None]
-    j = np.arange(count)[None, :]
-    if operand == "A":
-        return r + 0 * j, r // 32 + 0 * j, sf_id + j + 0 * r
-    if operand == "B":
-        return r % 32 + 0 * j, r // 32 + 0 * j, sf_id + j + 0 * r
-    raise ValueError(f"operand must be 'A' or 'B', got {operand!r}")

@@ -569,7 +569,7 @@ def smem_row_pitch(inner_bytes, swizzle, model=None):
     shared memory) to the next under ``swizzle`` (0, 32, 64, 128): ``inner_bytes`` for the
     'dense' model, ``max(inner_bytes, swizzle)`` for 'span' (``model`` defaults to
     :data:`SMEM_ROW_MODEL`).  Byte ``c`` of row ``r`` then sits at logical offset
-    ``r * pitch + c``, which the swizzle permutes (``intrinsics.smem.swizzle_offset_host``)."""
+    ``r * pitch + c``, which the swizzle permutes (``intrinsics.layout.swizzle_offset_host``)."""
     model = model or SMEM_ROW_MODEL
     if model == "dense" or not swizzle:
         return inner_bytes

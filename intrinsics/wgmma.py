@@ -50,50 +50,19 @@ integer: 0 makes D = A*B (the input accumulator is ignored), anything else D = A
 
 Shared-memory layouts and the matrix descriptor
 -----------------------------------------------
-The descriptor (PTX ISA 9.7.15.5.1.2.2, "Matrix Descriptor Format") packs::
-
-    bits  0-13  start address >> 4          (shared state space, 16-byte aligned)
-    bits 16-29  leading-dimension byte offset (LBO) >> 4
-    bits 32-45  stride-dimension byte offset  (SBO) >> 4
-    bits 49-51  base offset (0 when every swizzle atom starts on its repeat boundary)
-    bits 62-63  swizzle: 0 none, 1 128B, 2 64B, 3 32B
-
-The operand tile must be in one of the canonical layouts (PTX ISA 9.7.15.5.1.2, "Shared Memory
-Matrix Layout", with 9.7.15.5.1.2.1 "Major-ness supported by Strides" and its "Canonical
-Layouts" table; CUTLASS ``make_gmma_desc`` in cute/atom/mma_traits_sm90_gmma.hpp).  With S the
-swizzle width in bytes and (mn, k) the indices of an element of one instruction's operand (A: m,
-k; B: n, k), the byte address the tensor core reads is::
-
-    K-major  (trans 0)   none:  (mn%8)*16 + (mn/8)*SBO + (kb%16) + (kb/16)*LBO
-                         S:     (mn%8)*S  + (mn/8)*SBO + kb                    (LBO unused, "1")
-    MN-major (trans 1)   none:  (mb%16)   + (mb/16)*SBO + (k%8)*16 + (k/8)*LBO
-                         S:     (mb%S)    + (mb/S)*LBO  + (k%8)*S  + (k/8)*SBO
-
-    (kb = k * element bytes, mb = mn * element bytes; the start address is added and then the
-    swizzle XORs address bits [4, 4+log2(S/16)) with bits [7, 7+log2(S/16)))
-
-so the two offsets step along different directions depending on the layout:
-
-    K-major,  any swizzle:   SBO = next 8 rows (MN);   LBO = next 16 B of K (no swizzle only;
-                             swizzled: unused, "assumed 1" -- one instruction reads 32 B of K)
-    MN-major, swizzled:      LBO = next atom along MN (S bytes of MN);   SBO = next 8 k
-    MN-major, no swizzle:    SBO = next 16 B along MN;   LBO = next 8 k
-
-:class:`SmemLayout` is the tile-level model (where element (mn, k) of a whole tile lives) with the
-LBO/SBO that describe it; :func:`smem_desc_address_host` is the instruction-level model above.
-
-Advancing along K: the descriptor for the K-slice that starts at ``k0`` is the tile's descriptor
-with its start address moved to element (0, k0): ``SmemLayout.k_offset(k0)`` bytes, i.e.
-``k0 * element_bytes`` inside a K-major swizzle atom.  Because the start field holds the address
->> 4, that is ``desc + (k_offset >> 4)`` (no carry can leave the 14-bit field: shared addresses are
-below 256 KiB).  Inside a K-major swizzle atom the start address then stops being aligned to the
-swizzle repeat; that is fine (CUTLASS and DeepGEMM do it): the swizzle is a function of the
-address bits, and the base-offset field only matters when the atom itself is misaligned.
+The operand tiles must be in one of the canonical layouts of PTX ISA 9.7.15.5.1.2 ("Shared Memory
+Matrix Layout"), described to the instruction by a 64-bit matrix descriptor (9.7.15.5.1.2.2,
+"Matrix Descriptor Format").  Their host models live in :mod:`intrinsics.layout` (shared with
+tcgen05, the emulation and ``numbatc.layouts``): :class:`~intrinsics.layout.SmemLayout` (where
+element (mn, k) of a tile lives, its LBO/SBO and K steps), the descriptor's bit fields and the
+address the tensor core reads for each element (:mod:`intrinsics.layout.smem`), and the register
+fragments of D and of an RS A (:func:`~intrinsics.layout.accumulator_coords`,
+:func:`~intrinsics.layout.a_fragment_coords`).  This module keeps the device side:
+:func:`make_smem_desc` (the layout package's encoder compiled for kernels) and :func:`smem_desc`.
 """
 
 from dataclasses import dataclass
 
-import numpy as np
 from numba import cuda, types
 from numba.cuda.core.errors import NumbaTypeError
 
@@ -109,20 +78,14 @@ from intrinsics._core import (
     unpack,
     statement_intrinsic,
 )
-from intrinsics.smem import shared_address, swizzle_offset_host
+from intrinsics.layout.smem import encode_wgmma_smem_desc
+from intrinsics.smem import shared_address
 
 __all__ = [
-    "SWIZZLE_DESC_CODES",
-    "SmemLayout",
     "WGMMA_TABLE",
     "WgmmaSpec",
-    "a_fragment_coords",
-    "accumulator_coords",
-    "decode_smem_desc",
     "make_smem_desc",
-    "make_smem_desc_host",
     "smem_desc",
-    "smem_desc_address_host",
     "wgmma_commit_group",
     "wgmma_fence",
     "wgmma_fence_operand",
@@ -458,30 +421,13 @@ def wgmma_fence_operand(typingctx, frag):
 # Matrix descriptors
 # ---------------------------------------------------------------------------------------------
 
-# swizzle width in bytes -> the 2-bit layout code of descriptor bits 62-63.
-SWIZZLE_DESC_CODES = {0: 0, 128: 1, 64: 2, 32: 3}
-
-
-def _make_smem_desc(addr, lbo_bytes, sbo_bytes, swizzle_bytes):
-    # Every field goes through int64 first: numba types uint64-with-int64 arithmetic as float64.
-    code = 0
-    if swizzle_bytes == 128:
-        code = 1
-    elif swizzle_bytes == 64:
-        code = 2
-    elif swizzle_bytes == 32:
-        code = 3
-    lo = ((np.int64(addr) & 0x3FFFF) >> 4) | (((np.int64(lbo_bytes) & 0x3FFFF) >> 4) << 16)
-    hi = ((np.int64(sbo_bytes) & 0x3FFFF) >> 4) | (np.int64(code) << 30)
-    return (np.uint64(hi) << np.uint64(32)) | np.uint64(lo)
-
-
-make_smem_desc = cuda.jit(device=True, inline="always")(_make_smem_desc)
+make_smem_desc = cuda.jit(device=True, inline="always")(encode_wgmma_smem_desc)
 make_smem_desc.__doc__ = """Device function: the 64-bit wgmma matrix descriptor (PTX ISA
 9.7.15.5.1.2.2) for a tile starting at shared address ``addr`` (bytes, 16-byte aligned), with
 leading/stride byte offsets ``lbo_bytes``/``sbo_bytes`` and swizzle width ``swizzle_bytes``
 (0, 32, 64 or 128; anything else encodes "none").  Base offset 0: the tile's swizzle atoms
-must start on their repeat boundary (256/512/1024 bytes).  Returns uint64."""
+must start on their repeat boundary (256/512/1024 bytes).  Returns uint64.  The encoder, its bit
+table and the host twin (``make_smem_desc_host``) are in :mod:`intrinsics.layout.smem`."""
 
 
 @cuda.jit(device=True, inline="always")
@@ -489,238 +435,3 @@ def smem_desc(array, index, lbo_bytes, sbo_bytes, swizzle_bytes):
     """Device function: :func:`make_smem_desc` for the tile that starts at ``array[index]`` in
     shared memory."""
     return make_smem_desc(shared_address(array, index), lbo_bytes, sbo_bytes, swizzle_bytes)
-
-
-def make_smem_desc_host(addr, lbo_bytes, sbo_bytes, swizzle_bytes):
-    """Host twin of :func:`make_smem_desc` (returns a Python int); checks its arguments."""
-    if swizzle_bytes not in SWIZZLE_DESC_CODES:
-        raise ValueError(
-            f"swizzle must be one of {sorted(SWIZZLE_DESC_CODES)} bytes, got {swizzle_bytes!r}"
-        )
-    for name, value in (("address", addr), ("LBO", lbo_bytes), ("SBO", sbo_bytes)):
-        if value % 16 or not 0 <= value < 1 << 18:
-            raise ValueError(f"descriptor {name} must be a multiple of 16 in 0..2**18, got {value}")
-    return int(_make_smem_desc(int(addr), int(lbo_bytes), int(sbo_bytes), int(swizzle_bytes)))
-
-
-def decode_smem_desc(desc):
-    """The fields of a descriptor: dict(addr, lbo, sbo, base_offset, swizzle) in bytes."""
-    desc = int(desc)
-    codes = {v: k for k, v in SWIZZLE_DESC_CODES.items()}
-    return {
-        "addr": (desc & 0x3FFF) << 4,
-        "lbo": ((desc >> 16) & 0x3FFF) << 4,
-        "sbo": ((desc >> 32) & 0x3FFF) << 4,
-        "base_offset": (desc >> 49) & 0x7,
-        "swizzle": codes[(desc >> 62) & 0x3],
-    }
-
-
-def smem_desc_address_host(desc, major, elem_bytes, mn, k):
-    """Shared-memory byte address that wgmma reads for element (mn, k) of one instruction's
-    operand, given its descriptor: the canonical-layout formulas of the module docstring (PTX ISA
-    9.7.15.5.1.2; CUTLASS make_gmma_desc), then the swizzle.  ``mn``/``k`` may be NumPy arrays;
-    ``k`` counts within the instruction (0..K-1).  ``major`` is "K" (trans 0) or "MN" (trans 1).
-    Base offset must be 0.  This is the model the layout tests and a CPU emulation rely on."""
-    f = decode_smem_desc(desc)
-    if f["base_offset"]:
-        raise NotImplementedError("descriptors with a non-zero base offset")
-    mn = np.asarray(mn, dtype=np.int64)
-    k = np.asarray(k, dtype=np.int64)
-    s, lbo, sbo = f["swizzle"], f["lbo"], f["sbo"]
-    if major == "K":
-        kb = k * elem_bytes
-        if s == 0:
-            off = (mn % 8) * 16 + (mn // 8) * sbo + kb % 16 + (kb // 16) * lbo
-        else:
-            off = (mn % 8) * s + (mn // 8) * sbo + kb
-    elif major == "MN":
-        mb = mn * elem_bytes
-        if s == 0:
-            off = mb % 16 + (mb // 16) * sbo + (k % 8) * 16 + (k // 8) * lbo
-        else:
-            off = mb % s + (mb // s) * lbo + (k % 8) * s + (k // 8) * sbo
-    else:
-        raise ValueError(f"major must be 'K' or 'MN', got {major!r}")
-    return swizzle_offset_host(f["addr"] + off, s)
-
-
-# ---------------------------------------------------------------------------------------------
-# Tile layouts (host model)
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SmemLayout:
-    """A canonical wgmma shared-memory layout of an (mn, k) operand tile (A: mn = m; B: mn = n).
-
-    ``major``: "K" (K contiguous; trans 0) or "MN" (MN contiguous; trans 1).  ``swizzle``: 0, 32,
-    64 or 128 bytes.  ``elem_bytes``: 1 (fp8), 2 (f16/bf16), 4 (tf32).  The tile is built from
-    swizzle atoms (CuTe ``GMMA::Layout_{K,MN}_{INTER,SW32,SW64,SW128}_Atom``) tiled MN-first, then
-    along K (CuTe ``tile_to_shape``'s default order), densely, starting at a base aligned to
-    :attr:`align`:
-
-        K-major,  none:  8 rows x 16 B core matrices; MN step 128 B, K step mn*16 B
-        K-major,  S:     rows of S bytes (S/elem_bytes k values), 8-row atoms of 8*S bytes stacked
-                         along MN; the next S bytes of K start mn*S bytes further
-        MN-major, none:  8 k x 16 B core matrices; MN step 128 B, 8-k step mn*elem_bytes*8 B
-        MN-major, S:     8 k-rows of S bytes (S/elem_bytes mn values); atoms of 8*S bytes stacked
-                         along MN; the next 8 k start mn*elem_bytes*8 bytes further
-
-    then the swizzle of the mode is applied to the byte offset.
-    """
-
-    major: str
-    swizzle: int
-    mn: int
-    k: int
-    elem_bytes: int
-
-    def __post_init__(self):
-        if self.major not in ("K", "MN"):
-            raise ValueError(f"major must be 'K' or 'MN', got {self.major!r}")
-        if self.swizzle not in SWIZZLE_DESC_CODES:
-            raise ValueError(
-                f"swizzle must be one of {sorted(SWIZZLE_DESC_CODES)} bytes, got {self.swizzle!r}"
-            )
-        if self.elem_bytes not in (1, 2, 4):
-            raise ValueError(f"elem_bytes must be 1, 2 or 4, got {self.elem_bytes!r}")
-        width = max(self.swizzle, 16)  # bytes of the contiguous direction in one atom
-        if self.major == "K":
-            if self.mn % 8 or (self.k * self.elem_bytes) % width:
-                raise ValueError(
-                    f"a K-major {self._mode} tile needs mn a multiple of 8 and k * elem_bytes a "
-                    f"multiple of {width}, got mn={self.mn}, k={self.k} ({self.elem_bytes} B)"
-                )
-        elif (self.mn * self.elem_bytes) % width or self.k % 8:
-            raise ValueError(
-                f"an MN-major {self._mode} tile needs mn * elem_bytes a multiple of {width} and k "
-                f"a multiple of 8, got mn={self.mn}, k={self.k} ({self.elem_bytes} B)"
-            )
-
-    @property
-    def _mode(self):
-        return f"{self.swizzle}B-swizzle" if self.swizzle else "no-swizzle"
-
-    @property
-    def nbytes(self):
-        return self.mn * self.k * self.elem_bytes
-
-    @property
-    def align(self):
-        """Alignment the tile's base needs: the swizzle repeat (8 rows), 16 B without swizzle."""
-        return 8 * self.swizzle if self.swizzle else 16
-
-    @property
-    def lbo(self):
-        """Leading-dimension byte offset for the descriptor."""
-        s = self.swizzle
-        if self.major == "K":
-            return self.mn * 16 if s == 0 else 16  # swizzled K-major: unused, "assumed 1"
-        return self.mn * self.elem_bytes * 8 if s == 0 else 8 * s
-
-    @property
-    def sbo(self):
-        """Stride-dimension byte offset for the descriptor."""
-        s = self.swizzle
-        if self.major == "K":
-            return 128 if s == 0 else 8 * s
-        return 128 if s == 0 else self.mn * self.elem_bytes * 8
-
-    def offset(self, mn, k):
-        """Byte offset of element (mn, k) from the tile's base (NumPy arrays welcome)."""
-        mn = np.asarray(mn, dtype=np.int64)
-        k = np.asarray(k, dtype=np.int64)
-        s, eb = self.swizzle, self.elem_bytes
-        if self.major == "K":
-            kb = k * eb
-            if s == 0:
-                return (kb // 16) * (self.mn * 16) + (mn // 8) * 128 + (mn % 8) * 16 + kb % 16
-            return swizzle_offset_host((kb // s) * (self.mn * s) + mn * s + kb % s, s)
-        mb = mn * eb
-        kstep = self.mn * eb * 8
-        if s == 0:
-            return (k // 8) * kstep + (mb // 16) * 128 + (k % 8) * 16 + mb % 16
-        return swizzle_offset_host((k // 8) * kstep + (mb // s) * (8 * s) + (k % 8) * s + mb % s, s)
-
-    def k_offset(self, k0):
-        """Bytes to add to the tile's start address for the instruction K-slice starting at k0."""
-        if (k0 * self.elem_bytes) % 32:
-            raise ValueError(f"k0 must start an instruction K-slice (32 bytes of K), got {k0}")
-        return int(self.offset(0, k0))
-
-    def desc(self, base_addr, k0=0):
-        """Host descriptor for the K-slice at ``k0`` of this tile placed at ``base_addr``."""
-        return make_smem_desc_host(base_addr + self.k_offset(k0), self.lbo, self.sbo, self.swizzle)
-
-    def place(self, tile):
-        """The ``nbytes`` uint8 image of ``tile`` (an (mn, k) array of ``elem_bytes`` items)."""
-        tile = np.ascontiguousarray(tile)
-        if tile.shape != (self.mn, self.k) or tile.dtype.itemsize != self.elem_bytes:
-            raise ValueError(
-                f"tile must be ({self.mn}, {self.k}) of {self.elem_bytes}-byte items, got "
-                f"{tile.shape} of {tile.dtype}"
-            )
-        mn, k = np.meshgrid(np.arange(self.mn), np.arange(self.k), indexing="ij")
-        offs = self.offset(mn, k)
-        src = tile.view(np.uint8).reshape(self.mn, self.k, self.elem_bytes)
-        image = np.zeros(self.nbytes, dtype=np.uint8)
-        for byte in range(self.elem_bytes):
-            image[offs + byte] = src[..., byte]
-        return image
-
-    def gather(self, image, dtype):
-        """Inverse of :meth:`place`: the (mn, k) tile of ``dtype`` stored in ``image``."""
-        mn, k = np.meshgrid(np.arange(self.mn), np.arange(self.k), indexing="ij")
-        offs = self.offset(mn, k)
-        image = np.asarray(image, dtype=np.uint8)
-        out = np.empty((self.mn, self.k, self.elem_bytes), dtype=np.uint8)
-        for byte in range(self.elem_bytes):
-            out[..., byte] = image[offs + byte]
-        return out.reshape(-1).view(dtype).reshape(self.mn, self.k)
-
-
-# ---------------------------------------------------------------------------------------------
-# Register fragments (host model)
-# ---------------------------------------------------------------------------------------------
-
-
-def _thread_parts():
-    t = np.arange(128)[:, None]
-    return 16 * (t // 32), (t % 32) // 4, t % 4  # 16 * warp, groupID, threadID_in_group
-
-
-def accumulator_coords(n):
-    """(rows, cols) of accumulator element v of thread t (arrays of shape (128, n/2)) for
-    m64nN (PTX ISA 9.7.15.5.1.1, "Matrix fragments for wgmma .m64nNk16", accumulator D; the same
-    map for every K and type).  Warp w holds rows 16w..16w+15 like an mma.sync m16n8 C fragment
-    repeated every 8 columns::
-
-        row = 16*w + lane/4 + 8*((v/2) % 2)        col = 8*(v/4) + 2*(lane%4) + v%2
-
-    f32: register i is element i.  f16: register r packs elements 2r (low 16 bits) and 2r+1."""
-    w16, g, c = _thread_parts()
-    v = np.arange(n // 2)[None, :]
-    return w16 + g + 8 * ((v // 2) % 2), 8 * (v // 4) + 2 * c + v % 2
-
-
-def a_fragment_coords(elem_bytes):
-    """(rows, cols) of A element v of thread t for the RS form (PTX ISA 9.7.15.5.1.1, matrix A
-    in registers): the mma.sync m16n8k{8,16,32} A fragment of each warp, warp w taking rows
-    16w..16w+15.  Register r packs elements v = r*(4/elem_bytes) ... (low bits first).
-
-        2-byte (k16): row = 16w + lane/4 + 8*((v/2)%2)   col = 2*(lane%4) + v%2 + 8*(v/4)
-        1-byte (k32): row = 16w + lane/4 + 8*((v/4)%2)   col = 4*(lane%4) + v%4 + 16*(v/8)
-        4-byte (k8):  row = 16w + lane/4 + 8*(v%2)       col = lane%4 + 4*(v/2)
-    """
-    w16, g, c = _thread_parts()
-    if elem_bytes == 2:
-        v = np.arange(8)[None, :]
-        return w16 + g + 8 * ((v // 2) % 2), 2 * c + v % 2 + 8 * (v // 4)
-    if elem_bytes == 1:
-        v = np.arange(16)[None, :]
-        return w16 + g + 8 * ((v // 4) % 2), 4 * c + v % 4 + 16 * (v // 8)
-    if elem_bytes == 4:
-        v = np.arange(4)[None, :]
-        return w16 + g + 8 * (v % 2), c + 4 * (v // 2)
-    raise ValueError(f"elem_bytes must be 1, 2 or 4, got {elem_bytes!r}")

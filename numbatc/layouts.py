@@ -14,17 +14,19 @@ or from Python: :func:`layout_map`, :func:`render_grid`, :func:`render_png`,
 
 Where the pictures come from
 ----------------------------
-Nothing here computes an index formula of its own.  Every map is read from the layout data the
-intrinsics themselves use:
+Nothing here computes an index formula of its own.  Every map is read from the host models the
+intrinsics, their CPU emulation and the kernels themselves use, the ``intrinsics.layout``
+package:
 
-    mma.<shape>.<type>.A|B|C[.f16]   intrinsics.fragments.mma_fragment(spec, operand) for every
+    mma.<shape>.<type>.A|B|C[.f16]   intrinsics.layout.mma_fragment(spec, operand) for every
                                      spec of intrinsics.mma.mma_specs() (PTX ISA 9.7.14.5.8-14)
-    ldmatrix.x1|x2|x4[.trans]        intrinsics.fragments.ldmatrix_fragment(trans) (PTX ISA
+    ldmatrix.x1|x2|x4[.trans]        intrinsics.layout.ldmatrix_fragment(trans) (PTX ISA
                                      9.7.14.5.15, ldmatrix; stmatrix uses the same map)
-    wgmma.m64n<N>.D[.f16]            intrinsics.wgmma.accumulator_coords(N) (PTX ISA 9.7.15.5.1.1)
-    wgmma.A.rs.8|16|32               intrinsics.wgmma.a_fragment_coords(element bytes)
-    smem.K|MN.0|32|64|128[.8|.32]    intrinsics.wgmma.SmemLayout(...).offset(mn, k), whose
-                                     swizzle is intrinsics.smem.swizzle_offset_host (PTX ISA
+    wgmma.m64n<N>.D[.f16]            intrinsics.layout.accumulator_coords(N) (PTX ISA 9.7.15.5.1.1;
+                                     the N of intrinsics.wgmma.WGMMA_TABLE)
+    wgmma.A.rs.8|16|32               intrinsics.layout.a_fragment_coords(element bytes)
+    smem.K|MN.0|32|64|128[.8|.32]    intrinsics.layout.SmemLayout(...).offset(mn, k), whose
+                                     swizzle is intrinsics.layout.swizzle_offset_host (PTX ISA
                                      9.7.15.5.1.2 and 9.7.9.27.5)
 
 Those are the very maps that the GPU lane tests check against the hardware, every lane, exactly,
@@ -67,10 +69,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from intrinsics.fragments import ldmatrix_fragment, mma_fragment
+from intrinsics.layout import (
+    SWIZZLE_MODES,
+    SmemLayout,
+    a_fragment_coords,
+    accumulator_coords,
+    ldmatrix_fragment,
+    mma_fragment,
+    swizzle_offset_host,
+)
 from intrinsics.mma import MMA_SHAPES, mma_specs
-from intrinsics.smem import SWIZZLE_MODES, swizzle_offset_host
-from intrinsics.wgmma import WGMMA_TABLE, SmemLayout, a_fragment_coords, accumulator_coords
+from intrinsics.wgmma import WGMMA_TABLE
 
 __all__ = [
     "Fragment",
@@ -148,7 +157,7 @@ def _mma_entries():
                 name, "registers", rows, cols, 32,
                 f"mma.sync {spec.shape} {what}, {ptx_type}: {regs} register{'s' if regs > 1 else ''} "
                 f"per lane",
-                f"intrinsics.fragments.mma_fragment(<{spec.ptx}>, {operand!r})",
+                f"intrinsics.layout.mma_fragment(<{spec.ptx}>, {operand!r})",
                 functools.partial(mma_fragment, spec, operand),
             )
     # List each (shape, type) together, A B C, in the table's order.
@@ -176,7 +185,7 @@ def _ldmatrix_entries():
                 f"ldmatrix/stmatrix{'.trans' if trans else ''}: {num} 8x8 b16 "
                 f"{'matrix' if num == 1 else 'matrices'}; lane R addresses row R, matrix m -> "
                 f"register m",
-                f"intrinsics.fragments.ldmatrix_fragment({trans})",
+                f"intrinsics.layout.ldmatrix_fragment({trans})",
                 functools.partial(_ldmatrix_coords, num, trans),
             )
     return out
@@ -204,7 +213,7 @@ def _wgmma_entries():
             out[name] = Fragment(
                 name, "registers", 64, n, 128,
                 f"wgmma m64n{n} accumulator D, {acc}: {regs} registers per thread",
-                f"intrinsics.wgmma.accumulator_coords({n})",
+                f"intrinsics.layout.accumulator_coords({n})",
                 functools.partial(_wgmma_d_coords, n, acc),
             )
     k_of_bytes = {row[1]: row[0] for row in WGMMA_TABLE.values()}  # element bytes -> K
@@ -214,7 +223,7 @@ def _wgmma_entries():
         out[name] = Fragment(
             name, "registers", 64, k, 128,
             f"wgmma m64nNk{k} A in registers (RS form), {bits}-bit: 4 registers per thread",
-            f"intrinsics.wgmma.a_fragment_coords({nbytes})",
+            f"intrinsics.layout.a_fragment_coords({nbytes})",
             functools.partial(_wgmma_a_coords, nbytes),
         )
     return out
@@ -241,7 +250,7 @@ def _smem_entries():
                 out[name] = Fragment(
                     name, "smem", layout.mn, layout.k, 0,
                     f"{major}-major wgmma tile (mn, k), {bits}-bit, {mode}: offset/chunk/bank",
-                    f"intrinsics.wgmma.{layout!r}.offset(mn, k)",
+                    f"intrinsics.layout.{layout!r}.offset(mn, k)",
                     functools.partial(lambda lay: lay, layout),
                 )
     return out
@@ -584,7 +593,7 @@ def bank_conflicts(addresses, access_bytes=16):
 def ldmatrix_conflicts(swizzle, row_bytes, col_chunk=None, first_row=0):
     """Wavefronts one ldmatrix 8x8 matrix needs when its 8 rows are rows ``first_row`` ..
     ``first_row + 7`` of a row-major shared tile with ``row_bytes`` per row, stored with swizzle
-    mode ``swizzle`` (0, 32, 64 or 128 bytes, applied by ``intrinsics.smem.swizzle_offset_host``
+    mode ``swizzle`` (0, 32, 64 or 128 bytes, applied by ``intrinsics.layout.swizzle_offset_host``
     to the byte offset; the tile's base aligned to the swizzle repeat).  Each row supplies 16
     bytes at 16-byte column chunk ``col_chunk``; by default the worst case over every chunk of
     the row.  The count is :func:`bank_conflicts` of those 8 addresses (one 16-byte phase):

@@ -416,7 +416,7 @@ def footprint_report(got, tensor, tmap, start, stuck):
     in the dumped region, the bytes spanned, and how many landed where each row-pitch model of
     ``intrinsics.tensormap.smem_row_pitch`` puts them; the landing map of every row (the byte
     offset of each 16-byte chunk) is printed for the log."""
-    from intrinsics.smem import swizzle_offset_host
+    from intrinsics.layout import swizzle_offset_host
     from intrinsics.tensormap import smem_row_pitch
 
     words = np.frombuffer(got.tobytes(), np.uint32)

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from intrinsics.fragments import ldmatrix_fragment, mma_fragment
+from intrinsics.layout import ldmatrix_fragment, mma_fragment
 from intrinsics.mma import mma_specs
-from intrinsics.wgmma import SmemLayout, accumulator_coords
+from intrinsics.layout import SmemLayout, accumulator_coords
 from numbatc import layouts as L
 
 NAMES = L.names()
@@ -326,7 +326,7 @@ def test_ldmatrix_plain_128_byte_rows_conflict_8_way_and_swizzle_128_none():
 def test_ldmatrix_x4_warp_access_plain_vs_swizzled():
     # The README's A load: lane l names row l % 16, 16-byte chunk l // 16, rows of 128 bytes.
     plain = [(l % 16) * 128 + (l // 16) * 16 for l in range(32)]
-    from intrinsics.smem import swizzle_offset_host
+    from intrinsics.layout import swizzle_offset_host
 
     swizzled = [swizzle_offset_host(a, 128) for a in plain]
     assert L.bank_conflicts(plain, 16) == 4 * 8

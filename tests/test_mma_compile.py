@@ -42,7 +42,7 @@ def test_wrong_fragment_type_is_a_typing_error():
 # --- block-scaled mma.sync (sm_120a / sm_121a) ----------------------------------------------
 
 from intrinsics._core import ArchitectureError  # noqa: E402
-from intrinsics.fragments import mma_block_scale_fragment, mma_scale_fragment  # noqa: E402
+from intrinsics.layout import mma_block_scale_fragment, mma_scale_fragment  # noqa: E402
 from intrinsics.mma import (  # noqa: E402
     MMA_BLOCK_SCALE_FORMS,
     MmaSelectorError,

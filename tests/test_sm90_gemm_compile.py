@@ -316,7 +316,7 @@ def test_tma_layouts_match_the_descriptors():
     K-major tiles keep SmemLayout's."""
     import numpy as np
 
-    from intrinsics.wgmma import make_smem_desc_host, smem_desc_address_host
+    from intrinsics.layout import make_smem_desc_host, smem_desc_address_host
     from numbatc.kernels import sm90_gemm_tma
 
     cfg = sm90_gemm.CONFIGS["128x256x64_4s_tma"]

@@ -16,27 +16,33 @@ from numba import cuda, types
 from numba.core.errors import TypingError
 
 from intrinsics._core import ArchitectureError
-from intrinsics.tcgen05 import (
-    TCGEN05,
-    TCGEN05_A_ONLY,
+from intrinsics.layout import (
     TCGEN05_CP_SHAPES,
+    SmemLayout,
     TCGEN05_LDST_SHAPES,
     TCGEN05_MMA_KINDS,
-    Tcgen05MmaSpec,
-    Tcgen05ValueError,
     check_mma_shape,
     cp_lane_map,
     decode_instr_desc,
     decode_tmem_address,
     decode_umma_smem_desc,
     ldst_coords,
-    make_instr_desc,
-    make_instr_desc_block_scaled,
     make_instr_desc_block_scaled_host,
     make_instr_desc_host,
-    make_umma_smem_desc,
     make_umma_smem_desc_host,
     scale_factor_coords,
+    tmem_address_host,
+    tmem_d_coords,
+    umma_smem_desc_address_host,
+)
+from intrinsics.tcgen05 import (
+    TCGEN05,
+    TCGEN05_A_ONLY,
+    Tcgen05MmaSpec,
+    Tcgen05ValueError,
+    make_instr_desc,
+    make_instr_desc_block_scaled,
+    make_umma_smem_desc,
     tcgen05_alloc,
     tcgen05_alloc_cg2,
     tcgen05_alloc_op,
@@ -61,13 +67,9 @@ from intrinsics.tcgen05 import (
     tcgen05_wait_ld_regs,
     tcgen05_wait_st,
     tmem_address,
-    tmem_address_host,
-    tmem_d_coords,
     umma_smem_desc,
-    umma_smem_desc_address_host,
 )
 from intrinsics.toolchain import AssemblyError, assemble, compile_ptx
-from intrinsics.wgmma import SmemLayout
 from tests.compilecheck import ARCH_NAMES, check_on_arch
 
 ACCEPT = ["sm_100a", "sm_103a", "sm_110a"]

@@ -6,16 +6,16 @@ import itertools
 import numpy as np
 import pytest
 
-from intrinsics.smem import swizzle_offset_host
-from intrinsics.wgmma import (
+from intrinsics.layout import (
     SmemLayout,
     a_fragment_coords,
     accumulator_coords,
     decode_smem_desc,
-    make_smem_desc,
     make_smem_desc_host,
     smem_desc_address_host,
+    swizzle_offset_host,
 )
+from intrinsics.wgmma import make_smem_desc
 
 SWIZZLES = (0, 32, 64, 128)
 

@@ -1,12 +1,12 @@
 """Emulation of ldmatrix / stmatrix / movmatrix: warp-collective, with the hardware's addressing
 (lanes 8m..8m+7 name the rows of matrix m; row addresses 16-byte aligned) and the fragment table
-of intrinsics.fragments.ldmatrix_fragment."""
+of intrinsics.layout.fragments.ldmatrix_fragment."""
 
 import numpy as np
 
 from intrinsics.emulate import memory
 from intrinsics.emulate.runtime import EmulationError, collective, current
-from intrinsics.fragments import ldmatrix_fragment
+from intrinsics.layout.fragments import ldmatrix_fragment
 
 
 def _check_rows(op, addresses, num):

@@ -1,5 +1,5 @@
 """Emulation of mma.sync: the warp meets, its fragments are scattered into matrices through the
-PTX ISA's fragment tables (intrinsics.fragments), multiplied, and gathered back.
+PTX ISA's fragment tables (intrinsics.layout.fragments), multiplied, and gathered back.
 
 Numerics: inputs are decoded exactly (bf16/f16/fp8/tf32 as the tensor core reads them; tf32 drops
 the low 13 mantissa bits), every product and the whole sum are formed in float64 and rounded once
@@ -17,7 +17,7 @@ import numpy as np
 from intrinsics.emulate.numerics import BITS, decode, encode
 from intrinsics.emulate.runtime import EmulationError, collective
 from intrinsics.emulate.tcgen05 import decode_minifloat  # e2m1/e2m3/e3m2, ue8m0, ue4m3 tables
-from intrinsics.fragments import (
+from intrinsics.layout.fragments import (
     mma_block_scale_fragment,
     mma_fragment,
     mma_scale_fragment,
@@ -109,8 +109,8 @@ def mma_sync_block_scale(shape, kind, scale_vec, a="e2m1", b=None, acc="f32", sc
     Semantics (PTX ISA 9.7.14.3): ``D = (A * scale_A) * (B * scale_B) + C`` where row m of A is cut
     into ``scale_count`` blocks of ``block`` K, block j scaled by scale_A[m, j], and column n of B
     likewise by scale_B[j, n].  The registers are scattered into A, B, scale_A, scale_B and C
-    through ``intrinsics.fragments`` (mma_block_scale_fragment, mma_scale_fragment) -- the selectors
-    must be the same in all 32 lanes and inside PTX ISA Table 37, else EmulationError.
+    through ``intrinsics.layout.fragments`` (mma_block_scale_fragment, mma_scale_fragment) -- the
+    selectors must be the same in all 32 lanes and inside PTX ISA Table 37, else EmulationError.
 
     Numerics assumed: every element and scale decoded exactly (e2m1, e2m3, e3m2, e4m3, e5m2,
     ue8m0 = 2**(code-127) with 0xFF NaN, ue4m3 = unsigned e4m3 with 0x7F NaN, bit 7 ignored);

@@ -2,10 +2,10 @@
 Instructions").
 
 NOTE: there is no Blackwell GPU behind this emulation.  It implements the models of
-``intrinsics/tcgen05.py`` -- the PTX ISA's rules and tables, and where the ISA's figures were not
+``intrinsics/tcgen05.py`` and ``intrinsics/layout`` -- the PTX ISA's rules and tables, and where the ISA's figures were not
 at hand, CUTLASS's and DeepGEMM's usage -- and nothing here has been compared with hardware.  The
 places that rest on usage rather than the ISA text: the scale-factor layout in TMEM
-(:func:`intrinsics.tcgen05.scale_factor_coords`), the f16-accumulator packing and A-in-TMEM layout
+(:func:`intrinsics.layout.scale_factor_coords`), the f16-accumulator packing and A-in-TMEM layout
 (two / four elements per 32-bit cell, the lower K in the low bits), and the position of fp6/fp4
 values in their 8-bit containers for kind::f8f6f4 / mxf8f6f4 (e2m1 in bits 5-2, e2m3/e3m2 in bits
 5-0: the sign at bit 5 in both, so an e2m1 container reads as the e2m3 value with two zero
@@ -62,6 +62,7 @@ internal adder widths are not modelled (see intrinsics/emulate/wgmma.py for the 
 
 import numpy as np
 
+from intrinsics import layout
 from intrinsics import tcgen05 as family
 from intrinsics.emulate import memory, runtime
 from intrinsics.emulate.mbarrier import barrier_address, barrier_at
@@ -70,7 +71,7 @@ from intrinsics.emulate.runtime import EmulationError, collective, current
 
 __all__ = ["EMULATIONS", "FACTORIES", "decode_minifloat", "tmem_of"]
 
-LANES, COLUMNS = family.TMEM_LANES, family.TMEM_COLUMNS
+LANES, COLUMNS = layout.TMEM_LANES, layout.TMEM_COLUMNS
 _KEY = "tcgen05"
 POISON = np.uint32(0xFFFFFFFF)
 
@@ -273,7 +274,7 @@ def tcgen05_dealloc_op(cta_group=1):
         taddr = _uniform([lanes[i][1] for i in range(32)], "the TMEM address", op, first, _addr)
         ncols = _uniform([lanes[i][2] for i in range(32)], "the column count", op, first)
         tmem = tmem_of(first.block)
-        lane, col = family.decode_tmem_address(taddr)
+        lane, col = layout.decode_tmem_address(taddr)
         entry = tmem.allocs.get(col)
         if ncols not in family._NCOLS or lane or entry is None or entry[0] != ncols:
             raise EmulationError(
@@ -354,8 +355,8 @@ def _warp_cells(op, shape, num, lanes_threads, taddr):
     first = lanes_threads[0]
     warp = first.warp
     tmem = tmem_of(first.block)
-    lane0, col0 = family.decode_tmem_address(taddr)
-    dl, dc = family.ldst_coords(shape, num)
+    lane0, col0 = layout.decode_tmem_address(taddr)
+    dl, dc = layout.ldst_coords(shape, num)
     lanes, cols = lane0 + dl, col0 + dc
     allowed = 32 * (warp % 4)
     lo, hi = int(lanes.min()), int(lanes.max())
@@ -388,7 +389,7 @@ def tcgen05_st(shape, num):
 
 
 def _build_ld(shape, num):
-    family._ldst_regs("ld", shape, num)  # validates (the family's factory is this module's)
+    layout.ldst_register_count("ld", shape, num)  # validates (the factory is this module's)
     op = f"tcgen05.ld.sync.aligned.{shape}.x{num}.b32"
 
     def compute(lanes):
@@ -414,7 +415,7 @@ def _build_ld(shape, num):
 
 
 def _build_st(shape, num):
-    regs = family._ldst_regs("st", shape, num)
+    regs = layout.ldst_register_count("st", shape, num)
     op = f"tcgen05.st.sync.aligned.{shape}.x{num}.b32"
 
     def compute(lanes):
@@ -483,7 +484,7 @@ def _smem_bytes(thread, op, desc, major, rows, elem_bytes, k, what):
     """uint8 array (rows, k * elem_bytes): the bytes of each row of one operand, in K order,
     read through an sm100 shared-memory descriptor (K-major reads bytes; MN-major elements)."""
     desc = int(desc) & (2**64 - 1)
-    fields = family.decode_umma_smem_desc(desc)
+    fields = layout.decode_umma_smem_desc(desc)
     space = thread.block.shared
     if fields["version"] != 1:
         raise EmulationError(
@@ -493,10 +494,10 @@ def _smem_bytes(thread, op, desc, major, rows, elem_bytes, k, what):
     mn = np.arange(rows)[:, None]
     try:
         if major == "K":
-            addr = family.umma_smem_desc_address_host(desc, "K", 1, mn,
+            addr = layout.umma_smem_desc_address_host(desc, "K", 1, mn,
                                                       np.arange(k * elem_bytes)[None, :])
         else:
-            addr = family.umma_smem_desc_address_host(desc, "MN", elem_bytes, mn,
+            addr = layout.umma_smem_desc_address_host(desc, "MN", elem_bytes, mn,
                                                       np.arange(k)[None, :])
             addr = (addr[..., None] + np.arange(elem_bytes)).reshape(rows, k * elem_bytes)
     except NotImplementedError as exc:
@@ -539,7 +540,7 @@ def _values(kind, fmt, raw):
 
 
 def _names(kind, code):
-    for name, c in family.IDESC_AB_FORMATS[kind].items():
+    for name, c in layout.IDESC_AB_FORMATS[kind].items():
         if c == code:
             return name
     return None
@@ -566,7 +567,7 @@ def tcgen05_mma(kind, cta_group=1, a_from="smem", scale_vec=None):
 
 def _decode_idesc(thread, spec, idesc):
     op, kind = spec.ptx, spec.kind
-    f = family.decode_instr_desc(idesc, spec.block_scaled)
+    f = layout.decode_instr_desc(idesc, spec.block_scaled)
     where = f"{thread.where()}: {op}: instruction descriptor {int(idesc) & 0xFFFFFFFF:#010x}"
     if f["sparse"] or f["sparse_id"]:
         raise EmulationError(f"{where} asks for sparsity (bits 0-2); dense tcgen05.mma takes 0")
@@ -577,31 +578,31 @@ def _decode_idesc(thread, spec, idesc):
         raise EmulationError(f"{where} sets bit 31 (K=96); only the table's K is modelled")
     a, b = _names(kind, f["a_format"]), _names(kind, f["b_format"])
     if a is None or b is None:
-        valid = ", ".join(f"{n} {c}" for n, c in family.IDESC_AB_FORMATS[kind].items())
+        valid = ", ".join(f"{n} {c}" for n, c in layout.IDESC_AB_FORMATS[kind].items())
         raise EmulationError(f"{where} has A/B type codes {f['a_format']}/{f['b_format']}; "
                              f"kind::{kind} takes {valid}")
     if kind == "f16" and a != b:
         raise EmulationError(f"{where}: kind::f16 needs A and B of one type, got {a}/{b}")
     d = "f32"
     if not spec.block_scaled:
-        d = {v: k for k, v in family.IDESC_D_FORMATS.items()}.get(f["d_format"])
+        d = {v: k for k, v in layout.IDESC_D_FORMATS.items()}.get(f["d_format"])
         if d not in spec.row.d_types or (a == "bf16" and d != "f32"):
             raise EmulationError(f"{where} has D type code {f['d_format']}; kind::{kind} "
                                  f"accumulates in {'/'.join(spec.row.d_types)} (bf16 inputs: "
                                  "f32 only)")
     try:
-        family.check_mma_shape(kind, f["m"], f["n"], spec.cta_group, spec.a_from)
+        layout.check_mma_shape(kind, f["m"], f["n"], spec.cta_group, spec.a_from)
     except ValueError as exc:
         raise EmulationError(f"{where}: {exc}") from None
     for name, t, major in (("A", a, f["a_major"]), ("B", b, f["b_major"])):
-        if major and (t not in family._TRANSPOSABLE or spec.kind in ("mxf4", "mxf4nvf4")):
+        if major and (t not in layout.TRANSPOSABLE_TYPES or spec.kind in ("mxf4", "mxf4nvf4")):
             raise EmulationError(f"{where}: {name} of type {t} must be K-major (bit "
                                  f"{15 if name == 'A' else 16} = 0)")
     if spec.a_from == "tmem" and f["a_major"]:
         raise EmulationError(f"{where}: A in tensor memory is K-major (bit 15 = 0)")
     scale = None
     if spec.block_scaled:
-        scale = {v: k for k, v in family.IDESC_SCALE_FORMATS.items()}[f["scale_format"]]
+        scale = {v: k for k, v in layout.IDESC_SCALE_FORMATS.items()}[f["scale_format"]]
         if scale not in spec.row.scale_types[spec.scale_vec]:
             raise EmulationError(
                 f"{where} names scale type {scale}; kind::{kind} with scale_vec "
@@ -633,7 +634,7 @@ def _build_mma(spec):
             tmem = tmem_of(thread.block)
             # D's cells
             lanes = _d_lanes(m)
-            d_lane0, d_col = family.decode_tmem_address(d_tmem)
+            d_lane0, d_col = layout.decode_tmem_address(d_tmem)
             d_cols = n if d_t == "f32" else n // 2
             if d_lane0:
                 raise EmulationError(f"{thread.where()}: {op}: the D address {_addr(d_tmem)} "
@@ -645,7 +646,7 @@ def _build_mma(spec):
                 raw_a = _smem_bytes(thread, op, a, "MN" if f["a_major"] else "K", m,
                                     elem_bytes, k_elems, "A")
             else:
-                a_lane0, a_col = family.decode_tmem_address(a)
+                a_lane0, a_col = layout.decode_tmem_address(a)
                 if a_lane0:
                     raise EmulationError(f"{thread.where()}: {op}: the A address {_addr(a)} "
                                          "must be at lane 0")
@@ -665,7 +666,7 @@ def _build_mma(spec):
                     prod = _block_scaled(thread, spec, tmem, f, scale, va, vb, sfa, sfb)
                 else:
                     prod = va @ vb.T
-                tl, tc, half = family.tmem_d_coords(m, n, d_t)
+                tl, tc, half = layout.tmem_d_coords(m, n, d_t)
                 tc = tc + d_col
                 if d_t == "f32":
                     if enable_input_d:
@@ -701,13 +702,13 @@ def _block_scaled(thread, spec, tmem, f, scale, va, vb, sfa, sfb):
     m, n, count = f["m"], f["n"], spec.scale_count
     k = va.shape[1]
     block = k // count
-    sa_lane0, sa_col = family.decode_tmem_address(sfa)
-    sb_lane0, sb_col = family.decode_tmem_address(sfb)
+    sa_lane0, sa_col = layout.decode_tmem_address(sfa)
+    sb_lane0, sb_col = layout.decode_tmem_address(sfb)
     if sa_lane0 or sb_lane0:
         raise EmulationError(f"{thread.where()}: {op}: the scale-factor addresses "
                              f"{_addr(sfa)} / {_addr(sfb)} must be at lane 0")
-    a_lanes, a_cols, a_bytes = family.scale_factor_coords("A", m, count, f["sfa_id"])
-    b_lanes, b_cols, b_bytes = family.scale_factor_coords("B", n, count, f["sfb_id"])
+    a_lanes, a_cols, a_bytes = layout.scale_factor_coords("A", m, count, f["sfa_id"])
+    b_lanes, b_cols, b_bytes = layout.scale_factor_coords("B", n, count, f["sfb_id"])
     for what, addr, col, cols in (("SFA", sfa, sa_col, a_cols), ("SFB", sfb, sb_col, b_cols)):
         region = ((0, LANES - 1), (col, col + int(cols.max())))
         _check_cells(thread, f"{op} ({what})", tmem, addr, *region)
@@ -734,8 +735,8 @@ _CP_CACHE = {}
 
 
 def tcgen05_cp(shape, cta_group=1):
-    if shape not in family.TCGEN05_CP_SHAPES:
-        raise ValueError(f"tcgen05.cp shape must be one of {list(family.TCGEN05_CP_SHAPES)}, "
+    if shape not in layout.TCGEN05_CP_SHAPES:
+        raise ValueError(f"tcgen05.cp shape must be one of {list(layout.TCGEN05_CP_SHAPES)}, "
                          f"got {shape!r}")
     family._check_cta_group("tcgen05_cp", cta_group)
     key = (shape, cta_group)
@@ -746,8 +747,8 @@ def tcgen05_cp(shape, cta_group=1):
 
 def _build_cp(shape, cta_group):
     op = f"tcgen05.cp.cta_group::{cta_group}.{shape}"
-    rows, row_bytes = family.TCGEN05_CP_SHAPES[shape]
-    lane_map = family.cp_lane_map(shape)
+    rows, row_bytes = layout.TCGEN05_CP_SHAPES[shape]
+    lane_map = layout.cp_lane_map(shape)
     words = row_bytes // 4
 
     def cp(taddr, s_desc):
@@ -756,7 +757,7 @@ def _build_cp(shape, cta_group):
             raise EmulationError(f"{thread.where()}: {op}: cta_group::2 is not emulated")
         with thread.launch.cond:
             tmem = tmem_of(thread.block)
-            lane0, col = family.decode_tmem_address(taddr)
+            lane0, col = layout.decode_tmem_address(taddr)
             dst = np.array([[lane0 + x for x in lanes] for lanes in lane_map])  # (rows, copies)
             region = ((int(dst.min()), int(dst.max())), (col, col + words - 1))
             _check_cells(thread, op, tmem, taddr, *region)

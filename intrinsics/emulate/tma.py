@@ -53,7 +53,7 @@ from intrinsics.emulate import memory
 from intrinsics.emulate.cluster import peer_block
 from intrinsics.emulate.mbarrier import barrier_address, complete_tx
 from intrinsics.emulate.runtime import EmulationError, current
-from intrinsics.smem import swizzle_offset_host
+from intrinsics.layout.swizzle import swizzle_offset_host
 from intrinsics.tensormap import smem_row_pitch, start_problem
 
 __all__ = ["TensorMapWords", "device_tensormap"]

@@ -4,15 +4,15 @@ Every wgmma instruction is a warpgroup collective (``runtime.collective("warpgro
 128 threads of four consecutive warps (the first a multiple of 4) meet, the last to arrive does
 the work for all, each takes its own registers.  ``wgmma.mma_async`` then
 
-- decodes both matrix descriptors with :func:`intrinsics.wgmma.decode_smem_desc` and finds every
-  byte it reads with :func:`intrinsics.wgmma.smem_desc_address_host` (the canonical layouts and
-  the swizzle of the family module; nothing is re-derived here); A comes from shared memory (SS
-  form) or from the threads' registers through :func:`intrinsics.wgmma.a_fragment_coords` (RS);
+- decodes both matrix descriptors with :func:`intrinsics.layout.decode_smem_desc` and finds every
+  byte it reads with :func:`intrinsics.layout.smem_desc_address_host` (the canonical layouts and
+  the swizzle of the host models; nothing is re-derived here); A comes from shared memory (SS
+  form) or from the threads' registers through :func:`intrinsics.layout.a_fragment_coords` (RS);
 - refuses bytes outside the block's shared memory, and bytes that ordinary stores wrote without
   their writer's ``fence.proxy.async`` (``SharedSpace.check_async_read``: the async proxy would
   not see them);
 - computes ``D = (scale_a*A) @ (scale_b*B) + (C if scale_d else 0)`` and hands each thread its
-  accumulator registers through :func:`intrinsics.wgmma.accumulator_coords`.
+  accumulator registers through :func:`intrinsics.layout.accumulator_coords`.
 
 Numerics: the inputs are decoded exactly as the tensor core reads them (``numerics.decode``:
 tf32 drops the low 13 mantissa bits), products and sums are formed in float64 (NumPy's matmul)
@@ -55,6 +55,7 @@ import collections
 
 import numpy as np
 
+from intrinsics import layout
 from intrinsics import wgmma as family
 from intrinsics.emulate import memory, runtime
 from intrinsics.emulate.numerics import decode, encode
@@ -143,10 +144,10 @@ def _smem_operand(space, desc, major, rows, spec, ptx_type, name, state):
     """Decoded (rows, K) values of one operand read through its descriptor, and the byte
     addresses read (for the in-flight check)."""
     eb = spec.elem_bytes
-    fields = family.decode_smem_desc(desc)
+    fields = layout.decode_smem_desc(desc)
     mn, k = np.meshgrid(np.arange(rows), np.arange(spec.k), indexing="ij")
     try:
-        addr = family.smem_desc_address_host(desc, major, eb, mn, k)
+        addr = layout.smem_desc_address_host(desc, major, eb, mn, k)
     except NotImplementedError:
         raise EmulationError(
             f"{_who(state)}: {spec.ptx}: the {name} descriptor 0x{desc:016x} has base offset "
@@ -175,7 +176,7 @@ def _register_operand(frags, spec):
     """Decoded (64, K) A from every thread's four registers (RS form)."""
     regs = np.array([[int(x) & 0xFFFFFFFF for x in _plain(f)] for f in frags], dtype=np.uint32)
     elems = regs.view(_UINT[spec.elem_bytes])  # (128, 16 / eb), low bits first
-    rows, cols = family.a_fragment_coords(spec.elem_bytes)
+    rows, cols = layout.a_fragment_coords(spec.elem_bytes)
     a = np.empty((64, spec.k))
     a[rows, cols] = decode(elems, spec.a)
     return a
@@ -183,7 +184,7 @@ def _register_operand(frags, spec):
 
 def _accumulator_in(accs, spec):
     """C (64, N) float64 from every thread's accumulator registers."""
-    rows, cols = family.accumulator_coords(spec.n)
+    rows, cols = layout.accumulator_coords(spec.n)
     if spec.acc == "f32":
         elems = np.array([_plain(v) for v in accs], dtype=np.float32).astype(np.float64)
     else:
@@ -196,7 +197,7 @@ def _accumulator_in(accs, spec):
 
 def _accumulator_out(d, spec):
     """Registers (128, acc_regs) of D (64, N)."""
-    rows, cols = family.accumulator_coords(spec.n)
+    rows, cols = layout.accumulator_coords(spec.n)
     if spec.acc == "f32":
         return d[rows, cols].astype(np.float32)
     bits = encode(d[rows, cols], "f16")  # uint32 holding 16-bit codes

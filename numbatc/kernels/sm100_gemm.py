@@ -110,14 +110,14 @@ def check_variant(var):
 
 
 def _layout(rows):
-    from intrinsics.wgmma import SmemLayout
+    from intrinsics.layout import SmemLayout
 
     return SmemLayout("K", _SWIZZLE, rows, 64, 2)
 
 
 def kernel_source(cfg: Sm100Config, var) -> str:
     """Python source of the kernel for one configuration and variant."""
-    from intrinsics.tcgen05 import make_instr_desc_host
+    from intrinsics.layout import make_instr_desc_host
 
     check_variant(var)
     BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages

@@ -232,14 +232,14 @@ class ScaledVariant:
 
 
 def _layout(rows):
-    from intrinsics.wgmma import SmemLayout
+    from intrinsics.layout import SmemLayout
 
     return SmemLayout("K", _SWIZZLE, rows, _K_BYTES, 1)
 
 
 def kernel_source(cfg: ScaledConfig, var: ScaledVariant) -> str:
     """Python source of the kernel for one configuration and variant."""
-    from intrinsics.tcgen05 import make_instr_desc_block_scaled_host
+    from intrinsics.layout import make_instr_desc_block_scaled_host
 
     if cfg.fmt != var.fmt:
         raise ValueError(f"config {cfg.name} is for {cfg.fmt}, the variant is {var.fmt}")

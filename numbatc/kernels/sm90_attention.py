@@ -269,7 +269,7 @@ def _tree(op, terms):
 
 def _layouts(cfg, D):
     """(Q, K stage, V stage) shared layouts and the byte offset of consumer 1's Q rows."""
-    from intrinsics.wgmma import SmemLayout
+    from intrinsics.layout import SmemLayout
 
     if cfg.tma:
         from numbatc.kernels import sm90_attention_tma

@@ -150,7 +150,7 @@ def consumer_loop(body, pingpong):
 def layouts(cfg, D):
     """(Q, K stage, V stage) shared layouts as the boxes write them, and the byte offset of
     consumer 1's Q rows (row 64)."""
-    from intrinsics.wgmma import SmemLayout
+    from intrinsics.layout import SmemLayout
     from numbatc.kernels.sm90_gemm_tma import MnKFirstLayout
 
     q = SmemLayout("K", _SWIZZLE, 128, D, 2)

@@ -344,7 +344,7 @@ _PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
 
 def _layout(cfg, op, k_major):
     """The wgmma SmemLayout of operand ``op``'s whole tile (A: BM x BK, B: BN x BK)."""
-    from intrinsics.wgmma import SmemLayout
+    from intrinsics.layout import SmemLayout
 
     mn = cfg.bn if op == "b" else cfg.bm
     return SmemLayout("K" if k_major else "MN", _SWIZZLE, mn, cfg.bk, cfg.elem_bytes)

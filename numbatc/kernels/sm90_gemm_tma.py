@@ -70,7 +70,7 @@ import numpy as np
 from numba import cuda  # a module global: the simulator swaps it in device functions
 
 import intrinsics as nt
-from intrinsics.wgmma import SmemLayout
+from intrinsics.layout import SmemLayout
 from numbatc.kernels.pipeline import tma_pipeline
 
 __all__ = ["MnKFirstLayout", "kernel_source", "launch", "make_producer", "make_tile_coords",
@@ -100,7 +100,7 @@ class MnKFirstLayout(SmemLayout):
         return 8 * self.swizzle  # between 8-k groups
 
     def offset(self, mn, k):
-        from intrinsics.wgmma import swizzle_offset_host
+        from intrinsics.layout import swizzle_offset_host
 
         mb = np.asarray(mn, dtype=np.int64) * self.elem_bytes
         k = np.asarray(k, dtype=np.int64)

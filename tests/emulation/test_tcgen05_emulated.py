@@ -21,6 +21,15 @@ if not config.ENABLE_CUDASIM:  # collected without the simulator: nothing to run
 import intrinsics  # noqa: E402,F401  (installs the emulation)
 from intrinsics.cluster import fence_proxy_async_shared  # noqa: E402
 from intrinsics.emulate.runtime import EmulationError  # noqa: E402
+from intrinsics.layout import (  # noqa: E402
+    TCGEN05_CP_SHAPES,
+    SmemLayout,
+    cp_lane_map,
+    ldst_coords,
+    make_instr_desc_block_scaled_host,
+    make_instr_desc_host,
+    make_umma_smem_desc_host,
+)
 from intrinsics.mbarrier import (  # noqa: E402
     fence_mbarrier_init,
     mbarrier_init,
@@ -28,15 +37,9 @@ from intrinsics.mbarrier import (  # noqa: E402
 )
 from intrinsics.smem import shared_address  # noqa: E402
 from intrinsics.tcgen05 import (  # noqa: E402
-    TCGEN05_CP_SHAPES,
-    cp_lane_map,
-    ldst_coords,
     make_instr_desc,
     make_instr_desc_block_scaled,
-    make_instr_desc_block_scaled_host,
-    make_instr_desc_host,
     make_umma_smem_desc,
-    make_umma_smem_desc_host,
     tcgen05_alloc,
     tcgen05_commit,
     tcgen05_commit_multicast,
@@ -54,7 +57,6 @@ from intrinsics.tcgen05 import (  # noqa: E402
     tmem_address,
     umma_smem_desc,
 )
-from intrinsics.wgmma import SmemLayout  # noqa: E402
 from numba.cuda.np.unsafe.ndarray import to_fixed_tuple  # noqa: E402  (emulated after install)
 
 WHERE = r"block \(0, 0, 0\) warp \d+ lane \d+"

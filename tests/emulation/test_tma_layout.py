@@ -27,7 +27,7 @@ from intrinsics.mbarrier import (  # noqa: E402
 from intrinsics.smem import shared_address  # noqa: E402
 from intrinsics.tensormap import TensorMap  # noqa: E402
 from intrinsics.tma import tma_load  # noqa: E402
-from intrinsics.wgmma import SmemLayout  # noqa: E402
+from intrinsics.layout import SmemLayout  # noqa: E402
 
 ALIGN = 1024
 

@@ -17,7 +17,7 @@ if not config.ENABLE_CUDASIM:  # collected without the simulator: nothing to run
 
 from intrinsics import tensormap  # noqa: E402
 from intrinsics.launch import launch  # noqa: E402
-from intrinsics.smem import swizzle_offset_host  # noqa: E402
+from intrinsics.layout import swizzle_offset_host  # noqa: E402
 from intrinsics.tensormap import TensorMap  # noqa: E402
 from tests.helpers.tma import ALIGN, POISON, THREADS, footprint_kernel  # noqa: E402
 

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from numba import config, cuda
 
-from intrinsics.wgmma import (
+from intrinsics.layout import (
     SmemLayout,
     a_fragment_coords,
     accumulator_coords,
     decode_smem_desc,
     make_smem_desc_host,
-    wgmma_mma_async,
 )
+from intrinsics.wgmma import wgmma_mma_async
 
 pytestmark = pytest.mark.emulation
 

@@ -9,7 +9,7 @@ import pytest
 from numba import cuda
 
 import intrinsics.ldmatrix as lm
-from intrinsics.fragments import ldmatrix_fragment
+from intrinsics.layout import ldmatrix_fragment
 from tests.gpu import lanes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.emulation]

@@ -17,7 +17,7 @@ from numba import config, cuda
 
 import intrinsics  # noqa: F401  (installs the emulation under the simulator)
 from intrinsics.emulate.tcgen05 import decode_minifloat
-from intrinsics.fragments import (
+from intrinsics.layout import (
     mma_block_scale_fragment,
     mma_scale_fragment,
     pack_fragment,

@@ -8,7 +8,7 @@ import pytest
 from numba import cuda
 
 import intrinsics
-from intrinsics.fragments import mma_fragment, pack_fragment, unpack_fragment
+from intrinsics.layout import mma_fragment, pack_fragment, unpack_fragment
 from intrinsics.mma import mma_specs
 from tests.gpu import lanes
 

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from intrinsics.wgmma import (
+from intrinsics.layout import (
     SmemLayout,
     a_fragment_coords,
     accumulator_coords,
     make_smem_desc_host,
     smem_desc_address_host,
-    wgmma_mma_async,
 )
+from intrinsics.wgmma import wgmma_mma_async
 
 # The GPU tests also run in the CPU emulation (NUMBA_ENABLE_CUDASIM=1); the host-model tests
 # below run in both modes too.

@@ -17,6 +17,7 @@ import numpy as np
 from numba import cuda
 
 from intrinsics.cluster import cluster_ctarank, cluster_sync, fence_proxy_async_shared
+from intrinsics.layout import swizzle_offset_host
 from intrinsics.mbarrier import (
     fence_mbarrier_init,
     mbarrier_arrive_expect_tx,
@@ -24,7 +25,7 @@ from intrinsics.mbarrier import (
     mbarrier_test_wait_parity,
     mbarrier_wait_parity,
 )
-from intrinsics.smem import shared_address, swizzle_offset_host
+from intrinsics.smem import shared_address
 from intrinsics.tma import (
     bulk_commit_group,
     bulk_wait_group,
