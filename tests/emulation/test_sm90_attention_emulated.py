@@ -10,7 +10,7 @@ emulation's 16-byte start rule and byte counts enforced), on FlashAttention's aw
 pairs, GQA / MQA, causal with seqlen_q > seqlen_k, strided (packed, heads-major) views, and
 the fallback to the cp.async twin for a misaligned operand or no keys.
 
-Each case checks against tests/gpu/test_attention_gpu.py's float64 reference (outputs poisoned
+Each case checks against tests/helpers/attention.py's float64 reference (outputs poisoned
 with NaN first, fresh random data) and that the sm90 kernel, not the fallback, ran.  384 threads
 per block are 384 Python threads here: one or two blocks per case."""
 
@@ -24,8 +24,7 @@ pytestmark = [pytest.mark.emulation,
               pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="needs NUMBA_ENABLE_CUDASIM=1")]
 pytest.importorskip("ml_dtypes")
 
-from tests.gpu.test_attention_gpu import check  # noqa: E402
-from tests.gpu.test_sm90_attention_gpu import sm90  # noqa: E402,F401 (the fixture)
+from tests.helpers.attention import check, sm90  # noqa: E402,F401 (sm90: the fixture)
 
 
 CASES = [
@@ -102,7 +101,7 @@ def _packed(q, k, v, dtype):
     """Slices of one (B, S, 3, H, D) array: sequence stride 3 H D."""
     from numba import cuda
 
-    from tests.gpu.test_attention_gpu import NP_DTYPE
+    from tests.helpers.attention import NP_DTYPE
 
     d = cuda.to_device(np.stack([q, k, v], axis=2).astype(NP_DTYPE[dtype]))
     return d[:, :, 0], d[:, :, 1], d[:, :, 2]
@@ -112,7 +111,7 @@ def _heads_major(q, k, v, dtype):
     """(B, H, S, D) arrays seen as (B, S, H, D): the strides are not in order."""
     from numba import cuda
 
-    from tests.gpu.test_attention_gpu import NP_DTYPE
+    from tests.helpers.attention import NP_DTYPE
 
     return [cuda.to_device(np.ascontiguousarray(x.transpose(0, 2, 1, 3)).astype(NP_DTYPE[dtype]))
             .transpose((0, 2, 1, 3)) for x in (q, k, v)]
@@ -133,7 +132,7 @@ def test_tma_falls_back_to_cp_async(sm90, capsys, monkeypatch):
     runs, and NUMBATC_PRINT_CONFIG=1 says why."""
     from numba import cuda
 
-    from tests.gpu.test_attention_gpu import NP_DTYPE
+    from tests.helpers.attention import NP_DTYPE
 
     def misaligned(q, k, v, dtype):
         dev = [cuda.to_device(x.astype(NP_DTYPE[dtype])) for x in (q, k, v)]

@@ -10,104 +10,17 @@ products summed in float32, so lse is within 1e-5 (1 + scale * |q| @ |k|) of the
 Rows that see no key must give exactly 0 and lse -inf.
 
 Tests marked ``emulation`` also run in the CPU emulation (tiny shapes: every thread of every
-block is a Python thread there)."""
-
-import math
+block is a Python thread there).  The reference, the tolerance and ``check``:
+tests/helpers/attention.py."""
 
 import numpy as np
 import pytest
-from numba import cuda
 
 import numbatc
 from numbatc._interop import DTypeView
+from tests.helpers.attention import HEADS, NP_DTYPE, SEQLENS, check, to_device, values
 
 pytestmark = pytest.mark.gpu(cc=(8, 0))
-ml_dtypes = pytest.importorskip("ml_dtypes")
-
-ROUNDING = {"bfloat16": 2.0**-8, "float16": 2.0**-11}
-NP_DTYPE = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
-
-
-def values(shape, dtype):
-    """Random values exactly representable in ``dtype``, in float64."""
-    return np.random.default_rng().standard_normal(shape).astype(NP_DTYPE[dtype]).astype(np.float64)
-
-
-def to_device(x64, dtype, lib="numba"):
-    host = np.ascontiguousarray(x64).astype(NP_DTYPE[dtype])
-    if lib == "torch":
-        import torch
-
-        t = torch.from_numpy(host.view(np.uint16) if dtype == "bfloat16" else host)
-        return (t.view(torch.bfloat16) if dtype == "bfloat16" else t).to("cuda")
-    d = cuda.to_device(host.view(np.uint16) if dtype == "bfloat16" else host)
-    return numbatc.bfloat16(d) if dtype == "bfloat16" else d
-
-
-def to_host(x, dtype):
-    if hasattr(x, "cpu"):  # torch
-        return x.float().cpu().numpy().astype(np.float64)
-    data = x.data if isinstance(x, DTypeView) else x
-    host = data.copy_to_host()
-    if dtype == "bfloat16":
-        host = host.view(ml_dtypes.bfloat16)
-    return host.astype(np.float64)
-
-
-def reference(q, k, v, causal, scale):
-    """(out, lse, weighted |v|, |s| bound) in float64; rows that see no key: 0, -inf."""
-    B, Sq, Hq, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
-    group = Hq // Hkv if Hkv else 1
-    out = np.zeros(q.shape)
-    wabs = np.zeros(q.shape)
-    lse = np.full((B, Hq, Sq), -np.inf)
-    sbound = np.zeros((B, Hq, Sq))
-    seen = np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + (Sk - Sq) if causal else np.ones((Sq, Sk), bool)
-    for b in range(B):
-        for h in range(Hq):
-            qh, kh, vh = q[b, :, h], k[b, :, h // group], v[b, :, h // group]
-            s = np.where(seen, qh @ kh.T * scale, -np.inf)
-            sbound[b, h] = (np.abs(qh) @ np.abs(kh).T * scale).max(axis=1, initial=0)
-            rows = seen.any(axis=1)
-            m = np.where(rows, s.max(axis=1, initial=-np.inf), 0)
-            p = np.exp(s - m[:, None])
-            l = p.sum(axis=1)
-            safe = np.where(rows, l, 1)
-            out[b, :, h] = np.where(rows[:, None], p @ vh / safe[:, None], 0)
-            wabs[b, :, h] = np.where(rows[:, None], p @ np.abs(vh) / safe[:, None], 0)
-            lse[b, h] = np.where(rows, m + np.log(safe), -np.inf)
-    return out, lse, wabs, sbound
-
-
-def check(b, sq, sk, hq, hkv, d, causal, dtype="bfloat16", lib="numba", scale=None, views=None):
-    q, k, v = values((b, sq, hq, d), dtype), values((b, sk, hkv, d), dtype), values((b, sk, hkv, d), dtype)
-    if views is None:
-        dq, dk, dv = (to_device(x, dtype, lib) for x in (q, k, v))
-    else:
-        dq, dk, dv = views(q, k, v, dtype)
-    out = to_device(np.full(q.shape, np.nan), dtype, lib)
-    got, lse = numbatc.attention(dq, dk, dv, causal=causal, scale=scale, out=out, return_lse=True)
-    assert got is out
-    cuda.synchronize()
-    got = to_host(got, dtype)
-    lse = to_host(lse, "float32") if hasattr(lse, "cpu") else lse.copy_to_host().astype(np.float64)
-    ref, ref_lse, wabs, sbound = reference(q, k, v, causal, scale or 1 / math.sqrt(d))
-    what = f"attention b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} causal={causal} {dtype} {lib}"
-    tol = 2 * ROUNDING[dtype] * (np.abs(ref) + wabs) + 1e-6
-    bad = ~(np.abs(got - ref) <= tol)  # NaN (an unwritten element) counts as bad
-    if bad.any():
-        i = tuple(np.argwhere(bad)[0])
-        raise AssertionError(f"{what}: {bad.sum()} bad outputs, first at {i}: got {got[i]!r}, "
-                             f"want {ref[i]!r} +- {tol[i]:.3g}")
-    empty = np.isinf(ref_lse)
-    assert np.array_equal(np.isneginf(lse), empty), f"{what}: lse -inf where no key is seen, only there"
-    lse_tol = 1e-5 * (1 + sbound)
-    bad = ~(np.abs(np.where(empty, 0, lse) - np.where(empty, 0, ref_lse)) <= lse_tol)
-    if bad.any():
-        i = tuple(np.argwhere(bad)[0])
-        raise AssertionError(f"{what}: {bad.sum()} bad lse, first at {i}: got {lse[i]!r}, "
-                             f"want {ref_lse[i]!r} +- {lse_tol[i]:.3g}")
 
 
 # --- the emulated subset (tiny: runs in the CPU emulation too) ------------------------------
@@ -128,11 +41,7 @@ def test_no_keys_gives_zeros_and_minus_inf():
     check(1, 5, 0, 2, 2, 16, False)
 
 
-# --- the GPU-sized sweep ----------------------------------------------------------------------
-
-SEQLENS = [(1, 1), (113, 113), (1023, 1023), (1, 1023), (1023, 1), (113, 517), (517, 113),
-           (128, 128), (64, 200), (257, 129)]
-HEADS = [(1, 1), (4, 4), (8, 2), (6, 1)]
+# --- the GPU-sized sweep (its seqlen pairs and head counts: tests/helpers/attention.py) -------
 
 
 @pytest.mark.parametrize("d", [8, 40, 64, 96, 128, 256])

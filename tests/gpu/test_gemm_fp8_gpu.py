@@ -9,8 +9,6 @@ NOTE on tolerance: for fp8 inputs the tensor core's adder keeps fewer bits than 
 output's rounding -- loose against the hardware's arithmetic, tight against a wrong scale,
 layout or k slice (errors of order one)."""
 
-import math
-
 import numpy as np
 import pytest
 
@@ -18,12 +16,7 @@ import numbatc
 
 pytestmark = [pytest.mark.gpu(cc=(9, 0)), pytest.mark.hardware_only]
 torch = pytest.importorskip("torch")
-if not hasattr(torch, "float8_e4m3fn"):
-    pytest.skip("this torch has no float8 dtypes", allow_module_level=True)
-
-FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-OUT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-ROUNDING = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-20}
+from tests.helpers.gemm_fp8 import FP8, OUT, activate, check  # noqa: E402  (skips without float8)
 
 
 @pytest.fixture(autouse=True)
@@ -35,22 +28,6 @@ def hopper(device_cc):
 def operand(rows, k, t, gen):
     x = (torch.randn(rows, k, generator=gen, device="cuda") * 2).to(FP8[t])
     return x, x.double()
-
-
-def activate(ref, activation):
-    if activation == "gelu":
-        return 0.5 * ref * (1 + torch.tanh(math.sqrt(2 / math.pi) * (ref + 0.044715 * ref**3)))
-    if activation == "relu":
-        return ref.clamp_min(0)
-    return ref
-
-
-def check(got, ref, mag, out_dtype):
-    got = got.double()
-    assert not torch.isnan(got).any(), "an output element was not written"
-    err = (got - ref).abs()
-    bound = ROUNDING[out_dtype] * ref.abs() + 2.0**-10 * mag + 1e-6
-    assert bool((err <= bound).all()), float((err - bound).max())
 
 
 CASES = [

@@ -1,5 +1,5 @@
 """numbatc.attention forced onto the Hopper kernel (``NUMBATC_ATTN_KERNEL=sm90[:<config>]``) on an
-sm_90a GPU, against tests/gpu/test_attention_gpu.py's float64 reference and tolerances: sequence
+sm_90a GPU, against tests/helpers/attention.py's float64 reference and tolerances: sequence
 lengths 1, primes, tile edges and 1023, seqlen_q != seqlen_k both ways, causal and not, head_dim
 64 and 128, MHA, GQA and MQA, bf16 and f16, Numba and torch arrays, strided and misaligned
 views; outputs poisoned (NaN) before every call, fresh random data every run; lse checked.
@@ -24,35 +24,14 @@ from numbatc.kernels import sm90_attention
 pytestmark = [pytest.mark.gpu(cc=(9, 0)), pytest.mark.hardware_only]
 pytest.importorskip("ml_dtypes")
 
-from tests.gpu import test_attention_gpu as base  # noqa: E402
+from tests.helpers import attention as base  # noqa: E402
+from tests.helpers.attention import sm90  # noqa: E402,F401 (the fixture)
 
 check = base.check
 #: the TMA configurations (each falls back to sm90_attention.twin where no tensor map fits)
 TMA_CONFIGS = sorted(n for n, c in sm90_attention.CONFIGS.items() if c.tma)
 #: the sweep's seqlen pairs: the portable kernel's and FlashAttention's test suite's hard ones
 SEQLENS = base.SEQLENS + [(113, 203), (1023, 1024), (1, 239), (239, 1), (1024, 1023), (3, 1024)]
-
-
-@pytest.fixture
-def sm90(monkeypatch, device_cc):
-    """``sm90(name=None)`` forces the kernel (and a config); returns the configs launched."""
-    if device_cc is not None and tuple(device_cc)[:2] != (9, 0):
-        pytest.skip(f"sm90_attention runs on compute capability 9.0 only, have {device_cc}")
-    used = []
-    real = sm90_attention.launch_attention
-
-    def recording(p, cfg=None):
-        used.append(cfg.name)
-        return real(p, cfg)
-
-    monkeypatch.setattr(sm90_attention, "launch_attention", recording)
-
-    def force(name=None):
-        monkeypatch.setenv("NUMBATC_ATTN_KERNEL", "sm90" + (f":{name}" if name else ""))
-        used.clear()
-        return used
-
-    return force
 
 
 def test_small_cases_first(sm90):

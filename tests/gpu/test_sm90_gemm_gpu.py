@@ -6,7 +6,7 @@ M > 64)."""
 import numpy as np
 import pytest
 
-from tests.gpu.test_gemm_gpu import check
+from tests.helpers.gemm import check
 
 pytestmark = [pytest.mark.gpu(cc=(9, 0)), pytest.mark.hardware_only]
 
@@ -170,8 +170,8 @@ def test_sm90_tma_fp8(config, monkeypatch, capsys):
     """FP8 per-tensor scales on the TMA producer (K-major boxes of 128 one-byte values): ragged
     M and N, K a multiple of 16 (a tensor map's rows), M = 1, e4m3 x e5m2, the fused epilogue,
     every output dtype; split-K twice per shape."""
-    from tests.gpu.test_gemm_fp8_gpu import FP8, OUT, activate, torch
-    from tests.gpu.test_gemm_fp8_gpu import check as fp8_check
+    from tests.helpers.gemm_fp8 import FP8, OUT, activate, torch
+    from tests.helpers.gemm_fp8 import check as fp8_check
 
     monkeypatch.setenv("NUMBATC_GEMM_KERNEL", config)
     monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
@@ -223,7 +223,7 @@ def test_sm90_tma_user_epilogue(monkeypatch):
     from numba import cuda
 
     import numbatc
-    from tests.gpu.test_gemm_gpu import _residual_scale, reference, rng, to_device, to_host, values
+    from tests.helpers.gemm import reference, residual_scale, rng, to_device, to_host, values
 
     monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:128x256x64_4s_pt_tma")
     gen = rng()
@@ -235,7 +235,7 @@ def test_sm90_tma_user_epilogue(monkeypatch):
         out = cuda.to_device(np.full((m, n), np.nan, np.float32))
         numbatc.gemm(to_device(a, "bfloat16", "row", "numba"), to_device(b, "bfloat16", "col", "numba"),
                      bias=to_device(bias[None, :], "bfloat16", "row", "numba")[0], out=out,
-                     activation="gelu", epilogue=_residual_scale,
+                     activation="gelu", epilogue=residual_scale,
                      epilogue_args=(cuda.to_device(res), cuda.to_device(scale)))
         cuda.synchronize()
         got = to_host(out, "float32")

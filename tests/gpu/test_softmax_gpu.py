@@ -18,8 +18,8 @@ from numba import config, cuda
 
 import numbatc
 from numbatc._interop import DTypeView
-from tests.gpu.test_gemm_gpu import NP_DTYPE, ROUNDING, to_device, values
-from tests.gpu.test_gemm_gpu import to_host as _to_host
+from tests.helpers.gemm import NP_DTYPE, ROUNDING, to_device, values
+from tests.helpers.gemm import to_host as _to_host
 
 pytestmark = pytest.mark.gpu(cc=(8, 0))
 EMULATED = bool(config.ENABLE_CUDASIM)

@@ -1,0 +1,139 @@
+"""numbatc.attention on a device (or the CPU emulation) against a float64 reference, shared by
+tests/gpu/test_attention_gpu.py, test_sm90_attention_gpu.py and
+tests/emulation/test_sm90_attention_emulated.py: random inputs exactly representable in the
+dtype (``values``), device arrays (``to_device``, ``to_host``), the reference (``reference``),
+``check`` (one call with a poisoned output, outputs and lse checked), the sweep's seqlen pairs
+and head counts (``SEQLENS``, ``HEADS``) and the fixture ``sm90`` (forces sm90_attention and a
+config, records the configs launched; import it into a test module to use it).
+
+Tolerance: P is rounded to the input format before P @ V and O once more when stored, so
+|out - ref| <= 2 r (|ref| + (p @ |v|) / l) + 1e-6 with r the format's relative rounding
+(2**-8 bf16, 2**-11 f16) and (p @ |v|) / l the row's softmax-weighted |v|; lse is within
+1e-5 (1 + scale * |q| @ |k|) of the reference.  Rows that see no key must give exactly 0 and
+lse -inf."""
+
+import math
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import numbatc
+from numbatc._interop import DTypeView
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+ROUNDING = {"bfloat16": 2.0**-8, "float16": 2.0**-11}
+NP_DTYPE = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def values(shape, dtype):
+    """Random values exactly representable in ``dtype``, in float64."""
+    return np.random.default_rng().standard_normal(shape).astype(NP_DTYPE[dtype]).astype(np.float64)
+
+
+def to_device(x64, dtype, lib="numba"):
+    host = np.ascontiguousarray(x64).astype(NP_DTYPE[dtype])
+    if lib == "torch":
+        import torch
+
+        t = torch.from_numpy(host.view(np.uint16) if dtype == "bfloat16" else host)
+        return (t.view(torch.bfloat16) if dtype == "bfloat16" else t).to("cuda")
+    d = cuda.to_device(host.view(np.uint16) if dtype == "bfloat16" else host)
+    return numbatc.bfloat16(d) if dtype == "bfloat16" else d
+
+
+def to_host(x, dtype):
+    if hasattr(x, "cpu"):  # torch
+        return x.float().cpu().numpy().astype(np.float64)
+    data = x.data if isinstance(x, DTypeView) else x
+    host = data.copy_to_host()
+    if dtype == "bfloat16":
+        host = host.view(ml_dtypes.bfloat16)
+    return host.astype(np.float64)
+
+
+def reference(q, k, v, causal, scale):
+    """(out, lse, weighted |v|, |s| bound) in float64; rows that see no key: 0, -inf."""
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    group = Hq // Hkv if Hkv else 1
+    out = np.zeros(q.shape)
+    wabs = np.zeros(q.shape)
+    lse = np.full((B, Hq, Sq), -np.inf)
+    sbound = np.zeros((B, Hq, Sq))
+    seen = np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + (Sk - Sq) if causal else np.ones((Sq, Sk), bool)
+    for b in range(B):
+        for h in range(Hq):
+            qh, kh, vh = q[b, :, h], k[b, :, h // group], v[b, :, h // group]
+            s = np.where(seen, qh @ kh.T * scale, -np.inf)
+            sbound[b, h] = (np.abs(qh) @ np.abs(kh).T * scale).max(axis=1, initial=0)
+            rows = seen.any(axis=1)
+            m = np.where(rows, s.max(axis=1, initial=-np.inf), 0)
+            p = np.exp(s - m[:, None])
+            l = p.sum(axis=1)
+            safe = np.where(rows, l, 1)
+            out[b, :, h] = np.where(rows[:, None], p @ vh / safe[:, None], 0)
+            wabs[b, :, h] = np.where(rows[:, None], p @ np.abs(vh) / safe[:, None], 0)
+            lse[b, h] = np.where(rows, m + np.log(safe), -np.inf)
+    return out, lse, wabs, sbound
+
+
+def check(b, sq, sk, hq, hkv, d, causal, dtype="bfloat16", lib="numba", scale=None, views=None):
+    q, k, v = values((b, sq, hq, d), dtype), values((b, sk, hkv, d), dtype), values((b, sk, hkv, d), dtype)
+    if views is None:
+        dq, dk, dv = (to_device(x, dtype, lib) for x in (q, k, v))
+    else:
+        dq, dk, dv = views(q, k, v, dtype)
+    out = to_device(np.full(q.shape, np.nan), dtype, lib)
+    got, lse = numbatc.attention(dq, dk, dv, causal=causal, scale=scale, out=out, return_lse=True)
+    assert got is out
+    cuda.synchronize()
+    got = to_host(got, dtype)
+    lse = to_host(lse, "float32") if hasattr(lse, "cpu") else lse.copy_to_host().astype(np.float64)
+    ref, ref_lse, wabs, sbound = reference(q, k, v, causal, scale or 1 / math.sqrt(d))
+    what = f"attention b={b} sq={sq} sk={sk} hq={hq} hkv={hkv} d={d} causal={causal} {dtype} {lib}"
+    tol = 2 * ROUNDING[dtype] * (np.abs(ref) + wabs) + 1e-6
+    bad = ~(np.abs(got - ref) <= tol)  # NaN (an unwritten element) counts as bad
+    if bad.any():
+        i = tuple(np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: {bad.sum()} bad outputs, first at {i}: got {got[i]!r}, "
+                             f"want {ref[i]!r} +- {tol[i]:.3g}")
+    empty = np.isinf(ref_lse)
+    assert np.array_equal(np.isneginf(lse), empty), f"{what}: lse -inf where no key is seen, only there"
+    lse_tol = 1e-5 * (1 + sbound)
+    bad = ~(np.abs(np.where(empty, 0, lse) - np.where(empty, 0, ref_lse)) <= lse_tol)
+    if bad.any():
+        i = tuple(np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: {bad.sum()} bad lse, first at {i}: got {lse[i]!r}, "
+                             f"want {ref_lse[i]!r} +- {lse_tol[i]:.3g}")
+
+
+# the GPU-sized sweep's shapes
+SEQLENS = [(1, 1), (113, 113), (1023, 1023), (1, 1023), (1023, 1), (113, 517), (517, 113),
+           (128, 128), (64, 200), (257, 129)]
+HEADS = [(1, 1), (4, 4), (8, 2), (6, 1)]
+
+
+@pytest.fixture
+def sm90(monkeypatch, device_cc):
+    """``sm90(name=None)`` forces the kernel (and a config); returns the configs launched."""
+    if device_cc is not None and tuple(device_cc)[:2] != (9, 0):
+        pytest.skip(f"sm90_attention runs on compute capability 9.0 only, have {device_cc}")
+    from numbatc.kernels import sm90_attention
+
+    used = []
+    real = sm90_attention.launch_attention
+
+    def recording(p, cfg=None):
+        used.append(cfg.name)
+        return real(p, cfg)
+
+    monkeypatch.setattr(sm90_attention, "launch_attention", recording)
+
+    def force(name=None):
+        monkeypatch.setenv("NUMBATC_ATTN_KERNEL", "sm90" + (f":{name}" if name else ""))
+        used.clear()
+        return used
+
+    return force
