@@ -5,7 +5,7 @@ compilation stops with an ArchitectureError naming the target."""
 import pytest
 
 from intrinsics.catalog import probes
-from tests.compilecheck import ARCH_NAMES, check_on_arch
+from tests.helpers.compilecheck import ARCH_NAMES, check_on_arch
 
 PROBES = list(probes())
 

@@ -12,7 +12,7 @@ from numba.core.errors import TypingError
 import intrinsics.cluster as cl
 from intrinsics._core import SM90
 from intrinsics.toolchain import compile_ptx
-from tests.compilecheck import ARCH_NAMES, check_on_arch
+from tests.helpers.compilecheck import ARCH_NAMES, check_on_arch
 
 SIG = (types.uint32[:], types.float32[:])
 

@@ -28,7 +28,7 @@ from intrinsics.mbarrier import (
 )
 from intrinsics._core import SM90
 from intrinsics.toolchain import compile_ptx
-from tests.compilecheck import ARCH_NAMES, check_on_arch
+from tests.helpers.compilecheck import ARCH_NAMES, check_on_arch
 
 SIG = (types.uint64[:], types.uint32[:])
 

@@ -21,8 +21,8 @@ from numba.core.errors import TypingError
 
 from intrinsics.setmaxnreg import REGISTER_COUNTS, SETMAXNREG_ARCH, setmaxnreg_dec, setmaxnreg_inc
 from intrinsics.toolchain import AssemblyError, assemble, compile_ptx
-from tests.compilecheck import ARCH_NAMES, check_on_arch
 from tests.helpers.assemblers import nvjitlink_info_log, whole_program_ptxas
+from tests.helpers.compilecheck import ARCH_NAMES, check_on_arch
 
 SIG = (types.float32[:], types.float32[:])
 THREADS = 384

@@ -70,7 +70,7 @@ from intrinsics.tcgen05 import (
     umma_smem_desc,
 )
 from intrinsics.toolchain import AssemblyError, assemble, compile_ptx
-from tests.compilecheck import ARCH_NAMES, check_on_arch
+from tests.helpers.compilecheck import ARCH_NAMES, check_on_arch
 
 ACCEPT = ["sm_100a", "sm_103a", "sm_110a"]
 ACCEPT_F = ["sm_100f", "sm_103f", "sm_110f"]
@@ -232,7 +232,7 @@ def test_the_intrinsics_on_each_arch(arch):
     naming the target elsewhere."""
     if arch in ARCH_NAMES:
         ptx = check_on_arch(_full_kernel, _FULL_SIG, arch, TCGEN05, _FULL_PTX)
-    else:  # targets tests/compilecheck.py does not list: the same checks by hand
+    else:  # targets tests/helpers/compilecheck.py does not list: the same checks by hand
         ptx = compile_ptx(_full_kernel, _FULL_SIG, arch)
         assert all(text in ptx for text in _FULL_PTX) and "ld.local" not in ptx
         assemble(ptx, arch)

@@ -25,7 +25,7 @@ from intrinsics.tma import (
 )
 from intrinsics._core import SM90
 from intrinsics.toolchain import compile_ptx
-from tests.compilecheck import ARCH_NAMES, check_on_arch
+from tests.helpers.compilecheck import ARCH_NAMES, check_on_arch
 
 TMAP_SIG = (types.uint64[::1], types.int32)
 

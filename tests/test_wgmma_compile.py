@@ -24,7 +24,7 @@ from intrinsics.wgmma import (
     wgmma_specs,
     wgmma_wait_group,
 )
-from tests.compilecheck import ARCH_NAMES, check_on_arch
+from tests.helpers.compilecheck import ARCH_NAMES, check_on_arch
 
 # ---------------------------------------------------------------------------------------------
 # The table against ptxas, through hand-written PTX (fast: no numba in the loop)

@@ -5,7 +5,7 @@ import pytest
 from numba import cuda
 
 from intrinsics import convert as cv
-from tests.gpu import lanes
+from tests.helpers import lanes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.emulation]
 N = 4096

@@ -9,7 +9,7 @@ from numba import cuda
 
 import intrinsics as nt
 import intrinsics.cp_async as ca
-from tests.gpu import lanes
+from tests.helpers import lanes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.emulation]
 

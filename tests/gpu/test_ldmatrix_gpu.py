@@ -10,7 +10,7 @@ from numba import cuda
 
 import intrinsics.ldmatrix as lm
 from intrinsics.layout import ldmatrix_fragment
-from tests.gpu import lanes
+from tests.helpers import lanes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.emulation]
 

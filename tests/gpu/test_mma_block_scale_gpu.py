@@ -25,7 +25,7 @@ from intrinsics.layout import (
     unpack_fragment,
 )
 from intrinsics.mma import mma_block_scale_specs, mma_sync_block_scale
-from tests.gpu import lanes
+from tests.helpers import lanes
 
 EMULATED = bool(config.ENABLE_CUDASIM)
 SPECS = mma_block_scale_specs()

@@ -10,7 +10,7 @@ from numba import cuda
 import intrinsics
 from intrinsics.layout import mma_fragment, pack_fragment, unpack_fragment
 from intrinsics.mma import mma_specs
-from tests.gpu import lanes
+from tests.helpers import lanes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.emulation]
 

@@ -1,5 +1,6 @@
-"""Helpers for the CPU compile tests: compile a small kernel for every architecture the project
-claims, check the PTX text, assemble it, and check the refusal on architectures that lack it."""
+"""Helpers for the CPU compile tests (tests/test_*_compile.py): compile a small kernel for every
+architecture the project claims, check the PTX text, assemble it, and check the refusal on
+architectures that lack it."""
 
 import pytest
 
