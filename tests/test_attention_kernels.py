@@ -56,11 +56,18 @@ def test_heuristic_names_a_real_config():
 
 
 def test_every_config_generates_valid_source():
+    """Every configuration's source parses and defines the entry kernel_for loads, a
+    ``cuda.jit`` kernel taking the arguments of ``signature`` (what launch passes)."""
     import ast
 
     for cfg in attn.CONFIGS.values():
         for d in (8, 40, 64, 256):
-            ast.parse(attn.kernel_source(cfg, attn.AttnVariant(d, "float16", d % 16 == 0, d == 40)))
+            var = attn.AttnVariant(d, "float16", d % 16 == 0, d == 40)
+            tree = ast.parse(attn.kernel_source(cfg, var))
+            (kernel,) = [n for n in tree.body
+                         if isinstance(n, ast.FunctionDef) and n.name == "attention_kernel"]
+            assert any(ast.unparse(dec).startswith("cuda.jit") for dec in kernel.decorator_list)
+            assert len(kernel.args.args) == len(attn.signature(var)), (cfg.name, d)
 
 
 def test_shared_layouts():

@@ -27,10 +27,16 @@ def test_every_config_assembles_without_local_memory(name):
 
 @pytest.mark.parametrize("layouts", [("row", "row"), ("col", "col")])
 def test_variant_layouts_and_f16_assemble(layouts):
+    """A row-major B or a column-major A is loaded with the transposing ldmatrix; f16 operands
+    go through the f16 mma, the f16 result is converted once; the kernel assembles."""
     var = GemmVariant(*layouts, "float16", "float16", "float16", "float32", "silu",
                                 out_layout="col", c_layout="col")
     cfg = sm80_gemm.CONFIGS["64x128x64_4w_4s"]
-    assemble(compile_ptx(sm80_gemm.kernel_for(cfg, var), sm80_gemm.signature(var), "sm_90a"), "sm_90a")
+    ptx = compile_ptx(sm80_gemm.kernel_for(cfg, var), sm80_gemm.signature(var), "sm_90a")
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx and ".bf16" not in ptx
+    assert "cvt.rn.f16x2.f32" in ptx
+    assert assemble(ptx, "sm_90a")  # the cubin's bytes
 
 
 def test_bad_config_is_named():

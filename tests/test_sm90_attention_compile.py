@@ -138,9 +138,20 @@ def test_bad_configs_and_head_dims_are_named():
 
 
 def test_every_config_fits_shared_memory():
+    """The launch's dynamic shared memory (shared_bytes) is exactly the tiles the kernel lays out
+    (a 128-row Q tile, then ``stages`` K and V tiles), and with the 1024-byte static window in
+    front of it fits the 227 KB an sm_90 block may have, as check_fits agrees."""
     for cfg in attn.CONFIGS.values():
         for d in attn.HEAD_DIMS:
-            attn.check_fits(cfg, d)
+            q_lay, k_lay, v_lay, _ = attn._layouts(cfg, d)
+            q_bytes = q_lay.nbytes if cfg.tma else 2 * q_lay.nbytes  # cp.async: 2 x 64 rows
+            assert q_bytes == 128 * d * 2, (cfg.name, d, q_bytes)
+            tiles = q_bytes + cfg.stages * (k_lay.nbytes + v_lay.nbytes)
+            nbytes = attn.shared_bytes(cfg, d)
+            assert nbytes == tiles, (cfg.name, d, nbytes, tiles)
+            total = tiles + attn._STATIC_SHARED
+            assert total <= 227 * 1024, f"{cfg.name} at head_dim {d}: {total} bytes > 227 KB"
+            assert attn.check_fits(cfg, d) is None
 
 
 @pytest.mark.parametrize("name", ["n128_2s_ov_fx", "n128_2s_ov_pp_fx"])

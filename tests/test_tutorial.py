@@ -35,7 +35,13 @@ def test_tutorial_kernels_assemble_for_the_gpu():
     scope = {}
     exec(compile("\n\n".join(b.split("# -- run --")[0] for b in blocks), "tutorial", "exec"), scope)
     u32, u16, f32 = types.uint32[:, :], types.uint16[:, :], types.float32
-    for kernel, sig in [(scope["fused_tile"], (u32, u32, f32[:], f32[:, :])),
-                        (scope["fused_gemm"], (u16, u16, f32[:], f32[:, :], types.int64))]:
+    # fused_tile: one mma.sync; fused_gemm, the block GEMM, reads its swizzled tiles with ldmatrix
+    for name, sig, needs in [
+            ("fused_tile", (u32, u32, f32[:], f32[:, :]), ()),
+            ("fused_gemm", (u16, u16, f32[:], f32[:, :], types.int64),
+             ("ldmatrix.sync.aligned.m8n8.x4.shared.b16",))]:
         for arch in ("sm_80", "sm_90a"):
-            assemble(compile_ptx(kernel, sig, arch), arch)
+            ptx = compile_ptx(scope[name], sig, arch)
+            for text in ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", *needs):
+                assert text in ptx, (name, arch, text)
+            assert assemble(ptx, arch), (name, arch)  # the cubin's bytes
