@@ -1,7 +1,11 @@
 """The examples, run against the CPU emulation (NUMBA_ENABLE_CUDASIM=1 must be set before numba
 is imported, hence a child process per example).  The GPU lane tests marked ``emulation`` run
 against the emulation in the README test command's second pytest run, each reported on its own;
-on a GPU machine the same lane tests run on the hardware: same test, two back ends."""
+on a GPU machine the same lane tests run on the hardware: same test, two back ends.
+
+This module holds only what must be a subprocess (one example per child process, each its own
+test) and two checks that keep that second run wired up; every other emulation test belongs in
+tests/gpu or tests/emulation, where the second run collects it as a test of its own."""
 
 import os
 import pathlib
