@@ -14,6 +14,8 @@
 #   table      the GEMM shape table (bench gemm --shapes table, b col): text, CSV, heatmap PNG
 #   sanitize   compute-sanitizer memcheck / racecheck / synccheck on scripts/sanitize_cases.py
 #   profile    one Nsight Compute report of a Hopper GEMM (PROFILE_CODE picks the problem)
+#   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
+#              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
 source "$(dirname "$0")/gpu_common.sh"
 what=${1:-api}
@@ -67,6 +69,23 @@ if [[ $what == table ]]; then
   dt=${TABLE_DTYPE:-bfloat16}
   t ${TABLE_LIMIT:-400} $py -m numbatc.bench gemm --shapes ${TABLE_SHAPES:-table} --b-layout col \
     --dtype $dt --csv "$out/table_$dt.csv" --png "$out/table_$dt.png" > "$out/table_$dt.txt"
+fi
+
+if [[ $what == host ]]; then
+  shapes=${FIRST_CALL_SHAPES:-"128x8192x8192 4096x4096x4096 16x4096x14336 4096x1024x1024"}
+  {
+    echo "== cold: empty kernel cache, CUDA_CACHE_DISABLE=1"
+    NUMBATC_CACHE_DIR=/tmp/fc-cold CUDA_CACHE_DISABLE=1 t 200 $py scripts/diag/first_call.py $shapes
+    echo "== a fresh process on the disk cache the run above filled"
+    NUMBATC_CACHE_DIR=/tmp/fc-cold CUDA_CACHE_DISABLE=1 t 60 $py scripts/diag/first_call.py $shapes
+    echo "== precompile with no GPU visible (a CPU host's path), then a fresh process on it"
+    CUDA_VISIBLE_DEVICES= NUMBATC_CACHE_DIR=/tmp/fc-pre t 200 $py -m numbatc precompile --quiet \
+      --shapes "$(echo $shapes | tr ' ' ,)" --cc 9.0a
+    NUMBATC_CACHE_DIR=/tmp/fc-pre CUDA_CACHE_DISABLE=1 t 60 $py scripts/diag/first_call.py $shapes
+  } > "$out/first_call.txt"
+  for shape in 64,2048,2048 16,4096,4096; do
+    t 100 $py scripts/host_overhead.py --shape $shape --libs torch
+  done > "$out/host_overhead.txt"
 fi
 
 if [[ $what == sanitize ]]; then

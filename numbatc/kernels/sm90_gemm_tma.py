@@ -535,11 +535,22 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
         prepared = launching.prepare(kernel, grid, cfg.threads, sig,
                                      shared_bytes=cfg.shared_bytes)
         if prepared is not None:
+            # the maps' parameters of the last (a, b) pointers: a warm call on the same operands
+            # (a decode loop, a layer's weight) skips the map lookup.  One tuple, swapped whole,
+            # so threads sharing this function never see a torn entry; it keeps its maps alive
+            # (as _MAPS does) and is the lookup's own answer for those pointers.
+            last = [(None, None, None)]
+            sizes = (m, n, k, lda, ldb, ldc, ldo)
+
             def relaunch(a, b, c, bias, out, alpha, beta, stream, eflat=()):
-                ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream)
+                pa, pb, params = last[0]
+                if pa != a or pb != b:
+                    ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream)
+                    params = (*_map_params(ta), *_map_params(tb))
+                    last[0] = (a, b, params)
                 extra = () if split is None else split(stream)
-                prepared(stream, *_map_params(ta), *_map_params(tb), c, bias, out, m, n, k,
-                         lda, ldb, ldc, ldo, alpha, beta, group_m, *extra, *eflat)
+                prepared(stream, *params, c, bias, out, *sizes, alpha, beta, group_m, *extra,
+                         *eflat)
 
             relaunch(a, b, c, bias, out, alpha, beta, stream, eflat)
             return relaunch
