@@ -4,7 +4,9 @@ like the benchmark (numbatc.bench._time_gpu), with cuBLAS (torch.matmul) in the 
 candidate's result checked against a float32 product (a broken candidate shows as an error, not
 a time).  b is w.T of a row-major (n, k) weight, as in a Linear layer.
 
-    python3 scripts/sweep_gemm.py [--shapes table-small] [--m 64,128] > sweep.txt
+    python3 scripts/sweep_gemm.py [--shapes table-small] [--m 64,128] [--only LABEL,...] > sweep.txt
+
+``--only`` keeps the candidates of those labels (as printed, e.g. default,64x128x64_6s_w1_tma_s1).
 """
 import argparse
 import os
@@ -20,7 +22,9 @@ CANDIDATES = [("default", None, None), ("sm80", "sm80", None)] + [
     for name, splits in (("128x256x64_4s_w1_tma", (1, 2, 4, 8)),
                          ("128x128x64_6s_w1_tma", (1, 2, 4, 8)),
                          ("64x256x64_4s_w1_tma", (1, 2, 4, 8)),
-                         ("64x128x64_6s_w1_tma", (1, 2, 4, 8, 16)))
+                         ("64x128x64_6s_w1_tma", (1, 2, 4, 8, 16)),
+                         ("128x256x64_4s_pt_tma", (1,)), ("128x256x64_4s_w1_pt_tma", (1,)),
+                         ("128x256x64_4s_tma", (1,)))
     for s in splits]
 
 
@@ -29,7 +33,10 @@ def main():
     ap.add_argument("--shapes", default="table")
     ap.add_argument("--m", default="8,32,64,128,256,512")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--only", default=None, help="comma-separated candidate labels to keep")
     args = ap.parse_args()
+    keep = None if args.only is None else set(args.only.split(","))
+    candidates = [c for c in CANDIDATES if keep is None or c[0].replace(" ", "_") in keep]
     ms = {int(x) for x in args.m.split(",")}
     shapes = sorted({s for s in SHAPES[args.shapes] if s[0] in ms}, key=lambda s: (s[1], s[2], s[0]))
     print("m n k candidate ms ratio_to_cublas max_rel_err", flush=True)
@@ -40,7 +47,7 @@ def main():
         ref = a.float() @ b.float()
         cublas = _time_gpu(lambda: torch.matmul(a, b, out=out), torch, args.reps)
         best = (float("inf"), "")
-        for label, kernel, split in CANDIDATES:
+        for label, kernel, split in candidates:
             for var, val in (("NUMBATC_GEMM_KERNEL", kernel), ("NUMBATC_SPLIT_K", split)):
                 if val is None:
                     os.environ.pop(var, None)
