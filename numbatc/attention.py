@@ -18,8 +18,8 @@ from functools import cached_property
 
 import numpy as np
 
-from numbatc import _interop
-from numbatc._interop import CudaArray
+from numbatc.interop import alloc, arrays, streams
+from numbatc.interop.arrays import CudaArray
 
 __all__ = ["attention", "AttentionProblem", "DTYPES", "HEAD_DIMS"]
 
@@ -70,7 +70,7 @@ class AttentionProblem:
 
     @cached_property
     def stream(self):
-        return _interop.numba_stream(self.stream_handle, self.device)
+        return streams.numba_stream(self.stream_handle, self.device)
 
 
 def _device_capability(device):
@@ -139,9 +139,9 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
     seqlen_q give empty results.
     """
     # --- operands: library, rank, dtype, shapes --------------------------------------------
-    Q = _interop.as_cuda_array(q, "q")
-    K = _interop.as_cuda_array(k, "k")
-    V = _interop.as_cuda_array(v, "v")
+    Q = arrays.as_cuda_array(q, "q")
+    K = arrays.as_cuda_array(k, "k")
+    V = arrays.as_cuda_array(v, "v")
     for name, ca in (("q", Q), ("k", K), ("v", V)):
         _check_4d(name, ca)
     for name, ca in (("q", Q), ("k", K), ("v", V)):
@@ -173,7 +173,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
     # --- out ------------------------------------------------------------------------------------
     OUT = None
     if out is not None:
-        OUT = _interop.as_cuda_array(out, "out")
+        OUT = arrays.as_cuda_array(out, "out")
         _check_4d("out", OUT)
         if OUT.shape != Q.shape:
             raise ValueError(f"out must have q's shape {Q.shape}, got {OUT.shape}")
@@ -190,7 +190,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
                                  "result over an input: pass a separate out")
 
     # --- device ---------------------------------------------------------------------------------
-    device = _interop.same_device(Q, K, V, OUT, names=("q", "k", "v", "out"))
+    device = arrays.same_device(Q, K, V, OUT, names=("q", "k", "v", "out"))
     cc = None
     if device is not None:
         cc = _device_capability(device)
@@ -200,14 +200,14 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
 
     # --- results --------------------------------------------------------------------------------
     if OUT is None:
-        result = _interop.allocate_like(q, Q.shape, Q.dtype)
-        OUT = _interop.as_cuda_array(result, "out")
+        result = alloc.allocate_like(q, Q.shape, Q.dtype)
+        OUT = arrays.as_cuda_array(result, "out")
     else:
         result = out
     lse_result = LSE = None
     if return_lse:
-        lse_result = _interop.allocate_like(q, (batch, heads_q, seqlen_q), "float32")
-        LSE = _interop.as_cuda_array(lse_result, "lse")
+        lse_result = alloc.allocate_like(q, (batch, heads_q, seqlen_q), "float32")
+        LSE = arrays.as_cuda_array(lse_result, "lse")
     done = (result, lse_result) if return_lse else result
     if batch == 0 or seqlen_q == 0 or heads_q == 0:
         return done
@@ -216,7 +216,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
         q=Q, k=K, v=V, out=OUT, lse=LSE, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, causal=bool(causal), scale=scale,
         dtype=Q.dtype, device=device if device is not None else OUT.device, cc=cc,
-        stream_handle=_interop.stream_handle(q),
+        stream_handle=streams.stream_handle(q),
     )
     _launch(problem)
     return done

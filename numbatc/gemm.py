@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from functools import cached_property
 import numpy as np
 
-from numbatc import _interop
-from numbatc._interop import CudaArray, dtype_name
+from numbatc.interop import alloc, arrays, devices, probes, streams, views
+from numbatc.interop.arrays import CudaArray
+from numbatc.interop.dtypes import dtype_name
 
 __all__ = ["gemm", "GemmProblem", "Operand", "DTypeRule", "DTYPE_RULES", "FP8_RULES",
            "ACTIVATIONS", "BlockScaledFormat", "BLOCK_SCALED"]
@@ -149,7 +150,7 @@ class Operand:
     <= 16 bytes dividing the pointer and every row/column start: the widest vector access the
     kernel may use on it. ``view`` is a Numba device array over the same memory with the user's
     shape and strides (bf16 as uint16, fp8 as uint8), built on first use;
-    ``_interop.transpose_view(view)`` of a 'col' operand is row-major (NOTE: not ``view.T``:
+    ``interop.transpose_view(view)`` of a 'col' operand is row-major (NOTE: not ``view.T``:
     Numba's ``.T`` launches a transpose kernel and returns a copy)."""
 
     name: str
@@ -176,7 +177,7 @@ class Operand:
 
     @cached_property
     def view(self):
-        return _interop.kernel_view(self.array)
+        return views.kernel_view(self.array)
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ class GemmProblem:
 
     @cached_property
     def stream(self):
-        return _interop.numba_stream(self.stream_handle, self.device)
+        return streams.numba_stream(self.stream_handle, self.device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,7 +245,7 @@ def _device_capability(device: int) -> tuple:
 
     if config.ENABLE_CUDASIM:  # the CPU emulation stands in for an sm_90a device
         return (9, 0)
-    return tuple(_interop.gpu(device).compute_capability)
+    return tuple(devices.gpu(device).compute_capability)
 
 
 def _alignment(ptr: int, step_bytes: int | None) -> int:
@@ -480,7 +481,7 @@ def _check_epilogue(epilogue, epilogue_args):
         raise TypeError(f"epilogue_args must be a tuple, got {type(epilogue_args).__name__}")
     args = []
     for i, x in enumerate(epilogue_args):
-        args.append(x if isinstance(x, (int, float)) else _interop.as_cuda_array(x, f"epilogue_args[{i}]"))
+        args.append(x if isinstance(x, (int, float)) else arrays.as_cuda_array(x, f"epilogue_args[{i}]"))
     return epilogue, tuple(args)
 
 
@@ -578,8 +579,8 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
     """The whole call: check -> allocate -> launch; (result, GemmProblem or None, the relaunch
     function launch_gemm returned or None)."""
     # --- operands: library, dtype, shape -----------------------------------------------------
-    A = _interop.as_cuda_array(a, "a")
-    B = _interop.as_cuda_array(b, "b")
+    A = arrays.as_cuda_array(a, "a")
+    B = arrays.as_cuda_array(b, "b")
     _check_2d("a", A)
     _check_2d("b", B)
     (m, k), (k2, n) = A.shape, B.shape
@@ -598,17 +599,17 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
     else:
         k *= fmt.per_byte  # NVFP4: two values a byte
         rule = fmt.rule(A.dtype, B.dtype)
-        SA = _interop.as_cuda_array(scale_a, "scale_a")
-        SB = _interop.as_cuda_array(scale_b, "scale_b")
+        SA = arrays.as_cuda_array(scale_a, "scale_a")
+        SB = arrays.as_cuda_array(scale_b, "scale_b")
         _check_scales(fmt, SA, SB, m, n, k)
     activation = _check_activation(activation)
     epilogue, eargs = _check_epilogue(epilogue, epilogue_args)
     alpha = _real("alpha", alpha)
     beta = _real("beta", beta)
 
-    C = None if c is None else _interop.as_cuda_array(c, "c")
-    BIAS = None if bias is None else _interop.as_cuda_array(bias, "bias")
-    OUT = None if out is None else _interop.as_cuda_array(out, "out")
+    C = None if c is None else arrays.as_cuda_array(c, "c")
+    BIAS = None if bias is None else arrays.as_cuda_array(bias, "bias")
+    OUT = None if out is None else arrays.as_cuda_array(out, "out")
     if beta != 0.0 and C is None:
         raise ValueError(f"beta = {beta} but c is None; pass c (shape ({m}, {n})) or beta = 0")
 
@@ -647,10 +648,10 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
             )
 
     # --- device -------------------------------------------------------------------------------
-    arrays = [x for x in eargs if isinstance(x, _interop.CudaArray)]
-    device = _interop.same_device(A, B, C, BIAS, OUT, SA, SB, *arrays,
-                                  names=("a", "b", "c", "bias", "out", "scale_a", "scale_b",
-                                         *(f"epilogue_args[{i}]" for i in range(len(arrays)))))
+    earrays = [x for x in eargs if isinstance(x, CudaArray)]
+    device = arrays.same_device(A, B, C, BIAS, OUT, SA, SB, *earrays,
+                                names=("a", "b", "c", "bias", "out", "scale_a", "scale_b",
+                                       *(f"epilogue_args[{i}]" for i in range(len(earrays)))))
     cc = None
     if device is not None:
         cc = _device_capability(device)
@@ -693,8 +694,8 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
 
     # --- result -------------------------------------------------------------------------------
     if OUT is None:
-        result = _interop.allocate_like(A, (m, n), odt)
-        OUT = _interop.as_cuda_array(result, "out")
+        result = alloc.allocate_like(A, (m, n), odt)
+        OUT = arrays.as_cuda_array(result, "out")
         op_out = _matrix("out", OUT, m, n, writable=True)
     else:
         result = out
@@ -706,7 +707,7 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
         out=op_out, alpha=alpha, beta=beta, activation=activation, in_dtype=A.dtype,
         b_dtype=B.dtype, out_dtype=odt, bias_dtype=None if BIAS is None else BIAS.dtype,
         acc_dtype=rule.acc, device=device if device is not None else OUT.device, cc=cc,
-        stream_handle=_interop.stream_handle(A), epilogue=epilogue, epilogue_args=eargs,
+        stream_handle=streams.stream_handle(A), epilogue=epilogue, epilogue_args=eargs,
         block_scaled=fmt, scale_a=op_sa, scale_b=op_sb, tensor_scales=scales,
     )
     if k == 0 and epilogue is None:
@@ -747,7 +748,7 @@ _env_key = None  # numbatc.kernels.dispatch.env_key, bound by the first _remembe
 
 
 def _probe_or_absent(x):
-    return _ABSENT if x is None else _interop.probe(x)
+    return _ABSENT if x is None else probes.probe(x)
 
 
 def _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype, scaled=False):
@@ -755,8 +756,8 @@ def _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype, scaled=Fal
     ``scaled``: the call has per-tensor FP8 scales (their product is folded into alpha)."""
     if type(alpha) not in _REAL_TYPES or type(beta) not in _REAL_TYPES:
         return None, None
-    pa = _interop.probe(a)
-    pb = _interop.probe(b)
+    pa = probes.probe(a)
+    pb = probes.probe(b)
     pc = _probe_or_absent(c)
     pbias = _probe_or_absent(bias)
     pout = _probe_or_absent(out)
@@ -778,7 +779,7 @@ def _epilogue_key(epilogue_args):
             keys.append(ty)
             values.append(x)
             continue
-        probed = _interop.probe(x)
+        probed = probes.probe(x)
         if probed is None:
             return None, None
         keys.append(probed[1])
@@ -791,13 +792,12 @@ def _epilogue_flattener(problem_args):
     and numbers, as GemmProblem.epilogue_args holds them): the arrays' parameters made once
     (numba's array ABI, kernels.epilogue.flat_epilogue_args), only their data pointers taken from
     ``values`` (see _epilogue_key) on each call."""
-    from numbatc._interop import CudaArray, kernel_view
     from numbatc.kernels.epilogue import flat_epilogue_args
 
     parts = []
     for x in problem_args:
         if isinstance(x, CudaArray):
-            parts.append(list(flat_epilogue_args((kernel_view(x),))))
+            parts.append(list(flat_epilogue_args((views.kernel_view(x),))))
         else:
             parts.append(None)
 
@@ -829,7 +829,7 @@ class _Warm:
     def __call__(self, ptrs, a, out, alpha, beta, evals=None):
         a_ptr, b_ptr, c_ptr, bias_ptr, out_ptr = ptrs
         if out is None:
-            result, out_ptr = _interop.allocate_probed(self.alloc, a)
+            result, out_ptr = probes.allocate_probed(self.alloc, a)
             if result is None:
                 return _MISS
         else:
@@ -878,8 +878,8 @@ def _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, p, relaunc
         key += (p.epilogue, ekey)
         w.eflat = _epilogue_flattener(p.epilogue_args)
     w.relaunch = relaunch
-    w.stream = _interop.stream_getter(p.a.array)
-    w.alloc = _interop.allocator(p.a.array, (p.m, p.n), p.out_dtype) if out is None else None
+    w.stream = streams.stream_getter(p.a.array)
+    w.alloc = alloc.allocator(p.a.array, (p.m, p.n), p.out_dtype) if out is None else None
     w.a_span, w.b_span, w.out_span = _span(p.a), _span(p.b), _span(p.out)
     w.has_c, w.has_bias = p.c is not None, p.bias is not None
     w.c_span = _span(p.c) if w.has_c else 0

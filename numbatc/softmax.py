@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 
-from numbatc import _interop
+from numbatc.interop import alloc, arrays, devices, probes, streams, views
 
 __all__ = ["softmax", "gemm_softmax", "SOFTMAX_DTYPES"]
 
@@ -38,8 +38,8 @@ def _emulated():
     return bool(config.ENABLE_CUDASIM)
 
 
-def _check_device(names, arrays, what):
-    device = _interop.same_device(*arrays, names=names)
+def _check_device(names, operands, what):
+    device = arrays.same_device(*operands, names=names)
     if device is not None:
         cc = _gemm._device_capability(device)
         if tuple(cc) < (8, 0):
@@ -103,7 +103,7 @@ def _flat(ca, keep, words=False):
 
     from numbatc.kernels.dispatch import _flat as flat_view
 
-    flat = flat_view(_interop.kernel_view(ca), keep)  # 16-bit data as uint16
+    flat = flat_view(views.kernel_view(ca), keep)  # 16-bit data as uint16
     if words:  # rows start on 8-byte boundaries and hold multiples of 4 elements: exact words
         flat = flat[: flat.shape[0] // 4 * 4].view(np.uint64)
     return flat
@@ -132,8 +132,8 @@ def softmax(x, *, out=None):
     A row holding NaN gives NaN; a row of -inf gives NaN (as torch)."""
     if _FAST:
         try:
-            px = _interop.probe(x)
-            po = _ABSENT if out is None else _interop.probe(out)
+            px = probes.probe(x)
+            po = _ABSENT if out is None else probes.probe(out)
             warm = None
             if px is not None and po is not None:
                 warm = _FAST.get((px[1], po[1], px[0] & 15, po[0] & 15, threading.get_ident()))
@@ -143,17 +143,17 @@ def softmax(x, *, out=None):
             result = warm(px[0], po[0], x, out)
             if result is not _MISS:
                 return result
-    X = _interop.as_cuda_array(x, "x")
+    X = arrays.as_cuda_array(x, "x")
     if X.dtype not in SOFTMAX_DTYPES:
         raise TypeError(f"x has dtype {X.dtype}; numbatc.softmax takes {', '.join(SOFTMAX_DTYPES)}")
     if X.ndim > 2 and X.size and hasattr(x, "__getitem__"):
         split = _outer_dims(X)
         if out is not None:
-            split = max(split, _outer_dims(_interop.as_cuda_array(out, "out")))
+            split = max(split, _outer_dims(arrays.as_cuda_array(out, "out")))
         if split:
             return _softmax_split(x, X, out, split)
     rows, n, ldx = _rows("x", X)
-    OUT = None if out is None else _interop.as_cuda_array(out, "out")
+    OUT = None if out is None else arrays.as_cuda_array(out, "out")
     if OUT is not None:
         _check_out(OUT, X.shape, SOFTMAX_DTYPES, "numbatc.softmax")
         _, _, ldo = _rows("out", OUT)
@@ -163,8 +163,8 @@ def softmax(x, *, out=None):
                              "part of it: pass a separate out")
     device = _check_device(("x", "out"), (X, OUT), "numbatc.softmax")
     if OUT is None:
-        result = _interop.allocate_like(x, X.shape, X.dtype)
-        OUT = _interop.as_cuda_array(result, "out")
+        result = alloc.allocate_like(x, X.shape, X.dtype)
+        OUT = arrays.as_cuda_array(result, "out")
         _, _, ldo = _rows("out", OUT)
     else:
         result = out
@@ -195,7 +195,7 @@ class _Warm:
 
     def __call__(self, x_ptr, out_ptr, x, out):
         if out is None:
-            result, out_ptr = _interop.allocate_probed(self.alloc, x)
+            result, out_ptr = probes.allocate_probed(self.alloc, x)
             if result is None:
                 return _MISS
         else:
@@ -208,8 +208,8 @@ class _Warm:
 
 def _remember(x, out, X, OUT, relaunch):
     try:
-        px = _interop.probe(x)
-        po = _ABSENT if out is None else _interop.probe(out)
+        px = probes.probe(x)
+        po = _ABSENT if out is None else probes.probe(out)
     except Exception:
         return
     if px is None or po is None:
@@ -218,8 +218,8 @@ def _remember(x, out, X, OUT, relaunch):
         return
     w = _Warm()
     w.relaunch = relaunch
-    w.stream = _interop.stream_getter(X)
-    w.alloc = _interop.allocator(X, X.shape, X.dtype) if out is None else None
+    w.stream = streams.stream_getter(X)
+    w.alloc = alloc.allocator(X, X.shape, X.dtype) if out is None else None
     lo, hi = X.byte_range()
     w.span = hi - lo
     lo, hi = OUT.byte_range()
@@ -237,8 +237,8 @@ def _softmax_split(x, X, out, split):
     import numpy as np
 
     if out is None:
-        out = _interop.allocate_like(x, X.shape, X.dtype)
-    OUT = _interop.as_cuda_array(out, "out")
+        out = alloc.allocate_like(x, X.shape, X.dtype)
+    OUT = arrays.as_cuda_array(out, "out")
     _check_out(OUT, X.shape, SOFTMAX_DTYPES, "numbatc.softmax")
     same = (OUT.ptr, OUT.strides, OUT.dtype) == (X.ptr, X.strides, X.dtype)
     if not same and OUT.shares_memory(X):
@@ -264,8 +264,8 @@ def _launch_softmax(X, OUT, rows, n, ldx, ldo, device):
     words = cfg.vec == 4
     x = _flat(X, keep, words)
     out = _flat(OUT, keep, words and OUT.dtype != "float32")
-    handle = 0 if _emulated() else _interop.stream_handle(X.obj)
-    with _interop._device_scope(device):
+    handle = 0 if _emulated() else streams.stream_handle(X.obj)
+    with devices.device_scope(device):
         return row_softmax.launch(cfg, x, out, rows, n, ldx, ldo, stream=handle,
                                   prepare=not _emulated() and not os.environ.get("NUMBATC_PRINT_CONFIG"))
 
@@ -289,8 +289,8 @@ def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
             result = warm(ptrs, a, out, float(scale))
             if result is not _MISS:
                 return result
-    A = _interop.as_cuda_array(a, "a")
-    B = _interop.as_cuda_array(b, "b")
+    A = arrays.as_cuda_array(a, "a")
+    B = arrays.as_cuda_array(b, "b")
     _gemm._check_2d("a", A)
     _gemm._check_2d("b", B)
     (m, k), (k2, n) = A.shape, B.shape
@@ -299,14 +299,14 @@ def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
                          f"{B.shape}; a.shape[1] must equal b.shape[0]")
     rule = _gemm._rule_for(A, B)
     scale = _gemm._real("scale", scale)
-    BIAS = None if bias is None else _interop.as_cuda_array(bias, "bias")
+    BIAS = None if bias is None else arrays.as_cuda_array(bias, "bias")
     if BIAS is not None:
         if BIAS.ndim != 1 or BIAS.shape[0] != n:
             raise ValueError(f"bias must have shape (N,) = ({n},), got {BIAS.shape}")
         if BIAS.dtype not in rule.bias:
             raise TypeError(f"bias has dtype {BIAS.dtype}; for {rule.a} inputs it must be "
                             f"{' or '.join(rule.bias)}")
-    OUT = None if out is None else _interop.as_cuda_array(out, "out")
+    OUT = None if out is None else arrays.as_cuda_array(out, "out")
     outputs = (rule.a, "float32")
     if OUT is not None:
         _gemm._check_2d("out", OUT)
@@ -320,8 +320,8 @@ def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
     if BIAS is not None:
         _gemm._vector("bias", BIAS)  # unit stride, or a ValueError naming it
     if OUT is None:
-        result = _interop.allocate_like(a, (m, n), rule.a)
-        OUT = _interop.as_cuda_array(result, "out")
+        result = alloc.allocate_like(a, (m, n), rule.a)
+        OUT = arrays.as_cuda_array(result, "out")
     else:
         result = out
     op_out = _gemm._matrix("out", OUT, m, n, writable=True)
@@ -350,10 +350,10 @@ def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
     _print_config(f"numbatc.gemm_softmax M={m} N={n} K={k}: sm80_gemm_softmax {cfg.name} "
                   f"a={var.a_layout} b={var.b_layout} {var.in_dtype}->{var.out_dtype}"
                   f"{' +bias' if BIAS is not None else ''} scale={scale:g}")
-    handle = 0 if _emulated() else _interop.stream_handle(a)
-    stream = _interop.numba_stream(handle, device)
+    handle = 0 if _emulated() else streams.stream_handle(a)
+    stream = streams.numba_stream(handle, device)
     keep = []
-    with _interop._device_scope(device):
+    with devices.device_scope(device):
         out_flat = _flat(OUT, keep)
         if k == 0:  # a and b are never read
             pa, lda, pb, ldb = out_flat, 1, out_flat, 1
@@ -378,7 +378,7 @@ class _WarmGS:
     def __call__(self, ptrs, a, out, scale):
         a_ptr, b_ptr, bias_ptr, out_ptr = ptrs
         if out is None:
-            result, out_ptr = _interop.allocate_probed(self.alloc, a)
+            result, out_ptr = probes.allocate_probed(self.alloc, a)
             if result is None:
                 return _MISS
         else:
@@ -395,14 +395,14 @@ class _WarmGS:
 def _gs_key(a, b, bias, out, scale):
     if type(scale) not in (int, float):
         return None, None
-    probes = [_interop.probe(a), _interop.probe(b),
-              _ABSENT if bias is None else _interop.probe(bias),
-              _ABSENT if out is None else _interop.probe(out)]
-    if any(p is None for p in probes):
+    probed = [probes.probe(a), probes.probe(b),
+              _ABSENT if bias is None else probes.probe(bias),
+              _ABSENT if out is None else probes.probe(out)]
+    if any(p is None for p in probed):
         return None, None
-    key = ("gemm_softmax",) + tuple(p[1] for p in probes) + (
-        probes[0][0] & 15, probes[1][0] & 15, threading.get_ident())
-    return key, tuple(p[0] for p in probes)
+    key = ("gemm_softmax",) + tuple(p[1] for p in probed) + (
+        probed[0][0] & 15, probed[1][0] & 15, threading.get_ident())
+    return key, tuple(p[0] for p in probed)
 
 
 def _remember_gs(a, b, bias, out, A, B, BIAS, OUT, relaunch):
@@ -414,8 +414,8 @@ def _remember_gs(a, b, bias, out, A, B, BIAS, OUT, relaunch):
         return
     w = _WarmGS()
     w.relaunch = relaunch
-    w.stream = _interop.stream_getter(A)
-    w.alloc = _interop.allocator(A, OUT.shape, OUT.dtype) if out is None else None
+    w.stream = streams.stream_getter(A)
+    w.alloc = alloc.allocator(A, OUT.shape, OUT.dtype) if out is None else None
     w.spans = tuple(0 if X is None else X.byte_range()[1] - X.byte_range()[0] for X in (A, B, BIAS))
     w.out_span = OUT.byte_range()[1] - OUT.byte_range()[0]
     if len(_FAST) >= _FAST_LIMIT:

@@ -6,7 +6,7 @@ For each library's inputs (bf16 where the library names it, else float16) it pri
 microseconds per call of each stage of a warm call (the time for the call to return, without
 waiting for the GPU), measured on its own in a loop:
 
-  probe a,b,out   pointer + key of the three arrays (numbatc._interop.probe)
+  probe a,b,out   pointer + key of the three arrays (numbatc.interop.probes.probe)
   key+lookup      gemm._warm_key (the probes again, the env and thread parts) + the dict lookup
   stream          the current-stream lookup (torch._C._cuda_getCurrentRawStream ...)
   launch          the relaunch function: one struct.pack_into + cuLaunchKernel
@@ -80,7 +80,7 @@ def stages(lib, m, n, k):
     import importlib
 
     import numbatc
-    from numbatc import _interop
+    from numbatc.interop import probes
 
     gemm_mod = importlib.import_module("numbatc.gemm")
     a, b, out, sync = make_inputs(lib, m, n, k)
@@ -92,7 +92,7 @@ def stages(lib, m, n, k):
     rows = []
     if warm is None:
         print(f"{lib}: no warm entry (emulation? unaligned? NUMBATC_PRINT_CONFIG set?)")
-    probe = _interop.probe
+    probe = probes.probe
     rows.append(("probe a,b,out", per_call_us(lambda: (probe(a), probe(b), probe(out)))))
     fast = gemm_mod._FAST
     rows.append(("key+lookup", per_call_us(lambda: fast.get(gemm_mod._warm_key(

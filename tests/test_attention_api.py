@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import numbatc
-from numbatc._interop import DTypeView
+from numbatc.interop import DTypeView
 from tests.helpers.fake_arrays import FakeCuda, no_gpu  # noqa: F401  (no_gpu: autouse)
 
 attention_mod = importlib.import_module("numbatc.attention")

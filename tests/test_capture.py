@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import numbatc
-from numbatc import _capture, _interop
+from numbatc import _capture
+from numbatc.interop import devices
 from numbatc.kernels import dispatch
 
 _serial = itertools.count(1)
@@ -46,7 +47,7 @@ class FakeCai:
 @pytest.fixture
 def fake_device(monkeypatch):
     gemm_mod = sys.modules["numbatc.gemm"]
-    monkeypatch.setattr(_interop, "_pointer_device", lambda ptr, name="array": 0)
+    monkeypatch.setattr(devices, "pointer_device", lambda ptr, name="array": 0)
     monkeypatch.setattr(gemm_mod, "_device_capability", lambda device: (9, 0))
 
 

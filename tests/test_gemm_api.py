@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import numbatc
-from numbatc import _interop
-from numbatc._interop import DTypeView, as_cuda_array
+from numbatc.interop import DTypeView, alloc, arrays, dlpack, streams
+from numbatc.interop.arrays import as_cuda_array
+from numbatc.interop.dtypes import dtype_name
 from tests.helpers.fake_arrays import (  # noqa: F401  (launched, no_gpu: fixtures; no_gpu autouse)
     FakeCuda, col_major, fake_cupy, fake_ptr, fake_torch, gemm_mod, launched, no_gpu,
     real_allocate_like)
@@ -104,7 +105,7 @@ def test_unknown_objects_list_what_is_accepted(obj):
 ])
 def test_dlpack_capsule_parsing_matches_numpy(make):
     x = make()
-    ptr, shape, strides, dname, device, isz = _interop._parse_dlpack_capsule(x.__dlpack__())
+    ptr, shape, strides, dname, device, isz = dlpack.parse_capsule(x.__dlpack__())
     assert ptr == x.__array_interface__["data"][0]
     assert shape == x.shape
     assert strides == tuple(s // x.itemsize for s in x.strides)
@@ -149,10 +150,10 @@ def test_dlpack_host_and_foreign_devices():
 
 
 def test_dlpack_dtype_table():
-    assert _interop._DL_DTYPES[(4, 16)] == "bfloat16"
-    assert _interop._DL_DTYPES[(10, 8)] == "float8_e4m3fn"
-    assert _interop._DL_DTYPES[(12, 8)] == "float8_e5m2"
-    assert _interop._DL_DTYPES[(2, 16)] == "float16"
+    assert dlpack.DTYPES[(4, 16)] == "bfloat16"
+    assert dlpack.DTYPES[(10, 8)] == "float8_e4m3fn"
+    assert dlpack.DTYPES[(12, 8)] == "float8_e5m2"
+    assert dlpack.DTYPES[(2, 16)] == "float16"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,7 +168,7 @@ def test_torch_bf16_transposed_and_stream(monkeypatch):
     assert (ca.library, ca.dtype, ca.itemsize, ca.shape, ca.strides, ca.device) == (
         "torch", "bfloat16", 2, (4, 8), (1, 4), 1)
     assert ca.storage_typestr == "<u2"
-    assert _interop.stream_handle(t) == 0xABC0
+    assert streams.stream_handle(t) == 0xABC0
 
 
 def test_torch_cpu_tensor_is_a_host_array(monkeypatch):
@@ -180,7 +181,7 @@ def test_torch_cpu_tensor_is_a_host_array(monkeypatch):
 
 def test_torch_result_is_a_torch_tensor(monkeypatch, launched):
     torch = fake_torch(monkeypatch, current_stream=0x5150)
-    monkeypatch.setattr(_interop, "allocate_like", real_allocate_like)
+    monkeypatch.setattr(alloc, "allocate_like", real_allocate_like)
     a = torch.Tensor((16, 8), torch.bfloat16)
     b = torch.Tensor((16, 8), torch.bfloat16).T  # column-major (8, 16)
     out = gemm(a, b, out_dtype=torch.float32)
@@ -195,11 +196,11 @@ def test_cupy_ml_dtypes_bf16_and_allocation(monkeypatch):
     x = cupy.ndarray((4, 6), ml_dtypes.bfloat16, device=2)
     ca = as_cuda_array(x)
     assert (ca.library, ca.dtype, ca.device, ca.strides) == ("cupy", "bfloat16", 2, (6, 1))
-    assert _interop.stream_handle(x) == 0xC0C0 + 2  # the current stream of x's device
-    alloc = real_allocate_like
-    r = alloc(x, (3, 3), "bfloat16")  # ml_dtypes in -> ml_dtypes out
+    assert streams.stream_handle(x) == 0xC0C0 + 2  # the current stream of x's device
+    allocate = real_allocate_like
+    r = allocate(x, (3, 3), "bfloat16")  # ml_dtypes in -> ml_dtypes out
     assert isinstance(r, cupy.ndarray) and r.dtype == np.dtype(ml_dtypes.bfloat16) and r.device.id == 2
-    r = alloc(x, (3, 3), "float32")
+    r = allocate(x, (3, 3), "float32")
     assert isinstance(r, cupy.ndarray) and r.dtype == np.float32
 
 
@@ -211,11 +212,11 @@ def test_marked_bf16_results_come_back_marked(monkeypatch):
     ca = as_cuda_array(x)
     assert (ca.dtype, ca.marked, ca.library, ca.itemsize, ca.storage_typestr) == (
         "bfloat16", True, "cupy", 2, "<u2")
-    alloc = real_allocate_like
-    r = alloc(x, (2, 5), "bfloat16")
+    allocate = real_allocate_like
+    r = allocate(x, (2, 5), "bfloat16")
     assert isinstance(r, DTypeView) and r.dtype == "bfloat16"
     assert isinstance(r.data, cupy.ndarray) and r.data.dtype == np.uint16 and r.data.device.id == 1
-    r32 = alloc(x, (2, 5), "float32")
+    r32 = allocate(x, (2, 5), "float32")
     assert isinstance(r32, cupy.ndarray) and r32.dtype == np.float32
     xt = x.T
     assert isinstance(xt, DTypeView) and as_cuda_array(xt).strides == (1, 6)
@@ -592,15 +593,15 @@ def test_activation_models():
 
 
 def test_same_device_helper():
-    assert _interop.same_device(FakeCuda((2,), device=1), None, FakeCuda((2,), device=1)) == 1
-    assert _interop.same_device(FakeCuda((0,), ptr=0)) is None
+    assert arrays.same_device(FakeCuda((2,), device=1), None, FakeCuda((2,), device=1)) == 1
+    assert arrays.same_device(FakeCuda((0,), ptr=0)) is None
     with pytest.raises(ValueError, match=r"x on cuda:0, y on cuda:3"):
-        _interop.same_device(FakeCuda((2,)), FakeCuda((2,), device=3), names=("x", "y"))
+        arrays.same_device(FakeCuda((2,)), FakeCuda((2,), device=3), names=("x", "y"))
 
 
 def test_dtype_names():
-    assert _interop.dtype_name("bf16") == "bfloat16"
-    assert _interop.dtype_name("torch.float16") == "float16"
-    assert _interop.dtype_name(np.float32) == "float32"
-    assert _interop.dtype_name(ml_dtypes.bfloat16) == "bfloat16"
-    assert _interop.dtype_name(ml_dtypes.float8_e4m3fn) == "float8_e4m3fn"
+    assert dtype_name("bf16") == "bfloat16"
+    assert dtype_name("torch.float16") == "float16"
+    assert dtype_name(np.float32) == "float32"
+    assert dtype_name(ml_dtypes.bfloat16) == "bfloat16"
+    assert dtype_name(ml_dtypes.float8_e4m3fn) == "float8_e4m3fn"

@@ -10,7 +10,7 @@ import types
 import pytest
 
 import numbatc
-from numbatc._interop import DTypeView
+from numbatc.interop import DTypeView
 from tests.helpers.fake_arrays import FakeCuda, col_major, launched, no_gpu  # noqa: F401 (fixtures)
 
 gemm_mod = importlib.import_module("numbatc.gemm")

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import numbatc
-from numbatc import _interop
 from tests.helpers.fake_arrays import (  # noqa: F401 (no_gpu: autouse fixture)
     T, fake_cupy, fake_ptr, fake_torch, no_gpu, value_devices)
 

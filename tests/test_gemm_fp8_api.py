@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import numbatc
+from numbatc.interop import alloc
 from numbatc.kernels import sm90_gemm
 from tests.helpers.fake_arrays import (  # noqa: F401  (launched, no_gpu: fixtures)
     FakeCuda, col_major, fake_torch, launched, no_gpu)
@@ -48,7 +49,7 @@ def test_fp8_reaches_launch_gemm(launched, kinds):
 @pytest.mark.parametrize("out_dtype", ["bfloat16", "float16", "float32"])
 def test_fp8_output_dtypes_and_c(launched, out_dtype):
     a, b = fp8()
-    c = gemm_mod._interop.allocate_like(FakeCuda((1,), "float32"), (64, 48), out_dtype)
+    c = alloc.allocate_like(FakeCuda((1,), "float32"), (64, 48), out_dtype)
     gemm(a, b, c=c, beta=0.5, scale_a=1, scale_b=2, out_dtype=out_dtype)
     (p,) = launched.launches
     assert p.out_dtype == out_dtype and p.c is not None and p.tensor_scales == (1.0, 2.0)

@@ -218,13 +218,13 @@ def test_first_device_touch_from_threads(monkeypatch):
     from numba import cuda
     from numba.cuda.cudadrv import devices
 
-    from numbatc import _interop
+    from numbatc.interop import devices as numbatc_devices
 
     for _ in range(ROUNDS // 2):
         monkeypatch.setattr(devices, "driver", _RacyDriver())
         monkeypatch.setattr(cuda, "gpus", devices._DeviceList())  # lst not yet filled
-        monkeypatch.setattr(_interop, "_devices_ready", False, raising=False)
-        results, errors = _run_threads(lambda i: _interop._device_scope(0).compute_capability)
+        monkeypatch.setattr(numbatc_devices, "_devices_ready", False, raising=False)
+        results, errors = _run_threads(lambda i: numbatc_devices.device_scope(0).compute_capability)
         assert errors == [None] * THREADS, [e for e in errors if e is not None][0]
         assert results == [(9, 0)] * THREADS
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import numbatc
-from numbatc._interop import DTypeView
+from numbatc.interop import DTypeView, devices, streams
 from tests.helpers.fake_arrays import FakeCuda, col_major, no_gpu  # noqa: F401  (no_gpu: autouse)
 
 softmax_mod = importlib.import_module("numbatc.softmax")
@@ -32,9 +32,9 @@ def launched(monkeypatch):
 
     from numbatc.kernels import dispatch
 
-    monkeypatch.setattr(softmax_mod._interop, "stream_handle", lambda t: 0)
-    monkeypatch.setattr(softmax_mod._interop, "numba_stream", lambda handle, device=None: None)
-    monkeypatch.setattr(softmax_mod._interop, "_device_scope", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(streams, "stream_handle", lambda t: 0)
+    monkeypatch.setattr(streams, "numba_stream", lambda handle, device=None: None)
+    monkeypatch.setattr(devices, "device_scope", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(dispatch, "_operand", lambda op, stream, keep: (op.ptr, op.ld))
     return calls
 
@@ -108,7 +108,7 @@ def test_softmax_result_has_the_input_dtype(no_gpu, launched):
 
 
 def test_vector_loads_need_8_byte_rows():
-    from numbatc._interop import as_cuda_array
+    from numbatc.interop import as_cuda_array
 
     ok = as_cuda_array(FakeCuda((4, 8), "float16"))
     assert softmax_mod._vector_ok(ok, 8, 4)
@@ -215,8 +215,8 @@ def test_gemm_softmax_second_call_is_warm(monkeypatch):
 
     monkeypatch.setattr(sm80_gemm_softmax, "launch", launch)
     monkeypatch.setattr(softmax_mod, "_emulated", lambda: False)
-    monkeypatch.setattr(softmax_mod._interop, "numba_stream", lambda handle, device=None: None)
-    monkeypatch.setattr(softmax_mod._interop, "_device_scope", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(streams, "numba_stream", lambda handle, device=None: None)
+    monkeypatch.setattr(devices, "device_scope", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(dispatch, "_operand", lambda op, stream, keep: (op.ptr, op.ld))
     softmax_mod._FAST.clear()
     torch = value_devices(fake_torch(monkeypatch, current_stream=0x99))

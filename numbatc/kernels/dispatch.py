@@ -265,7 +265,7 @@ def _aligned_view(operand, stream):
         captured = True
     view, ld = operand.view, operand.ld
     if operand.alignment != 16:
-        from numbatc._interop import transpose_view
+        from numbatc.interop.views import transpose_view
 
         rows, cols = view.shape
         if operand.layout == "col":  # work on the row-major transpose
@@ -314,7 +314,8 @@ def _epilogue_extra(p):
     (numbers as they are)}, or {} without a user epilogue."""
     if p.epilogue is None:
         return {}
-    from numbatc._interop import CudaArray, kernel_view
+    from numbatc.interop.arrays import CudaArray
+    from numbatc.interop.views import kernel_view
 
     return {"epilogue_args": tuple(kernel_view(x) if isinstance(x, CudaArray) else x
                                    for x in p.epilogue_args)}

@@ -277,7 +277,7 @@ def tensor_maps(cfg: Sm100Config, var, a_view, b_view):
     ``a_view`` is (M, K) row-major, ``b_view`` (K, N) column-major (its transpose, (N, K), is
     row-major): both are described as K-contiguous 2-D tensors."""
     from intrinsics.tensormap import TensorMap
-    from numbatc._interop import transpose_view
+    from numbatc.interop.views import transpose_view
 
     dt = _PTX_TYPE[var.in_dtype]
     ta = TensorMap.tiled(a_view, (cfg.bm, cfg.bk), dtype=dt, swizzle=_SWIZZLE)

@@ -361,7 +361,7 @@ def tensor_maps(cfg: ScaledConfig, a_view, b_view):
     swizzle, zero fill.  ``a_view`` is (M, K bytes) row-major uint8, ``b_view`` (K bytes, N)
     column-major (its transpose is row-major)."""
     from intrinsics.tensormap import TensorMap
-    from numbatc._interop import transpose_view
+    from numbatc.interop.views import transpose_view
 
     ta = TensorMap.tiled(a_view, (cfg.bm, _K_BYTES), dtype="u8", swizzle=_SWIZZLE)
     tb = TensorMap.tiled(transpose_view(b_view), (cfg.bn, _K_BYTES), dtype="u8",

@@ -533,7 +533,7 @@ def _operand(ca, stream, keep):
     copy path, as in sm80_gemm)."""
     from numba import config, cuda
 
-    from numbatc._interop import kernel_view
+    from numbatc.interop.views import kernel_view
     from numbatc.kernels.dispatch import _flat
 
     emulated = bool(config.ENABLE_CUDASIM)
@@ -586,7 +586,7 @@ def kernel_arguments(p, keep):
     temporaries alive until the launch is queued."""
     from numba import config
 
-    from numbatc._interop import kernel_view
+    from numbatc.interop.views import kernel_view
     from numbatc.kernels.dispatch import _flat
 
     emulated = bool(config.ENABLE_CUDASIM)

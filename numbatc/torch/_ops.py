@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 import numbatc
+from numbatc.interop.dtypes import dtype_name
 
 __all__ = ["register", "OPS"]
 
@@ -37,7 +38,7 @@ OPS: dict = {}  # name -> the torch.library CustomOpDef, filled by register()
 def _out_dtype(out_dtype):
     if out_dtype is None or isinstance(out_dtype, torch.dtype):
         return out_dtype
-    return getattr(torch, numbatc._interop.dtype_name(out_dtype))
+    return getattr(torch, dtype_name(out_dtype))
 
 
 def register():

@@ -16,7 +16,7 @@ import pytest
 from numba import config, cuda
 
 import numbatc
-from numbatc._interop import transpose_view
+from numbatc.interop import transpose_view
 from numbatc.kernels import sm100_scaled_gemm as sg
 
 pytestmark = [pytest.mark.emulation,

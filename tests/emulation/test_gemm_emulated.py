@@ -24,7 +24,7 @@ def _device(x, layout):
     host = x if layout == "row" else np.ascontiguousarray(x.T)
     d = cuda.to_device(host.view(np.uint16) if host.dtype == ml_dtypes.bfloat16 else host)
     if layout == "col":
-        from numbatc._interop import transpose_view
+        from numbatc.interop import transpose_view
 
         d = transpose_view(d)
     return numbatc.bfloat16(d) if x.dtype == ml_dtypes.bfloat16 else d
@@ -51,7 +51,7 @@ def test_gemm_in_the_emulation(m, n, k, dtype, layouts, out_dtype, epilogue):
         else:
             ref = ref / (1 + np.exp(-ref))
     out = numbatc.gemm(_device(a, layouts[0]), _device(b, layouts[1]), **kw)
-    from numbatc._interop import DTypeView
+    from numbatc.interop import DTypeView
 
     host = (out.data if isinstance(out, DTypeView) else out).copy_to_host()
     got = (host.view(ml_dtypes.bfloat16) if out_dtype == "bfloat16" else host).astype(np.float64)

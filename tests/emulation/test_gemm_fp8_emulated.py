@@ -15,7 +15,7 @@ import pytest
 from numba import config, cuda
 
 import numbatc
-from numbatc._interop import transpose_view
+from numbatc.interop import transpose_view
 from numbatc.kernels import sm90_gemm
 
 pytestmark = [pytest.mark.emulation,

@@ -185,7 +185,7 @@ def _device(x, layout):
     """A numbatc.gemm operand in the emulation: x (bf16 / f16 / fp8 host values) stored
     ``layout``."""
     import numbatc
-    from numbatc._interop import transpose_view
+    from numbatc.interop import transpose_view
 
     host = np.ascontiguousarray(x if layout == "row" else x.T)
     bits = {2: np.uint16, 1: np.uint8}[host.dtype.itemsize]

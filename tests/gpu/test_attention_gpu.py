@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import numbatc
-from numbatc._interop import DTypeView
+from numbatc.interop import DTypeView
 from tests.helpers.attention import HEADS, NP_DTYPE, SEQLENS, check, to_device, values
 
 pytestmark = pytest.mark.gpu(cc=(8, 0))

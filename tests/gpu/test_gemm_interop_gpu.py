@@ -24,8 +24,9 @@ import pytest
 from numba import cuda
 
 import numbatc
-from numbatc import _interop
-from numbatc._interop import DTypeView, allocate_like, as_cuda_array, as_kernel_array, stream_for
+from numbatc.interop import (DTypeView, allocate_like, as_cuda_array, as_kernel_array, stream_for,
+                             transpose_view)
+from numbatc.interop.views import copy_to_host
 
 gemm_mod = importlib.import_module("numbatc.gemm")
 
@@ -72,7 +73,7 @@ def test_numba_round_trip():
     assert (ca.library, ca.ptr, ca.shape, ca.strides, ca.dtype, ca.device) == (
         "numba", ptr_of(d), (37, 53), (53, 1), "float16", 0)
     assert as_kernel_array(d) is d  # a Numba array is its own kernel view
-    t = _interop.transpose_view(d)  # NOTE: numba's d.T is a copy made by a kernel
+    t = transpose_view(d)  # NOTE: numba's d.T is a copy made by a kernel
     ct = as_cuda_array(t)
     assert (ct.shape, ct.strides, ct.ptr) == ((53, 37), (1, 53), ptr_of(d))
     np.testing.assert_array_equal(as_kernel_array(t).copy_to_host(), h.T)
@@ -325,7 +326,7 @@ class Lib:
         else:
             x = cuda.to_device(src.astype(dtype))
         if col:
-            x = _interop.transpose_view(x)
+            x = transpose_view(x)
         if dtype == "bfloat16" and self.name in ("numba", "cupy"):
             x = numbatc.bfloat16(x)
         return x
@@ -338,12 +339,12 @@ class Lib:
         marked = isinstance(base, DTypeView)
         if marked:
             base = base.data
-        view = _interop.transpose_view(base[:, :m]) if layout == "col" else base[:, :n]
+        view = transpose_view(base[:, :m]) if layout == "col" else base[:, :n]
         return numbatc.bfloat16(view) if marked else view
 
     def to_host(self, r):
         if isinstance(r, DTypeView):
-            return gemm_mod._to_float32(_interop._copy_to_host(r.data), r.dtype)
+            return gemm_mod._to_float32(copy_to_host(r.data), r.dtype)
         if self.name == "torch":
             assert isinstance(r, self.torch.Tensor)
             return r.float().cpu().numpy()

@@ -17,7 +17,7 @@ import pytest
 from numba import config, cuda
 
 import numbatc
-from numbatc._interop import DTypeView
+from numbatc.interop import DTypeView
 from tests.helpers.gemm import NP_DTYPE, ROUNDING, to_device, values
 from tests.helpers.gemm import to_host as _to_host
 

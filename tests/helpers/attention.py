@@ -19,7 +19,7 @@ import pytest
 from numba import cuda
 
 import numbatc
-from numbatc._interop import DTypeView
+from numbatc.interop import DTypeView
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

@@ -17,11 +17,12 @@ import types
 import numpy as np
 import pytest
 
-from numbatc import _interop
-from numbatc._interop import DTypeView, as_cuda_array
+from numbatc.interop import alloc, devices
+from numbatc.interop.arrays import DTypeView, as_cuda_array
+from numbatc.interop.dtypes import dtype_name
 
 gemm_mod = importlib.import_module("numbatc.gemm")  # numbatc.gemm is the function
-real_allocate_like = _interop.allocate_like  # the fixture no_gpu replaces it by fakes
+real_allocate_like = alloc.allocate_like  # the fixture no_gpu replaces it by fakes
 
 _serial = itertools.count(1)
 
@@ -85,13 +86,13 @@ def col_major(rows, cols, dtype="float16", ld=None, device=0):
 def no_gpu(monkeypatch):
     """Device queries answered from the fake pointers; an H200 (sm_90) unless a test says so;
     results allocated as fakes on the operand's device."""
-    monkeypatch.setattr(_interop, "_pointer_device", lambda ptr, name="array": (ptr >> 40) - 1)
+    monkeypatch.setattr(devices, "pointer_device", lambda ptr, name="array": (ptr >> 40) - 1)
     monkeypatch.setattr(gemm_mod, "_device_capability", lambda device: (9, 0))
     allocated = []
 
     def allocate_like(t, shape, dtype):
         ca = as_cuda_array(t)
-        dtype = _interop.dtype_name(dtype)
+        dtype = dtype_name(dtype)
         if dtype == "bfloat16":
             r = DTypeView(FakeCuda(shape, "uint16", device=ca.device or 0), "bfloat16")
         else:
@@ -99,7 +100,7 @@ def no_gpu(monkeypatch):
         allocated.append((shape, dtype, r))
         return r
 
-    monkeypatch.setattr(_interop, "allocate_like", allocate_like)
+    monkeypatch.setattr(alloc, "allocate_like", allocate_like)
     return allocated
 
 

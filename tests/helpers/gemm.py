@@ -56,7 +56,7 @@ def to_device(x64, dtype, layout, lib="numba"):
     storage = host.view(np.uint16) if dtype == "bfloat16" else host
     d = cuda.to_device(storage)
     if layout == "col":
-        from numbatc._interop import transpose_view
+        from numbatc.interop import transpose_view
 
         d = transpose_view(d)
     return numbatc.bfloat16(d) if dtype == "bfloat16" else d
