@@ -13,7 +13,7 @@ import pytest
 import numbatc
 from numbatc import _capture
 from numbatc.interop import devices
-from numbatc.kernels import dispatch
+from numbatc.kernels import operands, split_k
 
 _serial = itertools.count(1)
 
@@ -115,24 +115,24 @@ def test_split_workspace_while_capturing_comes_from_torch(capturing, fake_torch,
     """A captured split-K launch of torch inputs takes new buffers from torch's allocator (the
     counters zeroed) every launch, never numbatc's per-stream cache, and keeps them referenced
     until the thread's next captured launch."""
-    monkeypatch.setattr(dispatch, "_WORKSPACES", {})
-    get = dispatch.split_workspace(3, floats=4 * 16 * 256, counters=8, library="torch")
+    monkeypatch.setattr(split_k, "_WORKSPACES", {})
+    get = split_k.split_workspace(3, floats=4 * 16 * 256, counters=8, library="torch")
     ws, cnt = get(0x77)
     assert fake_torch == [("empty", 4 * 16 * 256, "float32", "cuda:3"),
                           ("zeros", 8, "int32", "cuda:3")]
-    kept = dispatch._CAPTURED.keep
+    kept = split_k._CAPTURED.keep
     assert (kept[0].data_ptr(), kept[1].data_ptr()) == (ws, cnt)
     ws2, cnt2 = get(0x77)
     assert (ws2, cnt2) != (ws, cnt) and len(fake_torch) == 4
-    assert dispatch._WORKSPACES == {}
+    assert split_k._WORKSPACES == {}
 
 
 def test_split_workspace_while_capturing_refuses_other_libraries(capturing, monkeypatch):
-    monkeypatch.setattr(dispatch, "_WORKSPACES", {})
-    get = dispatch.split_workspace(0, floats=1024, counters=4, library="cupy")
+    monkeypatch.setattr(split_k, "_WORKSPACES", {})
+    get = split_k.split_workspace(0, floats=1024, counters=4, library="cupy")
     with pytest.raises(_capture.CaptureError, match="split-K workspace.*NUMBATC_SPLIT_K=1"):
         get(0x77)
-    assert dispatch._WORKSPACES == {}
+    assert split_k._WORKSPACES == {}
 
 
 def test_packing_an_unaligned_operand_is_refused(capturing):
@@ -142,7 +142,7 @@ def test_packing_an_unaligned_operand_is_refused(capturing):
 
     op = Operand("a", array=None, layout="row", ld=9, alignment=2)
     with pytest.raises(_capture.CaptureError, match="pack a .not 16-byte aligned."):
-        dispatch._aligned_view(op, 0x55)
+        operands.aligned_view(op, 0x55)
 
 
 def test_result_allocation_for_other_libraries_is_refused(capturing, fake_device):

@@ -165,10 +165,12 @@ def test_dispatch_forcing(kernel, monkeypatch):
 
 
 def test_packing_pads_fp8_rows_to_16_bytes():
-    """_aligned_view's row padding is 16 bytes: 16 fp8 values (8 bf16/f16)."""
+    """aligned_view's row padding is 16 bytes: 16 fp8 values (8 bf16/f16)."""
     import inspect
 
-    src = inspect.getsource(dispatch._aligned_view)
+    from numbatc.kernels import operands
+
+    src = inspect.getsource(operands.aligned_view)
     assert "16 // view.dtype.itemsize" in src
 
 

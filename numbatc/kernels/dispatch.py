@@ -6,20 +6,16 @@ reason for any fallback) to stderr.
 
 import os
 import sys
-import threading
-
-import numpy as np
-from numba import cuda
 
 from numba import config
 
-from numbatc import _capture
-from numbatc.kernels import sm80_gemm
+from numbatc.kernels import operands, sm80_gemm
 from numbatc.kernels.epilogue import GemmVariant
+from numbatc.kernels.split_k import release_captured, split_workspace
 
 _EMULATED = bool(config.ENABLE_CUDASIM)
 
-__all__ = ["choose_sm80", "launch_gemm", "env_key"]
+__all__ = ["choose_sm80", "launch_gemm", "env_key", "release_captured"]
 
 #: The environment variables that steer the choice of kernel and configuration.
 _ENV_VARS = ("NUMBATC_SM80_CONFIG", "NUMBATC_GEMM_KERNEL", "NUMBATC_PRINT_CONFIG",
@@ -82,90 +78,6 @@ def choose_split(cfg, m, n, k, family=sm80_gemm, blocks_per_sm=2, max_m=64):
         return 1, k
     per = -(-k_tiles // splits)  # k tiles per slice; no slice left empty
     return -(-k_tiles // per), per * cfg.bk
-
-
-#: (device, stream handle) -> [workspace, counters, retired buffers] for split-K launches.
-_WORKSPACES: dict = {}
-_WORKSPACE_LOCK = threading.Lock()
-
-
-def split_workspace(device, floats, counters, library=None):
-    """``fn(stream) -> (workspace, counters, ...)`` pointers for split-K launches of one problem
-    size on ``device``: per stream (launches on one stream run one after another, so each
-    stream's buffers are used by one launch at a time), grown when a problem needs more and kept
-    (split-K kernels leave the counters zero, so they are zeroed once, when allocated).  Buffers
-    outgrown are kept alive too: a kernel queued before the growth may still use them.
-
-    While ``stream`` captures a CUDA graph the buffers are new ones from torch's allocator for
-    ``library == "torch"`` (see :func:`_captured_buffers`), else a numbatc.CaptureError."""
-
-    def get(stream):
-        if not _EMULATED and _capture.is_capturing(stream):
-            return _captured_buffers(device, floats, counters, library, stream)
-        handle = stream if isinstance(stream, int) else id(stream)
-        # NOTE: handle 2 is CU_STREAM_PER_THREAD, a different stream in every host thread: two
-        # threads' split-K launches on it may run at once, so each thread gets its own buffers
-        key = (device, handle, threading.get_ident() if handle == 2 else None)
-        entry = _WORKSPACES.get(key)
-        if entry is None or entry[0].size < floats or entry[1].size < counters:
-            with _WORKSPACE_LOCK:  # two threads growing one stream's buffers: one allocates
-                return _grow(key, floats, counters)
-        return entry[3], entry[4]
-
-    return get
-
-
-#: the captured split-K launch's buffers, per thread, until the numbatc call that queued it
-#: returns (see _captured_buffers and release_captured)
-_CAPTURED = threading.local()
-
-
-def release_captured():
-    """Drop the buffers a call took from torch's allocator while capturing (its launches are
-    queued by now).  Holding them longer would leave tensors in the graph's pool that are not the
-    graph's outputs, which torch.compile's CUDA-graph trees refuse ("Detected 2 tensor(s) in the
-    cudagraph pool not tracked as outputs")."""
-    if _CAPTURED.__dict__:
-        _CAPTURED.__dict__.clear()
-
-
-def _captured_buffers(device, floats, counters, library, stream):
-    """Split-K buffers for a launch recorded into a CUDA graph: numbatc's per-stream cache
-    cannot serve it (a replay may run beside eager launches that use the cached buffers, and
-    cuMemAlloc invalidates the capture), so for torch inputs they come from torch's allocator on
-    the capturing stream, which is torch's current one: the graph's private pool, the counters
-    zeroed by a memset the graph records.  They stay referenced until the numbatc call returns
-    (:func:`release_captured`), its launch queued; stream order makes a later reuse of their
-    memory inside the same graph safe."""
-    if library != "torch":
-        _capture.refuse_if_capturing(
-            stream, "allocate a split-K workspace",
-            "graphs of split-K launches take their workspace from torch's allocator (torch "
-            "inputs); for other libraries set NUMBATC_SPLIT_K=1 while capturing")
-    import torch
-
-    where = torch.device("cuda", device)
-    ws = torch.empty(floats, dtype=torch.float32, device=where)
-    cnt = torch.zeros(counters, dtype=torch.int32, device=where)
-    _CAPTURED.keep = (ws, cnt)
-    return ws.data_ptr(), cnt.data_ptr()
-
-
-def _grow(key, floats, counters):
-    """split_workspace's allocation (under _WORKSPACE_LOCK): buffers of at least the sizes asked
-    for the key, the outgrown ones kept alive."""
-    old = _WORKSPACES.get(key)
-    if old is not None and old[0].size >= floats and old[1].size >= counters:
-        return old[3], old[4]  # another thread grew them meanwhile
-    ws = cuda.device_array(max(floats, old[0].size if old else 0), np.float32)
-    cnt = cuda.to_device(np.zeros(max(counters, old[1].size if old else 0), np.int32))
-    entry = [ws, cnt, (old[2] + [old[0], old[1]]) if old else []]
-    if _EMULATED:
-        entry += [_flat(ws, []), _flat(cnt, [])]
-    else:
-        entry += [ws.device_ctypes_pointer.value, cnt.device_ctypes_pointer.value]
-    _WORKSPACES[key] = entry
-    return entry[3], entry[4]
 
 
 # A split-K launch gives one block per tile and K slice, so a persistent configuration would
@@ -233,92 +145,9 @@ def _variant(p):
     )
 
 
-@cuda.jit
-def _pack(src, dst):
-    """dst[i, j] = src[i, j] for the (rows, cols) of src; dst may be wider (padded rows)."""
-    i, j = cuda.grid(2)
-    if i < src.shape[0] and j < src.shape[1]:
-        dst[i, j] = src[i, j]
-
-
-def _operand(operand, stream, keep):
-    """(flat operand, leading dimension) for the kernel: the operand's own pointer when its start
-    and leading dimension are 16-byte aligned, else an aligned copy in the same layout (rows
-    padded to a multiple of 16 bytes: 8 bf16/f16 elements, 16 fp8).  The copy costs one pass over the operand; the GEMM
-    kernel then needs no slow path (see sm80_gemm)."""
-    if operand.alignment == 16 and not _EMULATED:
-        return operand.ptr, operand.ld
-    view, ld = _aligned_view(operand, stream)
-    return _flat(view, keep), ld
-
-
-def _aligned_view(operand, stream):
-    """(2-D view, leading dimension): the operand itself when 16-byte aligned, else the packed
-    copy described in :func:`_operand`."""
-    captured = False
-    if operand.alignment != 16 and not _EMULATED and _capture.is_capturing(stream):
-        if getattr(operand.array, "library", None) != "torch":
-            _capture.refuse_if_capturing(
-                stream, f"pack {operand.name} (not 16-byte aligned) into a temporary copy",
-                f"make {operand.name}'s start and leading dimension 16-byte aligned (or pass "
-                "torch tensors: their copy comes from torch's allocator)")
-        captured = True
-    view, ld = operand.view, operand.ld
-    if operand.alignment != 16:
-        from numbatc.interop.views import transpose_view
-
-        rows, cols = view.shape
-        if operand.layout == "col":  # work on the row-major transpose
-            view, (rows, cols) = transpose_view(view), (cols, rows)
-        per = 16 // view.dtype.itemsize  # elements per 16 bytes
-        ld = (cols + per - 1) // per * per
-        if captured:
-            # While capturing: from torch's allocator on the capturing stream (the graph's
-            # private pool; cuMemAlloc would invalidate the capture), as split-K's workspace
-            import torch
-
-            raw = torch.empty(rows * ld * view.dtype.itemsize, dtype=torch.uint8,
-                              device=torch.device("cuda", torch.cuda.current_device()))
-            padded = cuda.as_cuda_array(raw).view(view.dtype).reshape(rows, ld)
-            padded._numbatc_owner = raw  # keeps the memory until the launch is queued
-        else:
-            padded = cuda.device_array((rows, ld), dtype=view.dtype, stream=stream)
-        packed = padded[:, :cols]
-        _pack[((rows + 15) // 16, (cols + 15) // 16), (16, 16), stream](view, packed)
-        view = transpose_view(packed) if operand.layout == "col" else packed
-    return view, ld
-
-
-def _flat(view, keep):
-    """The kernel's flat operand for a Numba array: its device pointer (int) on the GPU; in the
-    emulation a 1-d array over the same memory starting at element (0, 0).  ``keep`` holds
-    temporaries alive until the launch has been queued."""
-    keep.append(view)
-    if _EMULATED:
-        host = getattr(view, "_ary", view)
-        if host.dtype == np.float16:  # the kernel moves 16-bit patterns (uint16 on the GPU too)
-            host = host.view(np.uint16)
-        itemsize = host.dtype.itemsize
-        span = sum((d - 1) * st for d, st in zip(host.shape, host.strides)) // itemsize + 1
-        return np.lib.stride_tricks.as_strided(host, shape=(span,), strides=(itemsize,))
-    return view.device_ctypes_pointer.value
-
-
-def _pointer(operand, keep):
-    """Flat operand for c, bias and out (no alignment needed: the epilogue stores elements)."""
-    return _flat(operand.view, keep) if _EMULATED else operand.ptr
-
-
-def _epilogue_extra(p):
-    """The launch keyword for a user epilogue's arguments: {"epilogue_args": their Numba views
-    (numbers as they are)}, or {} without a user epilogue."""
-    if p.epilogue is None:
-        return {}
-    from numbatc.interop.arrays import CudaArray
-    from numbatc.interop.views import kernel_view
-
-    return {"epilogue_args": tuple(kernel_view(x) if isinstance(x, CudaArray) else x
-                                   for x in p.epilogue_args)}
+# numbatc.softmax imports these under their old names; they go when it imports
+# numbatc.kernels.operands.flat and .operand instead.
+_flat, _operand = operands.flat, operands.operand
 
 
 #: Hopper tiles for problems whose 128 x 256 tiles do not fill the GPU twice, with the time
@@ -488,14 +317,14 @@ def _launch_sm100(p, cfg, var):
     from numbatc.kernels import sm100_gemm
 
     keep = []
-    out = _pointer(p.out, keep)
-    a_view, _ = _aligned_view(p.a, p.stream)
-    b_view, _ = _aligned_view(p.b, p.stream)
+    out = operands.pointer(p.out, keep)
+    a_view, _ = operands.aligned_view(p.a, p.stream)
+    b_view, _ = operands.aligned_view(p.b, p.stream)
     ta, tb = sm100_gemm.tensor_maps(cfg, var, a_view, b_view)
     keep += [ta, tb, a_view, b_view]
-    c = _pointer(p.c, keep) if p.c is not None else out
-    bias = _pointer(p.bias, keep) if p.bias is not None else out
-    extra = _epilogue_extra(p)
+    c = operands.pointer(p.c, keep) if p.c is not None else out
+    bias = operands.pointer(p.bias, keep) if p.bias is not None else out
+    extra = operands.epilogue_args(p)
     sm100_gemm.launch(cfg, var, ta.device, tb.device, c, bias, out, p.m, p.n, p.k,
                       p.c.ld if p.c is not None else 0, p.out.ld, p.alpha, p.beta,
                       stream=p.stream if _EMULATED else p.stream_handle, **extra)
@@ -546,18 +375,18 @@ def _launch_block_scaled(p):
               f"{' +c' if var.c_dtype else ''}{' +bias' if var.bias_dtype else ''}"
               f"{' ' + var.activation if var.activation else ''}", file=sys.stderr)
     keep = []
-    out = _pointer(p.out, keep)
-    a_view, _ = _aligned_view(p.a, p.stream)
-    b_view, _ = _aligned_view(p.b, p.stream)
+    out = operands.pointer(p.out, keep)
+    a_view, _ = operands.aligned_view(p.a, p.stream)
+    b_view, _ = operands.aligned_view(p.b, p.stream)
     ta, tb = sg.tensor_maps(cfg, a_view, b_view)
     groups_a, groups_b = sg.chunk_groups(cfg, p.m, p.n)
     k_tiles = (p.k + cfg.bk - 1) // cfg.bk
     sfa = sg.scale_chunks(p.scale_a.view, groups_a, k_tiles, cfg.chunks, stream=p.stream)
     sfb = sg.scale_chunks(p.scale_b.view, groups_b, k_tiles, cfg.chunks, stream=p.stream)
     keep += [ta, tb, a_view, b_view, sfa, sfb]
-    c = _pointer(p.c, keep) if p.c is not None else out
-    bias = _pointer(p.bias, keep) if p.bias is not None else out
-    extra = _epilogue_extra(p)
+    c = operands.pointer(p.c, keep) if p.c is not None else out
+    bias = operands.pointer(p.bias, keep) if p.bias is not None else out
+    extra = operands.epilogue_args(p)
     sg.launch(cfg, var, ta.device, tb.device, sfa, sfb, c, bias, out, p.m, p.n, p.k,
               p.c.ld if p.c is not None else 0, p.out.ld, p.alpha, p.beta,
               stream=p.stream if _EMULATED else p.stream_handle, **extra)
@@ -603,18 +432,18 @@ def launch_gemm(p):
     if family.__name__.endswith("sm100_gemm"):
         return _launch_sm100(p, cfg, var)
     keep = []
-    out = _pointer(p.out, keep)
+    out = operands.pointer(p.out, keep)
     if p.k == 0:  # a and b are never read
         a, lda, b, ldb = out, 1, out, 1
     else:
-        a, lda = _operand(p.a, p.stream if p.a.alignment != 16 else 0, keep)
-        b, ldb = _operand(p.b, p.stream if p.b.alignment != 16 else 0, keep)
-    c = _pointer(p.c, keep) if p.c is not None else out
-    bias = _pointer(p.bias, keep) if p.bias is not None else out
+        a, lda = operands.operand(p.a, p.stream if p.a.alignment != 16 else 0, keep)
+        b, ldb = operands.operand(p.b, p.stream if p.b.alignment != 16 else 0, keep)
+    c = operands.pointer(p.c, keep) if p.c is not None else out
+    bias = operands.pointer(p.bias, keep) if p.bias is not None else out
     ldc = p.c.ld if p.c is not None else 0
     # The raw stream handle: intrinsics.launch caches its stream object, so a warm call builds
     # no Numba array or stream objects at all.
-    extra = _epilogue_extra(p)
+    extra = operands.epilogue_args(p)
     if fast:
         extra["prepare"] = True
     splits = 1

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from numbatc.kernels import operands
 from numbatc.kernels.build import load_generated
 from numbatc.kernels.epilogue import QUAD_REDUCTIONS
 
@@ -534,7 +535,6 @@ def _operand(ca, stream, keep):
     from numba import config, cuda
 
     from numbatc.interop.views import kernel_view
-    from numbatc.kernels.dispatch import _flat
 
     emulated = bool(config.ENABLE_CUDASIM)
     if _aligned(ca) and not emulated:
@@ -555,7 +555,7 @@ def _operand(ca, stream, keep):
             view = packed
     strides = tuple(s // view.dtype.itemsize if n > 1 else 0
                     for n, s in zip(view.shape[:3], view.strides[:3]))
-    return _flat(view, keep), strides
+    return operands.flat(view, keep), strides
 
 
 def launch_attention(p):
@@ -587,7 +587,6 @@ def kernel_arguments(p, keep):
     from numba import config
 
     from numbatc.interop.views import kernel_view
-    from numbatc.kernels.dispatch import _flat
 
     emulated = bool(config.ENABLE_CUDASIM)
     stream = p.stream
@@ -595,8 +594,9 @@ def kernel_arguments(p, keep):
     k, k_st = _operand(p.k, stream, keep)
     v, v_st = _operand(p.v, stream, keep)
     if emulated:
-        out = _flat(kernel_view(p.out), keep)
-        lse = _flat(kernel_view(p.lse), keep) if p.lse is not None else np.zeros(1, np.float32)
+        out = operands.flat(kernel_view(p.out), keep)
+        lse = (operands.flat(kernel_view(p.lse), keep) if p.lse is not None
+               else np.zeros(1, np.float32))
     else:
         out = p.out.ptr
         lse = p.lse.ptr if p.lse is not None else 0

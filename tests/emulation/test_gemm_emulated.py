@@ -95,9 +95,9 @@ def test_split_workspace_per_stream_and_per_thread_default_stream():
     each thread gets its own."""
     import threading
 
-    from numbatc.kernels import dispatch
+    from numbatc.kernels import split_k
 
-    get = dispatch.split_workspace(0, 64, 4)
+    get = split_k.split_workspace(0, 64, 4)
     seen = {}
     alive = threading.Barrier(4)  # all four threads at once (a finished thread's id is reused)
 
