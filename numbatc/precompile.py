@@ -3,7 +3,7 @@
 A GEMM configuration numbatc has not run before compiles on its first call (numba's typing and
 lowering, NVVM, nvJitLink: 2-4 s each on a 2-core host; a model touches a dozen).  Given the
 shapes a program will run, :func:`precompile` works out which kernel configurations
-``numbatc.gemm`` chooses for them (the dispatcher's own choice, see :func:`_dispatch_choice`),
+``numbatc.gemm`` launches for them (the dispatcher's own plan, numbatc.kernels.dispatch.plan),
 drops duplicates, and compiles them in parallel worker processes into the disk cache that
 ``numbatc.gemm`` reads (``$NUMBATC_CACHE_DIR``, else ``~/.cache/numbatc``): the entries have the
 cache key of a launch, so the next process's first call loads them instead of compiling.
@@ -137,35 +137,6 @@ def _problem(m, n, k, dtype, a_layout, b_layout, out_dtype, bias, activation, cc
         stream_handle=0, tensor_scales=(1.0, 1.0) if fp8 else None)
 
 
-def _dispatch_choice(p):
-    """(kernel module, config, variant) that ``numbatc.gemm`` launches for problem ``p``.
-
-    The one place this module calls the dispatcher (numbatc.kernels.dispatch): its family and
-    config choice, its variant, its split-K choice and twin table; should one be renamed, this is
-    the line to follow.  The split-K step mirrors dispatch.launch_gemm, which makes that choice
-    inline."""
-    from numbatc.kernels import dispatch
-
-    if p.tensor_scales is not None:
-        family, cfg = dispatch._fp8_family(p, os.environ.get("NUMBATC_GEMM_KERNEL", ""))
-    else:
-        family, cfg = dispatch._kernel_family(p)
-    var = dispatch._variant(p)
-    splits = 1
-    if family.__name__.endswith(".sm80_gemm"):
-        splits, _ = dispatch.choose_split(cfg, p.m, p.n, p.k)
-    elif (family.__name__.endswith(".sm90_gemm") and getattr(cfg, "cluster_m", 1) == 1
-          and (p.tensor_scales is None or os.environ.get("NUMBATC_SPLIT_K"))):
-        splits, _ = dispatch.choose_split(cfg, p.m, p.n, p.k, family, blocks_per_sm=1,
-                                          max_m=256)
-        if splits > 1 and cfg.name in dispatch._SPLIT_TWIN:
-            twin = dispatch._SPLIT_TWIN[cfg.name]
-            cfg = family.CONFIGS.get(twin) or family.FP8_CONFIGS[twin]
-    if splits > 1:
-        var = dataclasses.replace(var, split_k=True)
-    return family, cfg, var
-
-
 @dataclasses.dataclass(frozen=True)
 class _Job:
     family: str  # the kernel module's name
@@ -197,11 +168,13 @@ def plan(shapes, dtype="bfloat16", *, a_layout="row", b_layout="col", out_dtype=
             raise ValueError(f"out_dtype={out_dtype!r}: bfloat16, float16 or float32")
     if dtype in _FP8 and (a_layout, b_layout) != ("row", "col"):
         raise ValueError("FP8 runs K-major operands only: a_layout='row', b_layout='col'")
+    from numbatc.kernels import dispatch
+
     cc = parse_cc(cc) if cc is not None else (_device_cc() or (9, 0))
     jobs = {}
     for m, n, k in parse_shapes(shapes):
         p = _problem(m, n, k, dtype, a_layout, b_layout, out_dtype, bias, activation, cc)
-        family, cfg, var = _dispatch_choice(p)
+        family, cfg, var = dispatch.plan(p)
         jobs.setdefault(_Job(family.__name__, cfg, var, cc), []).append((m, n, k))
     return jobs
 

@@ -5,7 +5,6 @@ and the dispatcher's refusals.  Arrays are tests/helpers/fake_arrays.py's fakes:
 dereferenced."""
 
 import importlib
-import types
 
 import pytest
 
@@ -194,12 +193,21 @@ def test_the_markers():
 
 
 def _problem(fmt="mxfp8", cc=(10, 0), n=48):
-    return types.SimpleNamespace(block_scaled=gemm_mod.BLOCK_SCALED[fmt], cc=cc, n=n)
+    from tests.helpers.problems import gemm_problem
+
+    dtype = "float8_e4m3fn" if fmt == "mxfp8" else "float4_e2m1fn_x2"
+    return gemm_problem(64, n, 256, cc=cc, dtype=dtype, block_scaled=gemm_mod.BLOCK_SCALED[fmt])
 
 
-def test_dispatch_picks_and_refuses_configs():
+def test_dispatch_picks_and_refuses_configs(monkeypatch):
     dispatch = importlib.import_module("numbatc.kernels.dispatch")
-    pick = dispatch._scaled_config
+
+    def pick(p, choice):
+        monkeypatch.setenv("NUMBATC_GEMM_KERNEL", choice)
+        module, cfg = dispatch.choose(p)
+        assert module.__name__.endswith("sm100_scaled_gemm")
+        return cfg
+
     assert pick(_problem(), "").name == "mxfp8_128x128_6s"
     assert pick(_problem(n=300), "").name == "mxfp8_128x256_4s"
     assert pick(_problem("nvfp4", n=129), "sm100").name == "nvfp4_128x256_4s"

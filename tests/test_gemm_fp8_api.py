@@ -128,7 +128,7 @@ class KernelRecorder:
 @pytest.fixture
 def kernel(monkeypatch):
     r = KernelRecorder()
-    monkeypatch.setattr(sm90_gemm, "launch", r.launch)
+    monkeypatch.setattr(sm90_gemm, "launch_flat", r.launch)
     monkeypatch.delenv("NUMBATC_GEMM_KERNEL", raising=False)
     monkeypatch.delenv("NUMBATC_PRINT_CONFIG", raising=False)
     gemm_mod._FAST.clear()

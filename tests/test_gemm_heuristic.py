@@ -1,18 +1,12 @@
 """The Hopper GEMM heuristic for problems too small for the persistent 128 x 256 tiles
-(numbatc.kernels.dispatch._small_tile / _small_split): which tile, when split-K, and the
-cp.async / sm80 fallbacks where a tensor map cannot describe an operand.  CPU only: the choice
-is host code on a stand-in problem."""
-from types import SimpleNamespace
-
+(numbatc.kernels.sm90_gemm.small_tile / small_split) and the dispatch table's walk
+(numbatc.kernels.dispatch.choose): which tile, when split-K, and the cp.async / sm80 fallbacks
+where a tensor map cannot describe an operand.  CPU only: the choice is host code on a
+stand-in problem."""
 import pytest
 
-from numbatc.kernels import dispatch, sm90_gemm
-
-
-def _problem(m, n, k, alignment=16):
-    op = SimpleNamespace(alignment=alignment)
-    return SimpleNamespace(m=m, n=n, k=k, a=op, b=SimpleNamespace(alignment=alignment),
-                           cc=(9, 0), block_scaled=None)
+from numbatc.kernels import dispatch, sm80_gemm, sm90_gemm
+from tests.helpers.problems import gemm_problem as _problem
 
 
 @pytest.mark.parametrize("m, n, k, name", [
@@ -27,28 +21,28 @@ def _problem(m, n, k, alignment=16):
     (1000, 1000, 1000, None),                    # M > 512: past the fitted range
 ])
 def test_small_tile_choice(m, n, k, name):
-    assert dispatch._small_tile(_problem(m, n, k)) == name
+    assert sm90_gemm.small_tile(_problem(m, n, k)) == name
     if name is not None:
         cfg = sm90_gemm.CONFIGS[name]
         assert cfg.producer == "tma"
         # the choice is the least of the fitted costs, and every candidate is a real config
-        assert {c for c, *_ in dispatch._SMALL_TILES} <= set(sm90_gemm.CONFIGS)
+        assert {c for c, _ in sm90_gemm.SMALL_TILES} <= set(sm90_gemm.CONFIGS)
 
 
 def test_small_tiles_need_tensor_maps():
     # an operand a tensor map cannot describe: no TMA-only tile, the old choice instead
-    assert dispatch._small_tile(_problem(8, 4096, 4096, alignment=8)) is None
-    assert dispatch._small_tile(_problem(8, 4096, 0)) is None
-    family, cfg = dispatch._kernel_family(_problem(32, 4096, 4096, alignment=8))
+    assert sm90_gemm.small_tile(_problem(8, 4096, 4096, alignment=8)) is None
+    assert sm90_gemm.small_tile(_problem(8, 4096, 0)) is None
+    family, cfg = dispatch.choose(_problem(32, 4096, 4096, alignment=8))
     assert family.__name__.endswith("sm80_gemm")
-    family, cfg = dispatch._kernel_family(_problem(128, 4096, 4096, alignment=8))
+    family, cfg = dispatch.choose(_problem(128, 4096, 4096, alignment=8))
     assert family.__name__.endswith("sm90_gemm") and cfg.producer == "cp.async"
 
 
 def test_kernel_family_takes_the_small_tiles_on_hopper():
-    family, cfg = dispatch._kernel_family(_problem(32, 4096, 4096))
+    family, cfg = dispatch.choose(_problem(32, 4096, 4096))
     assert family.__name__.endswith("sm90_gemm") and cfg.name == "64x128x64_6s_w1_tma"
-    family, cfg = dispatch._kernel_family(_problem(8, 4096, 4096))
+    family, cfg = dispatch.choose(_problem(8, 4096, 4096))
     assert family.__name__.endswith("sm80_gemm")
     for shape, name in (((4096, 4096, 4096), "128x256x64_4s_pt_tma"),
                         # tests/gpu/test_sm90_gemm_gpu.py::test_sm90_tma_default_switch's cases
@@ -56,14 +50,14 @@ def test_kernel_family_takes_the_small_tiles_on_hopper():
                         ((520, 128, 136), "128x128x64_4s_w1_tma"),
                         ((64, 4096, 14336), "64x128x64_6s_w1_tma"),
                         ((4096, 4096, 512), "128x256x64_4s_pt_tma")):
-        family, cfg = dispatch._kernel_family(_problem(*shape))
+        family, cfg = dispatch.choose(_problem(*shape))
         assert family.__name__.endswith("sm90_gemm") and cfg.name == name, (shape, cfg.name)
 
 
 def test_forced_tma_only_config_with_unaligned_operands_is_an_error(monkeypatch):
     monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:64x128x64_6s_w1_tma")
     with pytest.raises(ValueError, match="TMA only"):
-        dispatch._kernel_family(_problem(8, 4096, 4096, alignment=8))
+        dispatch.choose(_problem(8, 4096, 4096, alignment=8))
 
 
 @pytest.mark.parametrize("m, n, k, splits", [
@@ -75,9 +69,93 @@ def test_forced_tma_only_config_with_unaligned_operands_is_an_error(monkeypatch)
 ])
 def test_small_split(m, n, k, splits):
     p = _problem(m, n, k)
-    cfg = sm90_gemm.CONFIGS[dispatch._small_tile(p)]
-    got, chunk = dispatch._small_split(cfg, p)
+    cfg = sm90_gemm.CONFIGS[sm90_gemm.small_tile(p)]
+    got, chunk = sm90_gemm.small_split(p, cfg)
     assert got == splits
     assert chunk % cfg.bk == 0 and got * chunk >= k and (got - 1) * chunk < k
+    assert sm90_gemm.split(p, cfg) == (got, chunk)
     # configurations outside the small-tile set keep the general split rule
-    assert dispatch._small_split(sm90_gemm.CONFIGS["128x256x64_4s_pt_tma"], p) is None
+    assert sm90_gemm.small_split(p, sm90_gemm.CONFIGS["128x256x64_4s_pt_tma"]) is None
+
+
+@pytest.fixture
+def printed(monkeypatch, capsys):
+    """NUMBATC_PRINT_CONFIG's lines of one dispatch.choose."""
+    for var in ("NUMBATC_GEMM_KERNEL", "NUMBATC_SM80_CONFIG", "NUMBATC_SPLIT_K"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+
+    def choose(p):
+        capsys.readouterr()
+        module, cfg = dispatch.choose(p)
+        return module, cfg, capsys.readouterr().err.splitlines()
+
+    return choose
+
+
+def test_the_walk_says_why_it_passed_a_family_over(printed, monkeypatch):
+    module, cfg, lines = printed(_problem(8, 4096, 4096))
+    assert module is sm80_gemm and cfg.name == "16x128x64_4w_6s"
+    assert lines == ["numbatc.gemm: sm80_gemm, not sm90_gemm: M <= 16: sm80_gemm's 16-row tiles"]
+    module, _, lines = printed(_problem(32, 4096, 4096, alignment=8))
+    assert module is sm80_gemm and lines == [
+        "numbatc.gemm: sm80_gemm, not sm90_gemm: M <= 64 and a and b not 16-byte aligned (start "
+        "or leading dimension): a tensor map cannot describe it (the small tiles load by TMA "
+        "only): sm80_gemm's 64-row tiles"]
+    # the cp.async twin of the persistent tiles, said once; kernels of other GPUs are not named
+    module, cfg, lines = printed(_problem(300, 300, 301, alignment=2, a_layout="col"))
+    assert module is sm90_gemm and cfg.name == "128x256x64_4s_pt" and lines == [
+        "numbatc.gemm: sm90_gemm 128x256x64_4s_pt, not 128x256x64_4s_pt_tma: a and b not 16-byte "
+        "aligned (start or leading dimension): a tensor map cannot describe it"]
+    # Blackwell: a layout sm100_gemm does not take runs sm80_gemm (sm90_gemm is not this GPU's)
+    module, _, lines = printed(_problem(20, 16, 24, cc=(10, 0), b_layout="row"))
+    assert module is sm80_gemm and len(lines) == 1
+    assert lines[0].startswith("numbatc.gemm: sm80_gemm, not sm100_gemm: sm100_gemm takes K-major")
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm80")
+    module, _, lines = printed(_problem(4096, 4096, 4096))
+    assert module is sm80_gemm
+    assert lines == ["numbatc.gemm: sm80_gemm, not sm90_gemm: NUMBATC_GEMM_KERNEL=sm80"]
+
+
+def test_forcing(monkeypatch):
+    for var in ("NUMBATC_SM80_CONFIG", "NUMBATC_SPLIT_K", "NUMBATC_PRINT_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90")
+    module, cfg = dispatch.choose(_problem(8, 4096, 4096))  # no small-M rule when forced
+    assert module is sm90_gemm and cfg.name == "128x256x64_4s_pt_tma"
+    module, cfg = dispatch.choose(_problem(8, 4096, 0))  # K == 0: the portable kernel
+    assert module is sm80_gemm
+    with pytest.raises(ValueError, match=r"NUMBATC_GEMM_KERNEL='sm90' needs compute capability "
+                                         r"9.0, this GPU has \(8, 0\)"):
+        dispatch.choose(_problem(8, 4096, 4096, cc=(8, 0)))
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:128x128x64_4s")
+    assert dispatch.choose(_problem(4096, 4096, 4096))[1].name == "128x128x64_4s"
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:nope")
+    with pytest.raises(ValueError, match=r"NUMBATC_GEMM_KERNEL='sm90:nope': no sm90 config 'nope'"):
+        dispatch.choose(_problem(4096, 4096, 4096))
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm70")
+    with pytest.raises(ValueError, match=r"choose sm80, sm90\[:<config>\] or sm100\[:<config>\]"):
+        dispatch.choose(_problem(4096, 4096, 4096))
+    monkeypatch.delenv("NUMBATC_GEMM_KERNEL")
+    monkeypatch.setenv("NUMBATC_SM80_CONFIG", "64x64x64_4w_3s")  # wherever sm80_gemm runs
+    assert dispatch.choose(_problem(8, 4096, 4096))[1].name == "64x64x64_4w_3s"
+    assert dispatch.choose(_problem(4096, 4096, 4096, cc=(8, 0)))[1].name == "64x64x64_4w_3s"
+    assert dispatch.choose(_problem(4096, 4096, 4096))[0] is sm90_gemm
+
+
+def test_plan_is_what_launches(monkeypatch):
+    """dispatch.plan: the configuration and variant a launch compiles; a split persistent
+    configuration runs as its split twin (the choice, and the first printed line, stay the
+    persistent one)."""
+    for var in ("NUMBATC_GEMM_KERNEL", "NUMBATC_SM80_CONFIG", "NUMBATC_SPLIT_K"):
+        monkeypatch.delenv(var, raising=False)
+    module, cfg, var = dispatch.plan(_problem(1, 8192, 8192, cc=(8, 0)))
+    assert module is sm80_gemm and cfg.name == "16x128x64_4w_6s" and var.split_k
+    monkeypatch.setattr(sm90_gemm, "small_tile", lambda p: None)
+    p = _problem(130, 264, 512)
+    assert dispatch.choose(p)[1].name == "128x256x64_4s_pt_tma"
+    module, cfg, var = dispatch.plan(p)
+    assert cfg.name == "128x256x64_4s_w1_tma" and var.split_k
+    assert sm90_gemm.split(p, sm90_gemm.CONFIGS["128x256x64_4s_pt_tma"]) == (2, 256)
+    module, cfg, var = dispatch.plan(_problem(4096, 4096, 4096))
+    assert cfg.name == "128x256x64_4s_pt_tma" and not var.split_k

@@ -5,14 +5,15 @@ local memory, and configurations are validated."""
 import pytest
 
 from intrinsics.toolchain import assemble, compile_ptx
-from numbatc.kernels import dispatch, sm80_gemm
+from numbatc.kernels import sm80_gemm
 from numbatc.kernels.epilogue import GemmVariant
+from tests.helpers.problems import gemm_problem
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (64, 4096, 4096), (65, 128, 64), (4096, 4096, 4096),
                                    (300, 300, 300), (8192, 8192, 8192), (1, 28672, 8192)])
 def test_heuristic_names_a_real_config(shape):
-    cfg = dispatch.choose_sm80(*shape)
+    cfg = sm80_gemm.choose(gemm_problem(*shape))
     assert cfg in sm80_gemm.CONFIGS.values()
 
 
@@ -82,9 +83,10 @@ def test_split_k_variant_assembles_without_local_memory(name):
 ])
 def test_split_k_choice(m, n, k, want, monkeypatch):
     monkeypatch.delenv("NUMBATC_SPLIT_K", raising=False)
-    assert dispatch.choose_split(dispatch.choose_sm80(m, n, k), m, n, k) == want
+    p = gemm_problem(m, n, k)
+    assert sm80_gemm.split(p, sm80_gemm.choose(p)) == want
     monkeypatch.setenv("NUMBATC_SPLIT_K", "3")
-    splits, chunk = dispatch.choose_split(dispatch.choose_sm80(m, n, k), m, n, k)
+    splits, chunk = sm80_gemm.split(p, sm80_gemm.choose(p))
     assert splits * chunk >= k > (splits - 1) * chunk and chunk % 64 == 0 or (splits, chunk) == (1, k)
 
 
@@ -92,4 +94,5 @@ def test_split_k_choice(m, n, k, want, monkeypatch):
 def test_bad_split_k_is_named(value, monkeypatch):
     monkeypatch.setenv("NUMBATC_SPLIT_K", value)
     with pytest.raises(ValueError, match="NUMBATC_SPLIT_K=.*a positive number of K slices"):
-        dispatch.choose_split(dispatch.choose_sm80(1, 4096, 4096), 1, 4096, 4096)
+        p = gemm_problem(1, 4096, 4096)
+        sm80_gemm.split(p, sm80_gemm.choose(p))

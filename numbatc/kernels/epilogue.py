@@ -4,14 +4,15 @@ and the common kernel arguments and launch.
 
 - :class:`GemmVariant`: operand layouts, dtypes, the epilogue (alpha, beta * C, bias,
   activation, a user function), split-K and paired stores -- the problem a GEMM kernel is
-  specialised for besides its tile.
+  specialised for besides its tile; :func:`variant_for` reads it off a problem.
 - :func:`epilogue_source` / :func:`full_tile_epilogue`: the device functions (``store_tile``,
   ``value_tile``, ``put_tile`` ...) that store m16n8-shaped accumulator fragments, and the code
   that calls them for a block's fragments.
 - :func:`split_source`, :func:`split_epilogue_source`, :data:`SPLIT_HELPERS`: split-K's kernel
   parameters, its K-slice prologue and its deterministic reduction of the slices.
 - :func:`signature`, :func:`launch_gemm_kernel`: the arguments every GEMM kernel takes, and its
-  launch (prepared where it can be; numbatc.kernels.sm80_gemm.launch describes the contract).
+  launch (prepared where it can be; numbatc.kernels.sm80_gemm.launch_flat describes the
+  contract).
 - :data:`QUAD_REDUCTIONS`: max / sum over the quad of lanes that share a fragment row, for the
   kernels that reduce rows (softmax, attention).
 
@@ -24,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["GemmVariant", "CONVERSIONS", "QUAD_REDUCTIONS", "SPLIT_HELPERS", "epilogue_source",
-           "stores_source", "full_tile_epilogue", "split_source", "split_epilogue_source",
+__all__ = ["GemmVariant", "variant_for", "CONVERSIONS", "QUAD_REDUCTIONS", "SPLIT_HELPERS",
+           "epilogue_source", "stores_source", "full_tile_epilogue", "split_source", "split_epilogue_source",
            "signature", "launch_gemm_kernel", "flat_epilogue_args", "with_epilogue_args",
            "to_f32_expr"]
 
@@ -63,6 +64,21 @@ class GemmVariant:
     # the matrix a fragment's column pair (even column) is one 32-bit store (intrinsics.gmem)
     # instead of two 16-bit ones.  Set by the dispatcher from out's alignment.
     out_pairs: bool = False
+
+
+def variant_for(p, cls=GemmVariant, **fields):
+    """The variant of GEMM problem ``p`` (a numbatc.gemm.GemmProblem): its layouts, dtypes and
+    epilogue; ``cls`` a kernel's own variant class (sm90_gemm's FP8 one) and ``fields`` the
+    rest it takes (split_k, b_dtype)."""
+    # a row-major 16-bit out whose start and rows are 4-byte aligned takes a column pair in one
+    # 32-bit store (GemmVariant.out_pairs)
+    out_pairs = (p.out.layout == "row" and p.out_dtype in ("bfloat16", "float16")
+                 and p.out.alignment >= 4)
+    return cls(a_layout=p.a.layout, b_layout=p.b.layout, in_dtype=p.in_dtype,
+               out_dtype=p.out_dtype, c_dtype=p.c.dtype if p.c is not None else None,
+               bias_dtype=p.bias_dtype, activation=p.activation, out_layout=p.out.layout,
+               c_layout=p.c.layout if p.c is not None else "row", epilogue=p.epilogue,
+               epilogue_args=len(p.epilogue_args), out_pairs=out_pairs, **fields)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -409,7 +425,7 @@ def launch_gemm_kernel(kernel, var, grid, threads, shared_bytes, cluster, a, b, 
                        prepare, split=None, kernel_signature=None):
     """Launch a generated GEMM kernel with the arguments every GEMM kernel takes (see
     :func:`signature`): prepared (returning the relaunch function, whose contract
-    numbatc.kernels.sm80_gemm.launch describes) where it can be, else through
+    numbatc.kernels.sm80_gemm.launch_flat describes) where it can be, else through
     ``intrinsics.launch.launch`` with a user epilogue's arrays as a final tuple argument.
     ``kernel_signature``: the argument types where they are not :func:`signature`'s (sm90_gemm's
     fp8 form takes uint8 operand pointers)."""

@@ -1,20 +1,27 @@
 """From a checked problem to a kernel's flat arguments, for every kernel module: operand pointers
 (an aligned copy where a kernel needs 16-byte aligned rows and the caller's are not), the flat
-form the CPU emulation passes instead of pointers, and a user epilogue's arguments.
+form the CPU emulation passes instead of pointers, a user epilogue's arguments, and the launch
+of a GEMM kernel module whose ``launch_flat`` takes every GEMM kernel's arguments (sm80_gemm,
+sm90_gemm).
 
 Flat operands: device pointers (ints) on the GPU; in the emulation 1-d arrays over the same
 memory, starting at element (0, 0) (16-bit data as uint16, as the kernels move bit patterns).
 ``keep`` lists hold temporaries (packed copies, views) alive until the launch has been queued.
 """
 
+import os
+import sys
+
 import numpy as np
 from numba import config, cuda
 
 from numbatc import _capture
+from numbatc.kernels import split_k
 
 _EMULATED = bool(config.ENABLE_CUDASIM)
 
-__all__ = ["aligned_view", "epilogue_args", "flat", "operand", "pointer"]
+__all__ = ["aligned_view", "epilogue_args", "flat", "launch_gemm", "launch_stream", "operand",
+           "pointer"]
 
 
 @cuda.jit
@@ -104,3 +111,52 @@ def epilogue_args(p):
 
     return {"epilogue_args": tuple(kernel_view(x) if isinstance(x, CudaArray) else x
                                    for x in p.epilogue_args)}
+
+
+def launch_stream(p):
+    """The stream a launch for problem ``p`` takes: its raw handle on the GPU (intrinsics.launch
+    caches its stream object, so a warm call builds no Numba stream), Numba's stream object in
+    the emulation."""
+    return p.stream if _EMULATED else p.stream_handle
+
+
+def launch_gemm(launch_flat, p, cfg, var, split, tiles, alpha):
+    """Launch ``launch_flat(cfg, var, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha,
+    beta, ...)`` (sm80_gemm's and sm90_gemm's) for GEMM problem ``p`` on its stream: a and b
+    packed where not 16-byte aligned, never read when K == 0; ``split`` = (slices, k_chunk) of
+    split-K (1: none) with ``tiles`` output tiles (its counters); ``alpha`` the kernel's (FP8
+    folds the scales into it).
+
+    Returns the relaunch function launch_flat returns (see sm80_gemm.launch_flat's ``prepare``)
+    or None: the emulation, K == 0, a packed operand, ``NUMBATC_PRINT_CONFIG`` set (each call
+    prints)."""
+    printing = bool(os.environ.get("NUMBATC_PRINT_CONFIG"))
+    keep = []
+    out = pointer(p.out, keep)
+    if p.k == 0:  # a and b are never read
+        a, lda, b, ldb = out, 1, out, 1
+    else:
+        a, lda = operand(p.a, p.stream if p.a.alignment != 16 else 0, keep)
+        b, ldb = operand(p.b, p.stream if p.b.alignment != 16 else 0, keep)
+    c = pointer(p.c, keep) if p.c is not None else out
+    bias = pointer(p.bias, keep) if p.bias is not None else out
+    ldc = p.c.ld if p.c is not None else 0
+    extra = epilogue_args(p)
+    if (not _EMULATED and not printing and p.k >= 1 and p.a.alignment == 16
+            and p.b.alignment == 16):
+        extra["prepare"] = True
+    splits, k_chunk = split
+    if splits > 1:
+        buffers = split_k.split_workspace(p.device, splits * p.m * p.n, tiles,
+                                          p.a.array.library)
+
+        def slices(stream):
+            ws, cnt = buffers(stream)
+            return ws, cnt, k_chunk, splits
+
+        extra["split"] = slices
+        if printing:
+            print(f"numbatc.gemm: split-K, {splits} slices of {k_chunk} ({cfg.name})",
+                  file=sys.stderr)
+    return launch_flat(cfg, var, a, b, c, bias, out, p.m, p.n, p.k, lda, ldb, ldc, p.out.ld,
+                       alpha, p.beta, stream=launch_stream(p), **extra)

@@ -21,8 +21,8 @@ K offsets.  TMA fills out-of-bounds rows and columns with zeros, so any M, N, K 
 
 Layouts: A must be K-major ('row') and B K-major ('col', e.g. ``w.T`` of a row-major (N, K)
 weight); other layouts, and M or N beyond what a tensor map can describe, run sm80_gemm
-(numbatc.kernels.dispatch says why with NUMBATC_PRINT_CONFIG=1).  The tensor maps need 16-byte
-aligned operand starts and leading dimensions (the dispatcher packs operands that are not).
+(:func:`unsupported` says why, NUMBATC_PRINT_CONFIG=1 prints it).  The tensor maps need 16-byte
+aligned operand starts and leading dimensions (:func:`launch` packs operands that are not).
 
 First version, correctness first: one output tile per CTA (no persistent scheduler), each
 epilogue thread stores its own row (uncoalesced), no 2-CTA (cta_group::2) MMA.
@@ -31,7 +31,7 @@ epilogue thread stores its own row (uncoalesced), no 2-CTA (cta_group::2) MMA.
 import functools
 from dataclasses import dataclass
 
-from numbatc.kernels import build, epilogue
+from numbatc.kernels import build, epilogue, operands
 
 __all__ = ["Sm100Config", "CONFIGS", "check_variant", "kernel_for", "kernel_source", "launch",
            "grid_for", "signature", "prologue_source", "epilogue_warps_source"]
@@ -100,8 +100,8 @@ _PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
 
 
 def check_variant(var):
-    """ValueError naming what this kernel does not implement (the dispatcher then runs
-    sm80_gemm and prints the reason)."""
+    """ValueError naming what this kernel does not implement (:func:`unsupported`'s reason: the
+    dispatcher then runs sm80_gemm and prints it)."""
     if var.in_dtype not in _PTX_TYPE:
         raise ValueError(f"sm100_gemm takes bfloat16 or float16 inputs, got {var.in_dtype!r}")
     if var.a_layout != "row" or var.b_layout != "col":
@@ -285,10 +285,10 @@ def tensor_maps(cfg: Sm100Config, var, a_view, b_view):
     return ta, tb
 
 
-def launch(cfg: Sm100Config, var, tma_a, tma_b, c, bias, out, m, n, k, ldc, ldo, alpha, beta,
-           stream=0, group_m=8, epilogue_args=()):
+def launch_flat(cfg: Sm100Config, var, tma_a, tma_b, c, bias, out, m, n, k, ldc, ldo, alpha,
+                beta, stream=0, group_m=8, epilogue_args=()):
     """Launch the kernel: ``tma_a``/``tma_b`` are the tensor maps' ``.device`` arrays, c, bias
-    and out flat as in sm80_gemm.launch."""
+    and out flat as in sm80_gemm.launch_flat."""
     import numpy as np
 
     from intrinsics import launch as launching
@@ -299,3 +299,57 @@ def launch(cfg: Sm100Config, var, tma_a, tma_b, c, bias, out, m, n, k, ldc, ldo,
     args, sig = epilogue.with_epilogue_args(kernel, var, args, signature(var), epilogue_args)
     launching.launch(kernel, grid_for(cfg, m, n), cfg.threads, args,
                      shared_bytes=cfg.shared_bytes, stream=stream, signature=sig)
+
+
+# ---------------------------------------------------------------------------------------------
+# The face every kernel module has (numbatc.kernels.dispatch walks them): from a
+# numbatc.gemm.GemmProblem to a configuration and a launch
+# ---------------------------------------------------------------------------------------------
+
+
+def unsupported(p):
+    """Why this kernel cannot compute GEMM problem ``p``, or None: bf16 / f16 with K-major
+    operands, K >= 1."""
+    if p.block_scaled is not None or p.tensor_scales is not None:
+        return "sm100_gemm takes bfloat16 / float16 operands without scales"
+    try:
+        check_variant(epilogue.variant_for(p))
+    except ValueError as exc:
+        return str(exc)
+    if p.k == 0:
+        return "K == 0"
+    return None
+
+
+def choose(p, name=None):
+    """The configuration for problem ``p`` (``name``: one of CONFIGS, forced): 128 x 256 tiles
+    for N > 128, else 128 x 128."""
+    name = name or ("128x256x64_4s" if p.n > 128 else "128x128x64_4s")
+    if name not in CONFIGS:
+        raise ValueError(f"no sm100 config {name!r}; choose from {sorted(CONFIGS)}")
+    return CONFIGS[name]
+
+
+def compiled(p, cfg: Sm100Config):
+    """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
+    arguments; no split-K)."""
+    return cfg, epilogue.variant_for(p)
+
+
+def launch(p, cfg: Sm100Config):
+    """Launch ``cfg`` for problem ``p`` on its stream: tensor maps of A and B (packed first where
+    not 16-byte aligned), c, bias and out as for the other kernels.  No warm relaunch yet (the
+    maps hold pointers): returns None."""
+    keep = []
+    out = operands.pointer(p.out, keep)
+    a_view, _ = operands.aligned_view(p.a, p.stream)
+    b_view, _ = operands.aligned_view(p.b, p.stream)
+    var = epilogue.variant_for(p)
+    ta, tb = tensor_maps(cfg, var, a_view, b_view)
+    keep += [ta, tb, a_view, b_view]
+    c = operands.pointer(p.c, keep) if p.c is not None else out
+    bias = operands.pointer(p.bias, keep) if p.bias is not None else out
+    launch_flat(cfg, var, ta.device, tb.device, c, bias, out, p.m, p.n, p.k,
+                p.c.ld if p.c is not None else 0, p.out.ld, p.alpha, p.beta,
+                stream=operands.launch_stream(p), **operands.epilogue_args(p))
+    return None

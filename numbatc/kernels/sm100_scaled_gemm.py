@@ -39,7 +39,7 @@ and points each MMA at them (sfa_id/sfb_id select the byte of the cell)::
                             -> tcgen05.commit -> empty[s]; after the last tile commit -> acc
 
 Layouts: A (M, K) row-major and B K-major ((K, N) column-major: ``w.T`` of a row-major (N, K)
-weight), 16-byte aligned rows (the dispatcher packs operands that are not); K a multiple of 32.
+weight), 16-byte aligned rows (:func:`launch` packs operands that are not); K a multiple of 32.
 TMA zero-fills rows beyond M and N and bytes beyond K; the chunks of scales beyond them are 0.
 
 First version, correctness first: one output tile per CTA, each epilogue thread stores its own
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from numbatc.kernels import build, epilogue, sm100_gemm
+from numbatc.kernels import build, epilogue, operands, sm100_gemm
 
 __all__ = ["FORMATS", "ScaledFormat", "ScaledConfig", "ScaledVariant", "CONFIGS", "kernel_for",
            "kernel_source", "launch", "grid_for", "signature", "tensor_maps", "chunk_groups",
@@ -428,11 +428,12 @@ def scale_chunks(scales, groups, k_tiles, cpk, stream=0, device=None):
     return dst
 
 
-def launch(cfg: ScaledConfig, var: ScaledVariant, tma_a, tma_b, sfa, sfb, c, bias, out, m, n, k,
-           ldc, ldo, alpha, beta, stream=0, group_m=8, epilogue_args=()):
+def launch_flat(cfg: ScaledConfig, var: ScaledVariant, tma_a, tma_b, sfa, sfb, c, bias, out, m,
+                n, k, ldc, ldo, alpha, beta, stream=0, group_m=8, epilogue_args=()):
     """Launch the kernel: ``tma_a``/``tma_b`` the tensor maps' ``.device`` arrays, ``sfa``/``sfb``
     the chunk buffers (:func:`scale_chunks`; A's with ceil(M/128) groups, B's with
-    ceil(N/BN) * BN/128), c, bias and out flat as in sm80_gemm.launch; ``k`` counts values."""
+    ceil(N/BN) * BN/128), c, bias and out flat as in sm80_gemm.launch_flat; ``k`` counts
+    values."""
 
     from intrinsics import launch as launching
 
@@ -442,3 +443,68 @@ def launch(cfg: ScaledConfig, var: ScaledVariant, tma_a, tma_b, sfa, sfb, c, bia
     args, sig = epilogue.with_epilogue_args(kernel, var, args, signature(var), epilogue_args)
     launching.launch(kernel, grid_for(cfg, m, n), cfg.threads, args,
                      shared_bytes=cfg.shared_bytes, stream=stream, signature=sig)
+
+
+# ---------------------------------------------------------------------------------------------
+# The face every kernel module has (numbatc.kernels.dispatch walks them): from a
+# numbatc.gemm.GemmProblem to a configuration and a launch
+# ---------------------------------------------------------------------------------------------
+
+
+def unsupported(p):
+    """Why this kernel cannot compute GEMM problem ``p``, or None: block-scaled (MXFP8, NVFP4)
+    K-major operands, K >= 1."""
+    if p.block_scaled is None:
+        return "sm100_scaled_gemm takes block-scaled operands (MXFP8, NVFP4) only"
+    if p.k == 0:
+        return "K == 0 (a user epilogue without a product) is not implemented"
+    return None
+
+
+def choose(p, name=None):
+    """The configuration for block-scaled problem ``p`` (``name``: one of its format's CONFIGS,
+    forced): 128 x 256 tiles (4 stages) for N > 128, else 128 x 128 (6 stages)."""
+    fmt = p.block_scaled.name
+    names = sorted(n for n, c in CONFIGS.items() if c.fmt == fmt)
+    name = name or f"{fmt}_128x{256 if p.n > 128 else 128}_{4 if p.n > 128 else 6}s"
+    if name not in names:
+        raise ValueError(f"no sm100 {fmt.upper()} config {name!r}; choose from {names}")
+    return CONFIGS[name]
+
+
+def compiled(p, cfg: ScaledConfig):
+    """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
+    arguments): the format, each operand's element type and the epilogue."""
+    return cfg, _variant(p)
+
+
+def _variant(p) -> ScaledVariant:
+    fmt = p.block_scaled
+    return ScaledVariant(
+        fmt.name, fmt.element_type(p.in_dtype), fmt.element_type(p.b_dtype), p.out_dtype,
+        p.c.dtype if p.c is not None else None, p.bias_dtype, p.activation, p.out.layout,
+        p.c.layout if p.c is not None else "row", p.epilogue, len(p.epilogue_args))
+
+
+def launch(p, cfg: ScaledConfig):
+    """Launch ``cfg`` for problem ``p`` on its stream (NOTE: never run on Blackwell hardware):
+    tensor maps of A and B (packed first where not 16-byte aligned), the scales rearranged into
+    their chunk buffers, c, bias and out as for the other kernels.  No warm relaunch: returns
+    None."""
+    var = _variant(p)
+    keep = []
+    out = operands.pointer(p.out, keep)
+    a_view, _ = operands.aligned_view(p.a, p.stream)
+    b_view, _ = operands.aligned_view(p.b, p.stream)
+    ta, tb = tensor_maps(cfg, a_view, b_view)
+    groups_a, groups_b = chunk_groups(cfg, p.m, p.n)
+    k_tiles = (p.k + cfg.bk - 1) // cfg.bk
+    sfa = scale_chunks(p.scale_a.view, groups_a, k_tiles, cfg.chunks, stream=p.stream)
+    sfb = scale_chunks(p.scale_b.view, groups_b, k_tiles, cfg.chunks, stream=p.stream)
+    keep += [ta, tb, a_view, b_view, sfa, sfb]
+    c = operands.pointer(p.c, keep) if p.c is not None else out
+    bias = operands.pointer(p.bias, keep) if p.bias is not None else out
+    launch_flat(cfg, var, ta.device, tb.device, sfa, sfb, c, bias, out, p.m, p.n, p.k,
+                p.c.ld if p.c is not None else 0, p.out.ld, p.alpha, p.beta,
+                stream=operands.launch_stream(p), **operands.epilogue_args(p))
+    return None

@@ -19,7 +19,7 @@ eight row addresses of an ldmatrix land in eight different 16-byte bank groups:
 
 Edges: every global load is a cp.async with a source byte count (0 outside the matrix, the
 remaining bytes at a ragged edge), so tiles past M, N or K read zeros and any M, N, K >= 1 works.
-The operands' start and leading dimension must be 16-byte aligned; the dispatcher packs an
+The operands' start and leading dimension must be 16-byte aligned; :func:`launch` packs an
 operand that is not into an aligned copy first.  (NOTE: a plain-load path inside the kernel for
 such operands made ptxas hoist its unrolled addresses and spill: 255 registers and 170 bytes of
 spills, against 254 and none without it.)
@@ -28,6 +28,7 @@ spills, against 254 and none without it.)
 import functools
 from dataclasses import dataclass
 
+from numbatc.kernels import operands, split_k
 from numbatc.kernels.build import load_generated
 from numbatc.kernels.epilogue import (  # what every GEMM kernel shares
     CONVERSIONS,
@@ -39,10 +40,11 @@ from numbatc.kernels.epilogue import (  # what every GEMM kernel shares
     split_epilogue_source,
     split_source,
     stores_source,
+    variant_for,
 )
 
-__all__ = ["Sm80Config", "CONFIGS", "grid_for", "kernel_for", "kernel_source", "launch",
-           "signature"]
+__all__ = ["Sm80Config", "CONFIGS", "unsupported", "choose", "compiled", "split", "launch",
+           "grid_for", "kernel_for", "kernel_source", "launch_flat", "signature"]
 
 
 @dataclass(frozen=True)
@@ -379,10 +381,11 @@ def grid_for(cfg: Sm80Config, m: int, n: int):
     return ((m + cfg.bm - 1) // cfg.bm) * ((n + cfg.bn - 1) // cfg.bn)
 
 
-def launch(cfg: Sm80Config, var: GemmVariant, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
-           alpha, beta, stream=0, group_m=8, epilogue_args=(), prepare=False, split=None):
+def launch_flat(cfg: Sm80Config, var: GemmVariant, a, b, c, bias, out, m, n, k, lda, ldb, ldc,
+                ldo, alpha, beta, stream=0, group_m=8, epilogue_args=(), prepare=False,
+                split=None):
     """Launch the kernel.  Operands are flat: device pointers (ints) on the GPU, 1-d arrays in
-    the emulation; their start and leading dimension must be 16-byte aligned (the dispatcher
+    the emulation; their start and leading dimension must be 16-byte aligned (:func:`launch`
     packs operands that are not).
 
     ``prepare=True``: launch through an ``intrinsics.launch.PreparedLaunch`` and return a
@@ -396,7 +399,7 @@ def launch(cfg: Sm80Config, var: GemmVariant, a, b, c, bias, out, m, n, k, lda, 
     splits)`` -- a float32 workspace of splits * m * n values and grid_for(cfg, m, n) int32
     counters, zero before the first launch (each launch leaves them zero), used by one stream
     (so one launch at a time); asked on every launch, relaunches too.  See
-    numbatc.kernels.dispatch.split_workspace."""
+    numbatc.kernels.split_k.split_workspace."""
     grid = grid_for(cfg, m, n)
     if split is not None:
         grid = (grid, split(stream)[3])
@@ -406,3 +409,56 @@ def launch(cfg: Sm80Config, var: GemmVariant, a, b, c, bias, out, m, n, k, lda, 
                               split=split)
 
 
+# ---------------------------------------------------------------------------------------------
+# The face every kernel module has (numbatc.kernels.dispatch walks them): from a
+# numbatc.gemm.GemmProblem to a configuration and a launch
+# ---------------------------------------------------------------------------------------------
+
+
+def unsupported(p):
+    """Why this kernel cannot compute GEMM problem ``p``, or None: it runs every bf16 / f16
+    problem, any layouts, any M, N, K (K == 0 with a user epilogue)."""
+    if p.block_scaled is not None or getattr(p, "tensor_scales", None) is not None:
+        return "sm80_gemm takes bfloat16 / float16 operands without scales"
+    if p.in_dtype not in _PTX_TYPE:
+        return f"sm80_gemm takes bfloat16 / float16 operands, not {p.in_dtype}"
+    return None
+
+
+def choose(p, name=None):
+    """The configuration for problem ``p`` (``name``: one of CONFIGS, forced): small M gets
+    short tiles, problems that fill the GPU with 128x256 tiles get those, the rest 128x128."""
+    if name is not None:
+        if name not in CONFIGS:
+            raise ValueError(f"no sm80 config {name!r}; choose from {sorted(CONFIGS)}")
+        return CONFIGS[name]
+    if p.m <= 16:
+        return CONFIGS["16x128x64_4w_6s"]
+    if p.m <= 64:
+        return CONFIGS["64x128x64_4w_4s"]
+    big = CONFIGS["128x256x64_8w_3s"]
+    if grid_for(big, p.m, p.n) >= split_k.NUM_SMS_GUESS:
+        return big
+    return CONFIGS["128x128x64_4w_4s"]
+
+
+def split(p, cfg: Sm80Config):
+    """(K slices, k_chunk) of ``cfg``'s launch for ``p`` (split_k.choose_split: M <= 64 whose
+    tiles leave SMs idle; (1, K): none)."""
+    return split_k.choose_split(cfg, p.m, p.k, grid_for(cfg, p.m, p.n))
+
+
+def compiled(p, cfg: Sm80Config):
+    """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
+    arguments): split-K where :func:`split` splits."""
+    return cfg, variant_for(p, split_k=split(p, cfg)[0] > 1)
+
+
+def launch(p, cfg: Sm80Config):
+    """Launch ``cfg`` for problem ``p`` on its stream (operands packed where not 16-byte
+    aligned, K split where :func:`split` says); the relaunch function or None (see
+    operands.launch_gemm)."""
+    slices = split(p, cfg)
+    var = variant_for(p, split_k=slices[0] > 1)
+    return operands.launch_gemm(launch_flat, p, cfg, var, slices, grid_for(cfg, p.m, p.n),
+                                p.alpha)

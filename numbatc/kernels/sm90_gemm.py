@@ -32,7 +32,7 @@ swizzle, which is what lets a 16-byte cp.async place it.
 
 Edges: as in sm80_gemm, every copy is a cp.async with a source byte count -- 0 outside the
 matrix, the remaining bytes at a ragged edge -- so any M, N, K >= 1 works; the operands' start and
-leading dimension must be 16-byte aligned (the dispatcher packs operands that are not).
+leading dimension must be 16-byte aligned (:func:`launch` packs operands that are not).
 
 ``inflight=0`` configurations wait for each tile's wgmma group before releasing its stage;
 ``inflight=1`` ones (the ``_w1`` names) keep one group in flight (``wgmma_wait_group(1)``) and
@@ -52,21 +52,26 @@ FP8 (:data:`FP8_CONFIGS`, :class:`Sm90Fp8Variant`): a float8_e4m3fn or float8_e5
 (they mix), both K-major -- wgmma's 8-bit forms have no transposes: a row-major (M, K), b
 column-major (K, N).  The same pipeline with 1-byte elements: BK = 128 fp8 values (one 128-byte
 swizzle row, the same stage bytes as bf16's BK = 64), 16 values per cp.async, 4 x wgmma
-m64nBNk32 (e4m3/e5m2 -> f32) per k tile.  Per-tensor scales cost nothing in the kernel: the
-dispatcher folds scale_a * scale_b into alpha.
+m64nBNk32 (e4m3/e5m2 -> f32) per k tile.  Per-tensor scales cost nothing in the kernel:
+:func:`launch` folds scale_a * scale_b into alpha.
 """
 
 import functools
+import os
+import sys
 import textwrap
 from dataclasses import dataclass
 
 import numpy as np
 
-from numbatc.kernels import build, epilogue
+from numbatc.kernels import build, epilogue, operands, split_k
 
 __all__ = ["Sm90Config", "Sm90Variant", "Sm90Fp8Variant", "CONFIGS", "FP8_CONFIGS",
-           "FP8_DTYPES", "DEFAULT_PRODUCER", "kernel_for", "kernel_source", "kernel_signature",
-           "launch", "signature", "grid_for", "with_producer", "tma_unsupported"]
+           "FP8_DTYPES", "DEFAULT_PRODUCER", "SMALL_TILES", "SPLIT_TWIN", "unsupported",
+           "choose", "compiled", "split", "launch", "small_tile", "small_tiles_skip",
+           "small_split", "tensor_maps_unsupported", "kernel_for", "kernel_source",
+           "kernel_signature", "launch_flat", "signature", "grid_for", "with_producer",
+           "tma_unsupported"]
 
 # The variant (layouts, dtypes, epilogue) is every GEMM kernel's: the same problem description,
 # and the same kernel arguments (epilogue.signature).
@@ -806,10 +811,11 @@ def kernel_signature(cfg: Sm90Config, var: Sm90Variant):
     return signature(var)
 
 
-def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
-           alpha, beta, stream=0, group_m=8, epilogue_args=(), prepare=False, split=None):
-    """Launch the kernel (arguments as sm80_gemm.launch, ``prepare`` too).  Operands are flat:
-    device pointers (ints) on the GPU, 1-d arrays in the emulation; A's and B's start and
+def launch_flat(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, ldb, ldc,
+                ldo, alpha, beta, stream=0, group_m=8, epilogue_args=(), prepare=False,
+                split=None):
+    """Launch the kernel (arguments as sm80_gemm.launch_flat, ``prepare`` too).  Operands are
+    flat: device pointers (ints) on the GPU, 1-d arrays in the emulation; A's and B's start and
     leading dimension must be 16-byte aligned (a TMA configuration builds their tensor maps,
     see sm90_gemm_tma).  The kernel uses setmaxnreg, so intrinsics.launch loads it through the
     driver's whole-program JIT (nvJitLink's relocatable compilation would drop the
@@ -818,7 +824,7 @@ def launch(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, 
     grid = grid_for(cfg, m, n)
     if cfg.persistent and split is None:
         grid = min(grid, persistent_blocks())
-    if split is not None:  # split-K (sm80_gemm.launch's ``split``)
+    if split is not None:  # split-K (sm80_gemm.launch_flat's ``split``)
         grid = (grid, split(stream)[3])
     if cfg.producer == "tma":
         from numbatc.kernels import sm90_gemm_tma
@@ -855,3 +861,199 @@ def _sm_count(device_id):
     from numba import cuda
 
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+# ---------------------------------------------------------------------------------------------
+# The face every kernel module has (numbatc.kernels.dispatch walks them): from a
+# numbatc.gemm.GemmProblem -- bf16 / f16, or FP8 with per-tensor scales -- to a configuration
+# and a launch
+# ---------------------------------------------------------------------------------------------
+
+#: Tiles for problems whose 128 x 256 tiles do not fill the GPU twice, with the time per wave of
+#: tiles in seconds per (BM x BN x K) multiply-add, fitted (median) to the H200 sweep of
+#: 2026-12-01 (scripts/sweep_gemm.py, docs/PERFORMANCE.md): M in {8 .. 512} x the shape table's
+#: layers, each tile without split-K.  The heuristic takes the tile whose waves x BM x BN x K x
+#: that figure is least: 0.84 (geometric mean) of cuBLAS over the 78 shapes where the persistent
+#: 128 x 256 tiles gave 0.67 and the best of the candidates per shape 0.90.
+SMALL_TILES = (("64x128x64_6s_w1_tma", 7.44e-10),
+               ("64x256x64_4s_w1_tma", 4.87e-10),
+               ("128x128x64_6s_w1_tma", 5.32e-10),
+               ("128x256x64_4s_w1_tma", 3.92e-10))
+
+#: A split-K launch gives one block per tile and K slice, so a persistent configuration would
+#: run as its non-persistent form; a persistent choice runs split-K as the configuration whose
+#: split form was measured and tested on the H200 instead (the same tile and stages; 40
+#: producer registers, where the persistent ones take 56).
+SPLIT_TWIN = {"128x256x64_4s_pt": "128x256x64_4s_w1", "128x256x64_4s_w1_pt": "128x256x64_4s_w1",
+              "128x256x64_4s_pt_tma": "128x256x64_4s_w1_tma",
+              "128x256x64_4s_w1_pt_tma": "128x256x64_4s_w1_tma",
+              "fp8_128x256x128_4s_pt": "fp8_128x256x128_4s_w1",
+              "fp8_128x256x128_4s_pt_tma": "fp8_128x256x128_4s_w1_tma"}
+
+
+def unsupported(p):
+    """Why this kernel cannot compute GEMM problem ``p``, or None: it runs bf16 / f16 (any
+    layouts) and FP8 with per-tensor scales (K-major operands)."""
+    if p.block_scaled is not None:
+        return "block-scaled operands run on sm100_scaled_gemm"
+    try:
+        check_variant(_problem_variant(p))
+    except ValueError as exc:
+        return str(exc)
+    if p.k == 0 and p.tensor_scales is None:
+        # no product: sm80_gemm runs the epilogue alone (FP8 has no other kernel: it runs here)
+        return "K == 0"
+    return None
+
+
+def tensor_maps_unsupported(p):
+    """Why tensor maps cannot describe problem ``p``'s a and b (what the TMA producer loads),
+    or None: K == 0 (nothing to load), or an operand whose start or leading dimension is not
+    16-byte aligned (:func:`tma_unsupported`)."""
+    if p.k == 0:
+        return "K == 0"
+    return tma_unsupported((("a", p.a.alignment), ("b", p.b.alignment)))
+
+
+def small_tiles_skip(p):
+    """Why the :data:`SMALL_TILES` do not take bf16 / f16 problem ``p``, or None."""
+    if DEFAULT_PRODUCER != "tma":
+        return "the small tiles load by TMA, which is not the default producer"
+    reason = tensor_maps_unsupported(p)
+    if reason is not None:
+        return f"{reason} (the small tiles load by TMA only)"
+    # NOTE: M <= 16 keeps sm80_gemm's 16-row tiles with split-K (0.84-0.87x against 0.76x for
+    # the 64-row TMA tiles at M = 8 and K = 8192 / 14336), and M > 512 the persistent 128 x 256
+    # tiles (the fit covers M = 8 .. 512: at M = 4096, N = K = 1024 it chose 64 x 128 tiles at
+    # 0.71x where the persistent ones ran at 0.87x).
+    if p.m <= 16 or p.m > 512:
+        return f"M = {p.m} is outside their range 16 < M <= 512"
+    if grid_for(CONFIGS["128x256x64_4s_pt_tma"], p.m, p.n) >= 2 * split_k.NUM_SMS_GUESS:
+        return "the 128 x 256 tiles fill the GPU twice"
+    return None
+
+
+def small_tile(p):
+    """The name of the :data:`SMALL_TILES` configuration for bf16 / f16 problem ``p`` (the least
+    fitted cost), or None where they do not take it (:func:`small_tiles_skip`)."""
+    if small_tiles_skip(p) is not None:
+        return None
+    cost = []
+    for name, per in SMALL_TILES:
+        cfg = CONFIGS[name]
+        waves = -(-grid_for(cfg, p.m, p.n) // split_k.NUM_SMS_GUESS)
+        cost.append((waves * cfg.bm * cfg.bn * p.k * per, name))
+    return min(cost)[1]
+
+
+def small_split(p, cfg: Sm90Config):
+    """Split-K for the small tiles, or None for another configuration: 2 slices where the tiles
+    fill at most half the GPU and K is long (measured on the H200: M = 8 .. 128 at N = 4096,
+    K = 14336 from 0.56-0.72x to 0.76-0.83x of cuBLAS with 2 slices, M = 64 at N = 8192,
+    K = 28672 1.00 to 1.02x; more slices, or K = 4096, lose: each slice writes and reads its
+    float32 partial tile)."""
+    if cfg.name not in dict(SMALL_TILES):
+        return None
+    if grid_for(cfg, p.m, p.n) * 2 <= split_k.NUM_SMS_GUESS and -(-p.k // cfg.bk) >= 128:
+        return split_k.slices(cfg, p.k, 2)
+    return 1, p.k
+
+
+def split(p, cfg: Sm90Config):
+    """(K slices, k_chunk) of ``cfg``'s launch for ``p``: the small tiles' own rule
+    (:func:`small_split`), else split_k.choose_split for one 384-thread block per SM and
+    M <= 256 (M = 128 / 256 at N = 8192 give 32 / 64 tiles); (1, K): none.  Clusters do not
+    split."""
+    forced = os.environ.get("NUMBATC_SPLIT_K")
+    # NOTE: FP8 splits only when NUMBATC_SPLIT_K asks: its split form is emulation- and
+    # assembly-verified but has not run on a GPU yet (the bf16 one has).
+    if cfg.cluster_m != 1 or (p.tensor_scales is not None and not forced):
+        return 1, p.k
+    if not forced:
+        small = small_split(p, cfg)
+        if small is not None:
+            return small
+    return split_k.choose_split(cfg, p.m, p.k, grid_for(cfg, p.m, p.n), blocks_per_sm=1,
+                                max_m=256)
+
+
+def choose(p, name=None):
+    """The configuration for problem ``p``: the heuristic's, or ``name``'s (one of CONFIGS,
+    FP8_CONFIGS for FP8, forced); a TMA configuration whose operands a tensor map cannot
+    describe runs as its cp.async twin (NUMBATC_PRINT_CONFIG says so: never a silent copy), a
+    TMA-only one (no twin) is a ValueError.  (A split launch runs a persistent configuration as
+    its :data:`SPLIT_TWIN`: see :func:`compiled`.)
+
+    The heuristic, on :data:`DEFAULT_PRODUCER`: bf16 / f16 the :data:`SMALL_TILES` where they
+    take the problem, else the persistent 128 x 256 tiles for N > 128 and 128 x 128 ones (one
+    wgmma group in flight) for the rest; FP8 the same without small tiles."""
+    fp8 = p.tensor_scales is not None
+    table = FP8_CONFIGS if fp8 else CONFIGS
+    if name is not None:
+        if name not in table:
+            raise ValueError(f"no sm90 {'FP8 ' if fp8 else ''}config {name!r}; choose from "
+                             f"{sorted(table)}")
+        return _producer_for(p, table[name])
+    if fp8:
+        # persistent for N > 128: with the TMA producer 1156 / 1342 TFLOP/s at 4096^3 / 8192^3
+        # against 1087 / 1159 for _w1 (H200, docs/PERFORMANCE.md)
+        name = "fp8_128x256x128_4s_pt" if p.n > 128 else "fp8_128x128x128_4s_w1"
+    else:
+        # NOTE: measured on the H200 (docs/PERFORMANCE.md, fourth session), same runs: the
+        # persistent 128x256x64_4s_pt 668 / 617 TFLOP/s at 4096^3 / 8192^3 against 638 / 581
+        # for one block per tile (128x256x64_4s), itself 1-4 % ahead of _w1; the two-CTA
+        # cluster form (_c2, half of B's L2 traffic) 378 / 435: L2 is not the limit.
+        name = small_tile(p) or ("128x256x64_4s_pt" if p.n > 128 else "128x128x64_4s_w1")
+    return _producer_for(p, with_producer(table[name], DEFAULT_PRODUCER))
+
+
+def _producer_for(p, cfg: Sm90Config) -> Sm90Config:
+    """``cfg``, or where it loads by TMA and a tensor map cannot describe ``p``'s operands its
+    cp.async twin (printed under NUMBATC_PRINT_CONFIG); a ValueError for a TMA-only one."""
+    if cfg.producer != "tma":
+        return cfg
+    reason = tensor_maps_unsupported(p)
+    if reason is None:
+        return cfg
+    twin = with_producer(cfg, "cp.async")
+    if twin.producer == "tma":  # a forced TMA-only configuration
+        raise ValueError(f"sm90 config {cfg.name} loads by TMA only, and {reason}; force "
+                         "another configuration or pass operands a tensor map can describe")
+    if os.environ.get("NUMBATC_PRINT_CONFIG"):
+        print(f"numbatc.gemm: sm90_gemm {twin.name}, not {cfg.name}: {reason}", file=sys.stderr)
+    return twin
+
+
+def _problem_variant(p, **fields):
+    if p.tensor_scales is not None:
+        return epilogue.variant_for(p, Sm90Fp8Variant, b_dtype=p.b_dtype, **fields)
+    return epilogue.variant_for(p, **fields)
+
+
+def _split_form(p, cfg: Sm90Config):
+    """(the configuration a launch of ``cfg`` for ``p`` runs, its (K slices, k_chunk)): split
+    as :func:`split` says for ``cfg``, and then run as its :data:`SPLIT_TWIN`."""
+    slices = split(p, cfg)
+    if slices[0] > 1 and cfg.name in SPLIT_TWIN:
+        cfg = (FP8_CONFIGS if cfg.elem_bytes == 1 else CONFIGS)[SPLIT_TWIN[cfg.name]]
+    return cfg, slices
+
+
+def compiled(p, cfg: Sm90Config):
+    """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
+    arguments): cfg, or its :data:`SPLIT_TWIN` where K is split; :class:`Sm90Fp8Variant` for
+    FP8, else the GemmVariant, split-K where :func:`split` splits."""
+    run, slices = _split_form(p, cfg)
+    return run, _problem_variant(p, split_k=slices[0] > 1)
+
+
+def launch(p, cfg: Sm90Config):
+    """Launch ``cfg`` for problem ``p`` on its stream (as sm80_gemm.launch; split, as its
+    :data:`SPLIT_TWIN`); FP8 folds alpha * scale_a * scale_b into the kernel's alpha, which the
+    relaunch function then takes as alpha."""
+    run, slices = _split_form(p, cfg)
+    alpha = p.alpha
+    if p.tensor_scales is not None:
+        alpha = p.alpha * p.tensor_scales[0] * p.tensor_scales[1]
+    var = _problem_variant(p, split_k=slices[0] > 1)
+    return operands.launch_gemm(launch_flat, p, run, var, slices, grid_for(run, p.m, p.n), alpha)

@@ -40,8 +40,8 @@ consumers need no proxy fence (the cp.async producer's consumers fence after eac
 
 Tensor maps describe a and b as 2-D tensors with the K-contiguous or MN-contiguous dimension
 innermost; they need a 16-byte aligned start and a leading dimension that is a multiple of 16
-bytes.  numbatc.kernels.dispatch runs the cp.async twin for operands that are not (and says
-so under NUMBATC_PRINT_CONFIG=1).  The maps are cached per (pointer, shape, strides, box): a
+bytes.  sm90_gemm.choose runs the cp.async twin for operands that are not (and says so
+under NUMBATC_PRINT_CONFIG=1).  The maps are cached per (pointer, shape, strides, box): a
 warm numbatc.gemm call on operands seen before builds none (new pointers cost one driver encode
 and one 128-byte copy to the device each).
 
@@ -498,7 +498,7 @@ def operand_map(cfg, var, op, src, m, n, k, ld, stream=0):
 
 
 def tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream=0):
-    """(TensorMap of a, of b) for flat operands as sm90_gemm.launch takes them."""
+    """(TensorMap of a, of b) for flat operands as sm90_gemm.launch_flat takes them."""
     return (operand_map(cfg, var, "a", a, m, n, k, lda, stream),
             operand_map(cfg, var, "b", b, m, n, k, ldb, stream))
 
@@ -517,10 +517,10 @@ def _map_params(tm):
 
 def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta,
            stream, group_m, epilogue_args, prepare, split):
-    """sm90_gemm.launch for a TMA configuration (``a``, ``b`` flat as there: device pointers or
-    emulated arrays).  With ``prepare`` (GPU only) returns the relaunch function of
-    sm80_gemm.launch's contract (epilogue.launch_gemm_kernel's), which looks up (or builds) the
-    maps of its a and b pointers."""
+    """sm90_gemm.launch_flat for a TMA configuration (``a``, ``b`` flat as there: device pointers
+    or emulated arrays).  With ``prepare`` (GPU only) returns the relaunch function of
+    sm80_gemm.launch_flat's contract (epilogue.launch_gemm_kernel's), which looks up (or builds)
+    the maps of its a and b pointers."""
     from numba import config
 
     from intrinsics import launch as launching

@@ -1,6 +1,7 @@
-"""Split-K's host side, for the GEMM kernels that split (sm80_gemm, sm90_gemm): the float32
-workspace and tile counters the slices meet in (the kernel side -- each slice's partial tile,
-the last block's ordered sum -- is numbatc.kernels.epilogue's split-K source).
+"""Split-K's host side, for the GEMM kernels that split (sm80_gemm, sm90_gemm): how many K
+slices a small-M problem gets, and the float32 workspace and tile counters the slices meet in
+(the kernel side -- each slice's partial tile, the last block's ordered sum -- is
+numbatc.kernels.epilogue's split-K source).
 
 A split launch gives one block per (tile, K slice): blockIdx.y picks a slice of ``k_chunk``
 values (whole k tiles); each block writes its float32 partial tile to its slice of the
@@ -8,6 +9,7 @@ workspace, and the last block of a tile to arrive (its counter) sums the slices 
 runs the epilogue, so results do not depend on the block schedule.
 """
 
+import os
 import threading
 
 import numpy as np
@@ -17,7 +19,40 @@ from numbatc import _capture
 
 _EMULATED = bool(config.ENABLE_CUDASIM)
 
-__all__ = ["release_captured", "split_workspace"]
+__all__ = ["NUM_SMS_GUESS", "choose_split", "release_captured", "slices", "split_workspace"]
+
+#: SMs of the GPU the heuristics assume (H100/H200); shapes the choices, never correctness.
+NUM_SMS_GUESS = 132
+
+
+def slices(cfg, k, splits):
+    """(slices, k_chunk): K cut into at most ``splits`` slices of whole k tiles (``cfg.bk``
+    values each), none left empty; (1, k) where that leaves one slice."""
+    k_tiles = -(-k // cfg.bk)
+    if splits < 2 or k_tiles < 2:
+        return 1, k
+    per = -(-k_tiles // splits)  # k tiles per slice
+    return -(-k_tiles // per), per * cfg.bk
+
+
+def choose_split(cfg, m, k, tiles, blocks_per_sm=2, max_m=64):
+    """(slices, k_chunk) for a problem of ``tiles`` output tiles of ``cfg``: small-M problems
+    whose tiles cannot fill the GPU (M <= 64 gives one tile row; N = 8192 gives 64 tiles for 132
+    SMs) split K so that about ``blocks_per_sm`` blocks per SM stream B at once; each slice
+    keeps >= 4 k tiles, at most 16 slices; only for M <= ``max_m``.  (1, k): no split.
+    ``NUMBATC_SPLIT_K=<n>`` forces n slices (1: none), for benchmarks."""
+    forced = os.environ.get("NUMBATC_SPLIT_K")
+    if forced:
+        splits = int(forced) if forced.strip().isdigit() else 0
+        if splits < 1:
+            raise ValueError(f"NUMBATC_SPLIT_K={forced!r}: a positive number of K slices")
+    elif m > max_m:
+        splits = 1
+    else:
+        k_tiles = -(-k // cfg.bk)
+        splits = min(blocks_per_sm * NUM_SMS_GUESS // max(1, tiles), k_tiles // 4, 16)
+    return slices(cfg, k, splits)
+
 
 #: (device, stream handle) -> [workspace, counters, retired buffers] for split-K launches.
 _WORKSPACES: dict = {}

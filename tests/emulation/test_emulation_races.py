@@ -125,7 +125,8 @@ def test_sm90_gemm_under_stress(thread_switch_stress):
         da = np.ascontiguousarray(a).view(np.uint16).ravel()
         db = np.ascontiguousarray(b.T).view(np.uint16).ravel()
         out = np.full(m * ldo, np.nan, dtype=np.float32)
-        sm90_gemm.launch(cfg, var, da, db, out, out, out, m, n, k, lda, ldb, 0, ldo, 1.0, 0.0)
+        sm90_gemm.launch_flat(cfg, var, da, db, out, out, out, m, n, k, lda, ldb, 0, ldo, 1.0,
+                              0.0)
         ref = a.astype(np.float64) @ b.astype(np.float64)
         err = np.max(np.abs(out.reshape(m, ldo) - ref))
         assert err < 1e-3, f"run {run}: max abs error {err}"

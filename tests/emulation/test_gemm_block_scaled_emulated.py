@@ -98,7 +98,8 @@ def test_the_kernel_in_the_emulation(fmt, m, n, k, cfg, a_t, b_t):
     sfa = sg.scale_chunks(cuda.to_device(sa), groups_a, k_tiles, cfg.chunks)
     sfb = sg.scale_chunks(cuda.to_device(sb), groups_b, k_tiles, cfg.chunks)
     out = cuda.to_device(np.full(m * n, np.nan, np.float32))
-    sg.launch(cfg, var, ta.device, tb.device, sfa, sfb, out, out, out, m, n, k, 0, n, 1.0, 0.0)
+    sg.launch_flat(cfg, var, ta.device, tb.device, sfa, sfb, out, out, out, m, n, k, 0, n, 1.0,
+                   0.0)
     check(_to_float(out, "float32", m, n), ref, mag, "float32")
 
 

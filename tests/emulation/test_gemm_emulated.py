@@ -125,12 +125,12 @@ def test_hopper_heuristic_in_the_emulation(m, k, want, monkeypatch, capsys):
     """The Hopper family's own choice (NUMBATC_GEMM_KERNEL=sm90 without a configuration): the
     persistent configuration on the TMA producer (sm90_gemm.DEFAULT_PRODUCER), whose 2 emulated
     blocks walk the tiles; split-K (M <= 256) runs as
-    the configuration whose split form was measured on the H200 (dispatch._SPLIT_TWIN).  These
-    shapes are small enough for the small-M tiles (dispatch._small_tile, run in
+    the configuration whose split form was measured on the H200 (sm90_gemm.SPLIT_TWIN).  These
+    shapes are small enough for the small-M tiles (sm90_gemm.small_tile, run in
     test_sm90_gemm_emulated's 64-row cases), which are switched off here to reach the others."""
-    from numbatc.kernels import dispatch
+    from numbatc.kernels import sm90_gemm
 
-    monkeypatch.setattr(dispatch, "_small_tile", lambda p: None)
+    monkeypatch.setattr(sm90_gemm, "small_tile", lambda p: None)
     monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90")
     monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
     monkeypatch.delenv("NUMBATC_SPLIT_K", raising=False)

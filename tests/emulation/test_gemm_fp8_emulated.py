@@ -107,7 +107,7 @@ def test_the_kernel_in_the_emulation(m, n, k, cfg, a_t, b_t, epilogue):
         ref = activate(alpha * ref + beta * cmat.astype(np.float64) + bias, epilogue)
         mag = alpha * mag
     host = [getattr(x, "_ary", x) for x in (da, db, dc, dbias, dout)]
-    sm90_gemm.launch(cfg, var, *host, m, n, k, lda, ldb, ldc, ldo, alpha * sa * sb, beta)
+    sm90_gemm.launch_flat(cfg, var, *host, m, n, k, lda, ldb, ldc, ldo, alpha * sa * sb, beta)
 
     stored = dout.copy_to_host().reshape(m, ldo)
     if out_dtype == "bfloat16":

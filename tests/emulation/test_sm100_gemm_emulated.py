@@ -63,13 +63,14 @@ def test_sm100_gemm_in_the_emulation(m, n, k, cfg, dtype, fused):
         alpha, beta = 1.5, 0.5
         ref = alpha * ref + beta * cmat.astype(np.float64) + bias.astype(np.float64)
         ref = 0.5 * ref * (1 + np.tanh(math.sqrt(2 / math.pi) * (ref + 0.044715 * ref**3)))
-        sm100_gemm.launch(cfg, var, ta.device, tb.device, c, dbias, out, m, n, k, n, n, alpha,
-                          beta)
+        sm100_gemm.launch_flat(cfg, var, ta.device, tb.device, c, dbias, out, m, n, k, n, n,
+                               alpha, beta)
         got = out.copy_to_host().view(ml_dtypes.bfloat16).astype(np.float64).reshape(m, n)
         rounding = 2.0**-8
     else:
         out = cuda.to_device(np.full(m * n, np.nan, np.float32))
-        sm100_gemm.launch(cfg, var, ta.device, tb.device, out, out, out, m, n, k, 0, n, 1.0, 0.0)
+        sm100_gemm.launch_flat(cfg, var, ta.device, tb.device, out, out, out, m, n, k, 0, n, 1.0,
+                               0.0)
         got = out.copy_to_host().astype(np.float64).reshape(m, n)
         rounding = 2.0**-20
     scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + 1

@@ -2,9 +2,9 @@
 warp-specialised cp.async -> mbarrier -> wgmma pipeline, ragged edges in M, N and K, both B
 layouts, bf16 and f16, the fused epilogue, and a pipeline that wraps around its stages.
 
-The kernel is called directly with flat operands, as numbatc.kernels.dispatch does under the
-simulator.  Padding past each row's end holds NaN bit patterns: a copy that read it, or a store
-past N, would show.  384 threads per block are 384 Python threads here, so the grids are tiny.
+The kernel is called directly with flat operands (launch_flat), as sm90_gemm.launch does under
+the simulator.  Padding past each row's end holds NaN bit patterns: a copy that read it, or a
+store past N, would show.  384 threads per block are 384 Python threads here, so the grids are tiny.
 """
 
 import math
@@ -144,8 +144,8 @@ def test_sm90_gemm_in_the_emulation(m, n, k, cfg, a_layout, b_layout, dtype, epi
         else:
             ref = ref / (1 + np.exp(-ref))
 
-    sm90_gemm.launch(cfg, var, _host(da), _host(db), _host(dc), _host(dbias), _host(dout),
-                     m, n, k, lda, ldb, ldc, ldo, alpha, beta)
+    sm90_gemm.launch_flat(cfg, var, _host(da), _host(db), _host(dc), _host(dbias), _host(dout),
+                          m, n, k, lda, ldb, ldc, ldo, alpha, beta)
 
     stored = dout.copy_to_host().reshape(m, ldo)
     if out_dtype == "bfloat16":

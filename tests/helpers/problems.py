@@ -1,0 +1,52 @@
+"""Stand-in problems for the host code that chooses kernels (numbatc.kernels.dispatch and the
+kernel modules' unsupported / choose / variant): real GemmProblem and AttentionProblem objects
+over arrays that hold no memory (the choice reads shapes, layouts, alignments and dtypes, never
+the data)."""
+
+from types import SimpleNamespace
+
+
+def operand(name, layout, ld, alignment=16):
+    from numbatc.gemm import Operand
+
+    return Operand(name, None, layout, ld, alignment)
+
+
+def gemm_problem(m, n, k, *, alignment=16, cc=(9, 0), dtype="bfloat16", a_layout="row",
+                 b_layout="col", out_dtype=None, fp8_scales=None, block_scaled=None):
+    """A numbatc.gemm.GemmProblem of a row-major (M, K) ``a`` and ``b`` as ``b_layout``, both of
+    ``alignment`` (the largest power of two <= 16 dividing start and leading dimension in
+    bytes), numbatc's own row-major output; ``fp8_scales`` = (scale_a, scale_b) makes it the
+    per-tensor-scaled FP8 GEMM, ``block_scaled`` a numbatc.gemm.BLOCK_SCALED format."""
+    from numbatc.gemm import GemmProblem
+
+    out_dtype = out_dtype or ("bfloat16" if fp8_scales or block_scaled else dtype)
+    a = operand("a", a_layout, k if a_layout == "row" else m, alignment)
+    b = operand("b", b_layout, n if b_layout == "row" else k, alignment)
+    return GemmProblem(
+        m=m, n=n, k=k, a=a, b=b, c=None, bias=None, out=operand("out", "row", n), alpha=1.0,
+        beta=0.0, activation=None, in_dtype=dtype, b_dtype=dtype, out_dtype=out_dtype,
+        bias_dtype=None, acc_dtype="float32", device=None, cc=cc, stream_handle=0,
+        tensor_scales=fp8_scales, block_scaled=block_scaled)
+
+
+def attention_operand(shape, ptr=4096, strides=None):
+    """A (batch, seq, heads, head_dim) array description: its pointer, shape and element
+    strides (contiguous by default)."""
+    if strides is None:
+        b, s, h, d = shape
+        strides = (s * h * d, h * d, d, 1)
+    return SimpleNamespace(ptr=ptr, shape=shape, strides=strides)
+
+
+def attention_problem(batch=2, seqlen_q=100, seqlen_k=100, heads_q=4, heads_kv=4, head_dim=64,
+                      dtype="bfloat16", causal=False, cc=(9, 0)):
+    """A numbatc.attention.AttentionProblem over contiguous q, k, v and out."""
+    from numbatc.attention import AttentionProblem
+
+    q = attention_operand((batch, seqlen_q, heads_q, head_dim))
+    kv = attention_operand((batch, seqlen_k, heads_kv, head_dim))
+    return AttentionProblem(
+        q=q, k=kv, v=kv, out=q, lse=None, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+        heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, causal=causal, scale=0.125,
+        dtype=dtype, device=None, cc=cc, stream_handle=0)
