@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from functools import cached_property
 import numpy as np
 
-from numbatc.interop import alloc, arrays, devices, probes, streams, views
+from numbatc._warm import ABSENT, CACHE, MISS, Entry, remember, span
+from numbatc.interop import alloc, arrays, devices, streams, views
 from numbatc.interop.arrays import CudaArray
 from numbatc.interop.dtypes import dtype_name
+from numbatc.interop.probes import allocate_probed, probe
 
 __all__ = ["gemm", "GemmProblem", "Operand", "DTypeRule", "DTYPE_RULES", "FP8_RULES",
            "ACTIVATIONS", "BlockScaledFormat", "BLOCK_SCALED"]
@@ -537,7 +539,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
     a fixed order, so results do not depend on the block schedule.
     """
     scaled = scale_a is not None or scale_b is not None
-    if (_FAST and type(epilogue_args) is tuple and (epilogue is not None or not epilogue_args)
+    if (CACHE and type(epilogue_args) is tuple and (epilogue is not None or not epilogue_args)
             and (not scaled or (type(scale_a) in _REAL_TYPES and type(scale_b) in _REAL_TYPES))):
         evals = None
         try:
@@ -545,7 +547,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
             if key is not None and epilogue is not None:
                 ekey, evals = _epilogue_key(epilogue_args)
                 key = None if ekey is None else key + (epilogue, ekey)
-            warm = None if key is None else _FAST.get(key)
+            warm = None if key is None else CACHE.get(key)
             if warm is not None and scaled:  # per-tensor FP8 scales fold into alpha
                 if not math.isfinite(scale_a * scale_b):
                     warm = None  # the checks say what
@@ -555,7 +557,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
             warm = None
         if warm is not None:
             result = warm(ptrs, a, out, warm_alpha if scaled else alpha, beta, evals)
-            if result is not _MISS:
+            if result is not MISS:
                 _release_captured()
                 return result
     result, problem, relaunch = _gemm_checked(
@@ -722,33 +724,17 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
 # the warm call: what a checked call decided, reused by calls that differ only in pointers
 # ---------------------------------------------------------------------------------------------
 #
-# A warm call costs: a probe per array (pointer + key: shape, strides, dtype, device ...), one
-# dict lookup, an overlap test on byte ranges, the stream lookup and one cuLaunchKernel with a
-# parameter buffer made once (intrinsics.launch.PreparedLaunch).  The key holds everything the
+# The cache and what every entry holds: numbatc._warm.  numbatc.gemm's key holds everything the
 # checks above read besides pointer values: each array's probe key (None for an absent one),
 # a's and b's pointer modulo 16 (alignment decides packing), out's (its alignment decides
 # whether column pairs are stored as one word, GemmVariant.out_pairs), whether beta is 0
 # (decides whether c is read; alpha and beta themselves only need to be real numbers of the
 # types in _REAL_TYPES, checked on every call), activation, out_dtype, the dispatch environment
-# variables and the thread (a NULL-stream launch runs in the thread's current context, which
-# the checked call made current).  Pointer-dependent checks run on every call: out against
-# each input's byte range; where ranges meet, the full (exact) check decides.
-#
-# Threads: each thread has its own entries (the key holds the thread: a relaunch function's
-# parameter buffer is used by one thread), and the dict is only read, set and cleared whole --
-# single operations that need no lock; a lookup that misses (another thread cleared it) takes
-# the checked path.
+# variables and the thread.  Pointer-dependent checks run on every call (_GemmWarm): out
+# against each input's byte range; where ranges meet, the full (exact) check decides.
 
-_FAST: dict = {}
-_FAST_LIMIT = 1024
-_MISS = object()
 _REAL_TYPES = frozenset({int, float, np.float64, np.float32, np.float16, np.int64, np.int32})
-_ABSENT = (0, None)
 _env_key = None  # numbatc.kernels.dispatch.env_key, bound by the first _remember
-
-
-def _probe_or_absent(x):
-    return _ABSENT if x is None else probes.probe(x)
 
 
 def _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype, scaled=False):
@@ -756,14 +742,14 @@ def _warm_key(a, b, c, bias, out, alpha, beta, activation, out_dtype, scaled=Fal
     ``scaled``: the call has per-tensor FP8 scales (their product is folded into alpha)."""
     if type(alpha) not in _REAL_TYPES or type(beta) not in _REAL_TYPES:
         return None, None
-    pa = probes.probe(a)
-    pb = probes.probe(b)
-    pc = _probe_or_absent(c)
-    pbias = _probe_or_absent(bias)
-    pout = _probe_or_absent(out)
+    pa = probe(a)
+    pb = probe(b)
+    pc = ABSENT if c is None else probe(c)
+    pbias = ABSENT if bias is None else probe(bias)
+    pout = ABSENT if out is None else probe(out)
     if pa is None or pb is None or pc is None or pbias is None or pout is None:
         return None, None
-    key = (pa[1], pb[1], pc[1], pbias[1], pout[1], pa[0] & 15, pb[0] & 15, pout[0] & 15,
+    key = ("gemm", pa[1], pb[1], pc[1], pbias[1], pout[1], pa[0] & 15, pb[0] & 15, pout[0] & 15,
            beta == 0, activation, out_dtype, _env_key(), threading.get_ident())
     key += (True,) if scaled else ()
     return key, (pa[0], pb[0], pc[0], pbias[0], pout[0])
@@ -779,7 +765,7 @@ def _epilogue_key(epilogue_args):
             keys.append(ty)
             values.append(x)
             continue
-        probed = probes.probe(x)
+        probed = probe(x)
         if probed is None:
             return None, None
         keys.append(probed[1])
@@ -814,35 +800,39 @@ def _epilogue_flattener(problem_args):
     return flatten
 
 
-def _span(op) -> int:
-    """Bytes from an operand's pointer to the end of its last element (strides are >= 0)."""
-    lo, hi = op.array.byte_range()
-    return hi - lo
+class _GemmWarm(Entry):
+    """numbatc.gemm's entry: relaunch(a, b, c, bias, out pointers, alpha, beta, stream[,
+    epilogue parameters]); c and bias replaced by out where the call has none."""
 
+    __slots__ = ("a_span", "b_span", "c_span", "bias_span", "has_c", "has_bias", "c_may_be_out",
+                 "eflat")
 
-class _Warm:
-    """One cached decision: relaunch(a, b, c, bias, out pointers, alpha, beta, stream)."""
-
-    __slots__ = ("relaunch", "stream", "alloc", "a_span", "b_span", "c_span", "bias_span",
-                 "out_span", "has_c", "has_bias", "c_may_be_out", "eflat")
+    def __init__(self, p: GemmProblem, relaunch, allocate: bool, eflat=None):
+        super().__init__(relaunch, p.a.array, p.out.array, allocate)
+        self.a_span, self.b_span = span(p.a.array), span(p.b.array)
+        self.has_c, self.has_bias = p.c is not None, p.bias is not None
+        self.c_span = span(p.c.array) if self.has_c else 0
+        self.bias_span = span(p.bias.array) if self.has_bias else 0
+        self.c_may_be_out = self.has_c and p.c.array.strides == p.out.array.strides
+        self.eflat = eflat
 
     def __call__(self, ptrs, a, out, alpha, beta, evals=None):
         a_ptr, b_ptr, c_ptr, bias_ptr, out_ptr = ptrs
         if out is None:
-            result, out_ptr = probes.allocate_probed(self.alloc, a)
+            result, out_ptr = allocate_probed(self.alloc, a)
             if result is None:
-                return _MISS
+                return MISS
         else:
             result = out
             hi = out_ptr + self.out_span
             if (a_ptr < hi and out_ptr < a_ptr + self.a_span) or (
                     b_ptr < hi and out_ptr < b_ptr + self.b_span):
-                return _MISS
+                return MISS
             if self.has_bias and bias_ptr < hi and out_ptr < bias_ptr + self.bias_span:
-                return _MISS
+                return MISS
             if (self.has_c and c_ptr < hi and out_ptr < c_ptr + self.c_span
                     and not (c_ptr == out_ptr and self.c_may_be_out)):
-                return _MISS
+                return MISS
         if self.eflat is None:
             self.relaunch(a_ptr, b_ptr, c_ptr if self.has_c else out_ptr,
                           bias_ptr if self.has_bias else out_ptr, out_ptr, float(alpha),
@@ -869,25 +859,14 @@ def _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, p, relaunc
         return
     if key is None:
         return
-    w = _Warm()
-    w.eflat = None
+    eflat = None
     if p.epilogue is not None:
         ekey, _ = _epilogue_key(epilogue_args)
         if ekey is None:
             return
         key += (p.epilogue, ekey)
-        w.eflat = _epilogue_flattener(p.epilogue_args)
-    w.relaunch = relaunch
-    w.stream = streams.stream_getter(p.a.array)
-    w.alloc = alloc.allocator(p.a.array, (p.m, p.n), p.out_dtype) if out is None else None
-    w.a_span, w.b_span, w.out_span = _span(p.a), _span(p.b), _span(p.out)
-    w.has_c, w.has_bias = p.c is not None, p.bias is not None
-    w.c_span = _span(p.c) if w.has_c else 0
-    w.bias_span = _span(p.bias) if w.has_bias else 0
-    w.c_may_be_out = w.has_c and p.c.array.strides == p.out.array.strides
-    if len(_FAST) >= _FAST_LIMIT:
-        _FAST.clear()
-    _FAST[key] = w
+        eflat = _epilogue_flattener(p.epilogue_args)
+    remember(key, _GemmWarm(p, relaunch, allocate=out is None, eflat=eflat))
 
 
 # ---------------------------------------------------------------------------------------------

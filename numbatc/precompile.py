@@ -20,6 +20,10 @@ Shapes: ``M x N x K`` with ``dtype`` operands, a row-major ``a`` and ``b`` as ``
 (``llama8b``, ``decode``, ``table`` ...).  FP8 dtypes (``float8_e4m3fn``, ``float8_e5m2``) are
 the per-tensor-scaled GEMM (bf16 output).  Kernels with a user epilogue are compiled per process
 and never cached, so they cannot be precompiled.
+
+Attention kernels are not precompiled yet: their kernel modules have the same face as the GEMM
+ones (choose, compiled, kernel_for), but the walk over them is numbatc.attention's own, not a
+table this module can ask; a ``plan`` for attention problems belongs beside it.
 """
 
 import argparse

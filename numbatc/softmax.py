@@ -18,7 +18,9 @@ import os
 import sys
 import threading
 
-from numbatc.interop import alloc, arrays, devices, probes, streams, views
+from numbatc._warm import ABSENT, CACHE, MISS, Entry, remember, span
+from numbatc.interop import alloc, arrays, devices, streams, views
+from numbatc.interop.probes import allocate_probed, probe
 
 __all__ = ["softmax", "gemm_softmax", "SOFTMAX_DTYPES"]
 
@@ -130,18 +132,19 @@ def softmax(x, *, out=None):
     of any length: up to 32768 elements a row (16384 for float32 or rows not 8-byte aligned)
     stays in registers (one read, one write); longer rows take two reads.
     A row holding NaN gives NaN; a row of -inf gives NaN (as torch)."""
-    if _FAST:
+    if CACHE:
         try:
-            px = probes.probe(x)
-            po = _ABSENT if out is None else probes.probe(out)
+            px = probe(x)
+            po = ABSENT if out is None else probe(out)
             warm = None
             if px is not None and po is not None:
-                warm = _FAST.get((px[1], po[1], px[0] & 15, po[0] & 15, threading.get_ident()))
+                warm = CACHE.get(("softmax", px[1], po[1], px[0] & 15, po[0] & 15,
+                                  threading.get_ident()))
         except Exception:  # anything odd: the checks say what
             warm = None
         if warm is not None:
             result = warm(px[0], po[0], x, out)
-            if result is not _MISS:
+            if result is not MISS:
                 return result
     X = arrays.as_cuda_array(x, "x")
     if X.dtype not in SOFTMAX_DTYPES:
@@ -177,56 +180,49 @@ def softmax(x, *, out=None):
 
 
 # ---------------------------------------------------------------------------------------------
-# warm calls (as numbatc.gemm's): a call whose arrays differ from a checked one only in their
-# pointers reuses its decision -- config, grid, prepared launch -- and costs two probes, a dict
-# lookup, an overlap test and one cuLaunchKernel.  The key: each array's probe key (library,
-# shape, strides, dtype, device ...; _ABSENT's for no out), both pointers modulo 16 (the
-# vector-load decision reads their alignment) and the thread (threads: as numbatc.gemm's).
+# warm calls (numbatc._warm, as numbatc.gemm's): a call whose arrays differ from a checked one
+# only in their pointers reuses its decision -- config, grid, prepared launch -- and costs two
+# probes, a dict lookup, an overlap test and one cuLaunchKernel.  The key: 'softmax', each
+# array's probe key (library, shape, strides, dtype, device ...; ABSENT's for no out), both
+# pointers modulo 16 (the vector-load decision reads their alignment) and the thread.
 # ---------------------------------------------------------------------------------------------
 
-_FAST: dict = {}
-_FAST_LIMIT = 1024
-_MISS = object()
-_ABSENT = (0, None)
 
+class _SoftmaxWarm(Entry):
+    """numbatc.softmax's entry: relaunch(x, out pointers, stream); out may be x itself."""
 
-class _Warm:
-    __slots__ = ("relaunch", "stream", "alloc", "span", "out_span")
+    __slots__ = ("x_span",)
+
+    def __init__(self, relaunch, X, OUT, allocate: bool):
+        super().__init__(relaunch, X, OUT, allocate)
+        self.x_span = span(X)
 
     def __call__(self, x_ptr, out_ptr, x, out):
         if out is None:
-            result, out_ptr = probes.allocate_probed(self.alloc, x)
+            result, out_ptr = allocate_probed(self.alloc, x)
             if result is None:
-                return _MISS
+                return MISS
         else:
             result = out
-            if out_ptr != x_ptr and x_ptr < out_ptr + self.out_span and out_ptr < x_ptr + self.span:
-                return _MISS  # partial overlap: the checked path names it
+            if (out_ptr != x_ptr and x_ptr < out_ptr + self.out_span
+                    and out_ptr < x_ptr + self.x_span):
+                return MISS  # partial overlap: the checked path names it
         self.relaunch(x_ptr, out_ptr, self.stream())
         return result
 
 
 def _remember(x, out, X, OUT, relaunch):
     try:
-        px = probes.probe(x)
-        po = _ABSENT if out is None else probes.probe(out)
+        px = probe(x)
+        po = ABSENT if out is None else probe(out)
     except Exception:
         return
     if px is None or po is None:
         return
     if out is not None and OUT.ptr != X.ptr and OUT.shares_memory(X):
         return
-    w = _Warm()
-    w.relaunch = relaunch
-    w.stream = streams.stream_getter(X)
-    w.alloc = alloc.allocator(X, X.shape, X.dtype) if out is None else None
-    lo, hi = X.byte_range()
-    w.span = hi - lo
-    lo, hi = OUT.byte_range()
-    w.out_span = hi - lo
-    if len(_FAST) >= _FAST_LIMIT:
-        _FAST.clear()
-    _FAST[(px[1], po[1], px[0] & 15, po[0] & 15, threading.get_ident())] = w
+    remember(("softmax", px[1], po[1], px[0] & 15, po[0] & 15, threading.get_ident()),
+             _SoftmaxWarm(relaunch, X, OUT, allocate=out is None))
 
 
 def _softmax_split(x, X, out, split):
@@ -279,15 +275,15 @@ def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
     ``out`` (M, N; row-major; the input dtype or float32).  Accumulates and normalises in float32.
     N <= 256 runs one fused kernel (a block owns whole rows); wider rows run numbatc.gemm into a
     float32 scratch and then numbatc.softmax (NUMBATC_PRINT_CONFIG says so)."""
-    if _FAST:
+    if CACHE:
         try:
             key, ptrs = _gs_key(a, b, bias, out, scale)
-            warm = None if key is None else _FAST.get(key)
+            warm = None if key is None else CACHE.get(key)
         except Exception:  # anything odd: the checks say what
             warm = None
         if warm is not None:
             result = warm(ptrs, a, out, float(scale))
-            if result is not _MISS:
+            if result is not MISS:
                 return result
     A = arrays.as_cuda_array(a, "a")
     B = arrays.as_cuda_array(b, "b")
@@ -370,23 +366,28 @@ def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
     return result
 
 
-class _WarmGS:
-    """numbatc.gemm_softmax's warm call (as _Warm for softmax; the key adds b and bias)."""
+class _GemmSoftmaxWarm(Entry):
+    """numbatc.gemm_softmax's entry: relaunch(a, b, bias, out pointers, scale, stream); bias
+    replaced by out where the call has none."""
 
-    __slots__ = ("relaunch", "stream", "alloc", "spans", "out_span")
+    __slots__ = ("spans",)
+
+    def __init__(self, relaunch, A, B, BIAS, OUT, allocate: bool):
+        super().__init__(relaunch, A, OUT, allocate)
+        self.spans = tuple(span(X) for X in (A, B, BIAS))
 
     def __call__(self, ptrs, a, out, scale):
         a_ptr, b_ptr, bias_ptr, out_ptr = ptrs
         if out is None:
-            result, out_ptr = probes.allocate_probed(self.alloc, a)
+            result, out_ptr = allocate_probed(self.alloc, a)
             if result is None:
-                return _MISS
+                return MISS
         else:
             result = out
             hi = out_ptr + self.out_span
-            for ptr, span in zip((a_ptr, b_ptr, bias_ptr), self.spans):
-                if span and ptr < hi and out_ptr < ptr + span:
-                    return _MISS  # overlap: the checked path names it
+            for ptr, size in zip((a_ptr, b_ptr, bias_ptr), self.spans):
+                if size and ptr < hi and out_ptr < ptr + size:
+                    return MISS  # overlap: the checked path names it
         self.relaunch(a_ptr, b_ptr, bias_ptr if self.spans[2] else out_ptr, out_ptr, scale,
                       self.stream())
         return result
@@ -395,9 +396,8 @@ class _WarmGS:
 def _gs_key(a, b, bias, out, scale):
     if type(scale) not in (int, float):
         return None, None
-    probed = [probes.probe(a), probes.probe(b),
-              _ABSENT if bias is None else probes.probe(bias),
-              _ABSENT if out is None else probes.probe(out)]
+    probed = [probe(a), probe(b), ABSENT if bias is None else probe(bias),
+              ABSENT if out is None else probe(out)]
     if any(p is None for p in probed):
         return None, None
     key = ("gemm_softmax",) + tuple(p[1] for p in probed) + (
@@ -412,12 +412,4 @@ def _remember_gs(a, b, bias, out, A, B, BIAS, OUT, relaunch):
         return
     if key is None:
         return
-    w = _WarmGS()
-    w.relaunch = relaunch
-    w.stream = streams.stream_getter(A)
-    w.alloc = alloc.allocator(A, OUT.shape, OUT.dtype) if out is None else None
-    w.spans = tuple(0 if X is None else X.byte_range()[1] - X.byte_range()[0] for X in (A, B, BIAS))
-    w.out_span = OUT.byte_range()[1] - OUT.byte_range()[0]
-    if len(_FAST) >= _FAST_LIMIT:
-        _FAST.clear()
-    _FAST[key] = w
+    remember(key, _GemmSoftmaxWarm(relaunch, A, B, BIAS, OUT, allocate=out is None))

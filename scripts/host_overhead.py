@@ -7,7 +7,8 @@ microseconds per call of each stage of a warm call (the time for the call to ret
 waiting for the GPU), measured on its own in a loop:
 
   probe a,b,out   pointer + key of the three arrays (numbatc.interop.probes.probe)
-  key+lookup      gemm._warm_key (the probes again, the env and thread parts) + the dict lookup
+  key+lookup      gemm._warm_key (the probes again, the env and thread parts) + the lookup in
+                  numbatc._warm.CACHE
   stream          the current-stream lookup (torch._C._cuda_getCurrentRawStream ...)
   launch          the relaunch function: one struct.pack_into + cuLaunchKernel
   cuLaunchKernel  the bare driver call through cuda.bindings with the same buffer (the floor)
@@ -80,6 +81,7 @@ def stages(lib, m, n, k):
     import importlib
 
     import numbatc
+    from numbatc import _warm
     from numbatc.interop import probes
 
     gemm_mod = importlib.import_module("numbatc.gemm")
@@ -88,13 +90,13 @@ def stages(lib, m, n, k):
     numbatc.gemm(a, b, out=out)
     sync()
     key, ptrs = gemm_mod._warm_key(a, b, None, None, out, 1.0, 0.0, None, None)
-    warm = gemm_mod._FAST.get(key)
+    warm = _warm.CACHE.get(key)
     rows = []
     if warm is None:
         print(f"{lib}: no warm entry (emulation? unaligned? NUMBATC_PRINT_CONFIG set?)")
     probe = probes.probe
     rows.append(("probe a,b,out", per_call_us(lambda: (probe(a), probe(b), probe(out)))))
-    fast = gemm_mod._FAST
+    fast = _warm.CACHE
     rows.append(("key+lookup", per_call_us(lambda: fast.get(gemm_mod._warm_key(
         a, b, None, None, out, 1.0, 0.0, None, None)[0]))))
     if warm is not None:

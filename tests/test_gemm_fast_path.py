@@ -1,5 +1,5 @@
-"""numbatc.gemm's warm call without a GPU: the cache of validated calls (gemm._FAST), its key, and
-the prepared launch it ends in (intrinsics.launch.PreparedLaunch).
+"""numbatc.gemm's warm call without a GPU: the cache of validated calls (numbatc._warm.CACHE), its
+key, and the prepared launch it ends in (intrinsics.launch.PreparedLaunch).
 
 ``launch_gemm`` is replaced by a recorder that returns a recording relaunch function, so a call
 either goes through the checks (the recorder sees a GemmProblem) or is warm (only the relaunch
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import numbatc
+from numbatc import _warm
 from tests.helpers.fake_arrays import (  # noqa: F401 (no_gpu: autouse fixture)
     T, fake_cupy, fake_ptr, fake_torch, no_gpu, value_devices)
 
@@ -39,9 +40,9 @@ class Recorder:
 def rec(monkeypatch):
     r = Recorder()
     monkeypatch.setattr(dispatch, "launch_gemm", r.launch_gemm)
-    gemm_mod._FAST.clear()
+    _warm.CACHE.clear()
     yield r
-    gemm_mod._FAST.clear()
+    _warm.CACHE.clear()
 
 
 @pytest.fixture
@@ -52,7 +53,7 @@ def torch(monkeypatch):
 def test_second_call_is_warm_and_launches_the_same(rec, torch):
     a, b, out = T(torch, (64, 32)), T(torch, (32, 48)), T(torch, (64, 48))
     gemm(a, b, out=out, alpha=2.0)
-    assert len(rec.checked) == 1 and len(gemm_mod._FAST) == 1
+    assert len(rec.checked) == 1 and len(_warm.CACHE) == 1
     a2, b2, out2 = T(torch, (64, 32)), T(torch, (32, 48)), T(torch, (64, 48))
     assert gemm(a2, b2, out=out2, alpha=3) is out2
     assert len(rec.checked) == 1  # no checks, no dispatch
@@ -86,12 +87,12 @@ def test_warm_calls_match_checked_calls(rec, torch):
             out = T(torch, (m, n))
             gemm(a, b, c=c, beta=beta, bias=bias, out=out, alpha=1.5, activation="relu")
 
-        gemm_mod._FAST.clear()
+        _warm.CACHE.clear()
         call()  # checked, cached
         call()  # warm
         warm = rec.relaunched[-1]
         n_checked = len(rec.checked)
-        gemm_mod._FAST.clear()
+        _warm.CACHE.clear()
         call()  # checked again, with fresh pointers: the reference for the pattern
         assert len(rec.checked) == n_checked + 1
         ref = rec.relaunched[-1]
@@ -183,7 +184,7 @@ def test_every_variant_warms_and_stays_correct(rec, torch):
     """Each variant: checked once, then warm; its warm launch matches its checked launch's
     pattern and scalars."""
     for name, kw in _variants(torch):
-        gemm_mod._FAST.clear()
+        _warm.CACHE.clear()
         n = len(rec.checked)
         gemm(**kw)
         if name in ("a misaligned", "b misaligned"):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import numbatc
+from numbatc import _warm
 from numbatc.interop import alloc
 from numbatc.kernels import sm90_gemm
 from tests.helpers.fake_arrays import (  # noqa: F401  (launched, no_gpu: fixtures)
@@ -131,9 +132,9 @@ def kernel(monkeypatch):
     monkeypatch.setattr(sm90_gemm, "launch_flat", r.launch)
     monkeypatch.delenv("NUMBATC_GEMM_KERNEL", raising=False)
     monkeypatch.delenv("NUMBATC_PRINT_CONFIG", raising=False)
-    gemm_mod._FAST.clear()
+    _warm.CACHE.clear()
     yield r
-    gemm_mod._FAST.clear()
+    _warm.CACHE.clear()
 
 
 @pytest.mark.parametrize("m, n, name", [(8, 48, "fp8_128x128x128_4s_w1_tma"),

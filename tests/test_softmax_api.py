@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import numbatc
+from numbatc import _warm
 from numbatc.interop import DTypeView, devices, streams
 from tests.helpers.fake_arrays import FakeCuda, col_major, no_gpu  # noqa: F401  (no_gpu: autouse)
 
@@ -176,9 +177,9 @@ def warm_rec(monkeypatch):
         return lambda x, out, stream: rec["relaunched"].append((x, out, stream))
 
     monkeypatch.setattr(softmax_mod, "_launch_softmax", launch)
-    softmax_mod._FAST.clear()
+    _warm.CACHE.clear()
     yield rec
-    softmax_mod._FAST.clear()
+    _warm.CACHE.clear()
 
 
 def test_softmax_second_call_is_warm(warm_rec, monkeypatch):
@@ -187,7 +188,7 @@ def test_softmax_second_call_is_warm(warm_rec, monkeypatch):
     torch = value_devices(fake_torch(monkeypatch, current_stream=0x77))
     x, out = T(torch, (64, 48)), T(torch, (64, 48))
     assert numbatc.softmax(x, out=out) is out
-    assert len(warm_rec["checked"]) == 1 and len(softmax_mod._FAST) == 1
+    assert len(warm_rec["checked"]) == 1 and len(_warm.CACHE) == 1
     x2, out2 = T(torch, (64, 48)), T(torch, (64, 48))
     assert numbatc.softmax(x2, out=out2) is out2
     assert len(warm_rec["checked"]) == 1  # no checks
@@ -218,7 +219,7 @@ def test_gemm_softmax_second_call_is_warm(monkeypatch):
     monkeypatch.setattr(streams, "numba_stream", lambda handle, device=None: None)
     monkeypatch.setattr(devices, "device_scope", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(dispatch, "_operand", lambda op, stream, keep: (op.ptr, op.ld))
-    softmax_mod._FAST.clear()
+    _warm.CACHE.clear()
     torch = value_devices(fake_torch(monkeypatch, current_stream=0x99))
     a, b, out = T(torch, (64, 32)), T(torch, (32, 48)), T(torch, (64, 48))
     numbatc.gemm_softmax(a, b, out=out, scale=0.5)
@@ -229,4 +230,4 @@ def test_gemm_softmax_second_call_is_warm(monkeypatch):
     assert calls["relaunched"] == [(a2.ptr, b2.ptr, out2.ptr, out2.ptr, 0.25, 0x99)]
     with pytest.raises(ValueError, match="out overlaps a"):  # not warm: the checks name it
         numbatc.gemm_softmax(a2, b2, out=T(torch, (64, 48), ptr=a2.ptr))
-    softmax_mod._FAST.clear()
+    _warm.CACHE.clear()

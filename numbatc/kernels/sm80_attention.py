@@ -43,8 +43,9 @@ from numbatc.kernels import operands
 from numbatc.kernels.build import load_generated
 from numbatc.kernels.epilogue import QUAD_REDUCTIONS
 
-__all__ = ["AttnConfig", "AttnVariant", "choose_config", "kernel_for", "kernel_source",
-           "launch", "signature"]
+__all__ = ["AttnConfig", "AttnVariant", "CONFIGS", "unsupported", "choose", "compiled", "launch",
+           "choose_config", "kernel_for", "kernel_source", "launch_attention", "launch_flat",
+           "signature"]
 
 LOG2E = 1.4426950408889634
 
@@ -471,8 +472,8 @@ def grid_for(cfg: AttnConfig, batch, heads_q, seqlen_q):
     return (-(-seqlen_q // cfg.block_m)) * heads_q * batch
 
 
-def launch(cfg: AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seqlen_q, seqlen_k,
-           heads_q, group, q_strides, k_strides, v_strides, o_strides, scale, stream=0):
+def launch_flat(cfg: AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seqlen_q, seqlen_k,
+                heads_q, group, q_strides, k_strides, v_strides, o_strides, scale, stream=0):
     """Launch the kernel.  q, k, v, out, lse are flat: device pointers (ints) on the GPU, 1-d
     arrays in the emulation; strides are (batch, seq, head) in elements, 16-byte multiples for
     q, k, v (and their starts 16-byte aligned).  ``lse`` is (batch, heads_q, seqlen_q) float32,
@@ -558,14 +559,52 @@ def _operand(ca, stream, keep):
     return operands.flat(view, keep), strides
 
 
+# ---------------------------------------------------------------------------------------------
+# The face every kernel module has (see numbatc.kernels.dispatch): from a
+# numbatc.attention.AttentionProblem to a configuration and a launch
+# ---------------------------------------------------------------------------------------------
+
+
+def unsupported(p):
+    """Why this kernel cannot compute attention problem ``p``, or None: it runs every problem
+    numbatc.attention accepts (bf16 / f16, head_dim a multiple of 8 up to 256, any strides with
+    a contiguous head_dim)."""
+    if p.dtype not in _PTX_TYPE:
+        return f"sm80_attention takes bfloat16 or float16, not {p.dtype}"
+    if p.head_dim % 8 or not 8 <= p.head_dim <= 256:
+        return f"head_dim {p.head_dim} is not a multiple of 8 in 8..256"
+    return None
+
+
+def choose(p, name=None):
+    """The configuration for problem ``p`` (``name``: one of CONFIGS, forced; else
+    :func:`choose_config`'s for its head dim)."""
+    if name is None:
+        return choose_config(p.head_dim)
+    if name not in CONFIGS:
+        raise ValueError(f"no sm80 attention config {name!r}; choose from {sorted(CONFIGS)}")
+    return CONFIGS[name]
+
+
+def compiled(p, cfg: AttnConfig):
+    """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
+    arguments)."""
+    return cfg, AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None)
+
+
 def launch_attention(p):
-    """Launch the attention kernel for a :class:`numbatc.attention.AttentionProblem` on its
-    stream (batch, seqlen_q, heads_q >= 1; seqlen_k may be 0: every row then stores 0)."""
+    """numbatc.attention's entry: :func:`launch` of :func:`choose`'s configuration."""
+    launch(p, choose(p))
+
+
+def launch(p, cfg: AttnConfig):
+    """Launch ``cfg`` for a :class:`numbatc.attention.AttentionProblem` on its stream (batch,
+    seqlen_q, heads_q >= 1; seqlen_k may be 0: every row then stores 0); q, k and v packed
+    where not 16-byte aligned."""
     import os
     import sys
 
-    cfg = choose_config(p.head_dim)
-    var = AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None)
+    _, var = compiled(p, cfg)
     if os.environ.get("NUMBATC_PRINT_CONFIG"):
         packed = [n for n, ca in (("q", p.q), ("k", p.k), ("v", p.v)) if not _aligned(ca)]
         print(f"numbatc.attention B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k} Hq={p.heads_q} "
@@ -575,7 +614,7 @@ def launch_attention(p):
               file=sys.stderr)
     keep = []
     args, stream = kernel_arguments(p, keep)
-    launch(cfg, var, *args, stream=stream)
+    launch_flat(cfg, var, *args, stream=stream)
 
 
 def kernel_arguments(p, keep):

@@ -76,8 +76,9 @@ from numbatc.kernels import sm80_attention
 from numbatc.kernels.build import load_generated
 
 __all__ = ["Sm90AttnConfig", "CONFIGS", "DEFAULT", "DEFAULT_TMA", "HEAD_DIMS", "TMA_BY_DEFAULT",
-           "choose_config", "kernel_for", "kernel_source", "launch", "launch_attention",
-           "resolve", "shared_bytes", "signature", "twin", "unsupported"]
+           "unsupported", "choose", "compiled", "launch", "choose_config", "kernel_for",
+           "kernel_source", "launch_attention", "launch_flat", "resolve", "shared_bytes",
+           "signature", "twin"]
 
 AttnVariant = sm80_attention.AttnVariant
 LOG2E = sm80_attention.LOG2E
@@ -759,12 +760,13 @@ def grid_for(batch, heads_q, seqlen_q):
     return (-(-seqlen_q // _BM)) * heads_q * batch
 
 
-def launch(cfg: Sm90AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seqlen_q, seqlen_k,
-           heads_q, group, q_strides, k_strides, v_strides, o_strides, scale, stream=0):
-    """Launch the kernel (arguments as sm80_attention.launch).  q, k, v, out, lse are flat:
-    device pointers (ints) on the GPU, 1-d arrays in the emulation; strides (batch, seq, head)
-    in elements, multiples of 8 for q, k, v, whose starts are 16-byte aligned; 16 * seq stride
-    must fit in int32 (see :func:`unsupported`).  The kernel uses setmaxnreg, so
+def launch_flat(cfg: Sm90AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seqlen_q,
+                seqlen_k, heads_q, group, q_strides, k_strides, v_strides, o_strides, scale,
+                stream=0):
+    """Launch the kernel (arguments as sm80_attention.launch_flat).  q, k, v, out, lse are
+    flat: device pointers (ints) on the GPU, 1-d arrays in the emulation; strides (batch, seq,
+    head) in elements, multiples of 8 for q, k, v, whose starts are 16-byte aligned; 16 * seq
+    stride must fit in int32 (see :func:`unsupported`).  The kernel uses setmaxnreg, so
     intrinsics.launch loads it through the driver's whole-program JIT."""
     from numba import config
 
@@ -780,12 +782,14 @@ def launch(cfg: Sm90AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seql
 
 
 # ---------------------------------------------------------------------------------------------
-# From a numbatc.attention problem to a launch
+# The face every kernel module has (see numbatc.kernels.dispatch): from a
+# numbatc.attention.AttentionProblem to a configuration and a launch
 # ---------------------------------------------------------------------------------------------
 
 
 def unsupported(p):
-    """Why this kernel cannot run problem ``p`` (a numbatc.attention.AttentionProblem), or None."""
+    """Why this kernel cannot compute problem ``p`` (a numbatc.attention.AttentionProblem), or
+    None."""
     if p.head_dim not in HEAD_DIMS:
         return f"head_dim {p.head_dim} is not one of {HEAD_DIMS}"
     if p.dtype not in _PTX_TYPE:
@@ -799,12 +803,31 @@ def unsupported(p):
     return None
 
 
+def choose(p, name=None):
+    """The configuration that runs problem ``p`` (``name``: one of CONFIGS, forced; else
+    :func:`choose_config`'s for its head dim), a TMA one as its cp.async twin where no tensor
+    map describes the operands (:func:`resolve`, which also says why)."""
+    if name is not None and name not in CONFIGS:
+        raise ValueError(f"no sm90 attention config {name!r}; choose from {sorted(CONFIGS)}")
+    return resolve(p, CONFIGS[name] if name else choose_config(p.head_dim))[0]
+
+
+def compiled(p, cfg: Sm90AttnConfig):
+    """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
+    arguments; signature(var, cfg) its argument types)."""
+    return resolve(p, cfg)[0], AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None)
+
+
 def launch_attention(p, cfg=None):
-    """Launch the kernel for a :class:`numbatc.attention.AttentionProblem` on its stream (the
-    caller checked :func:`unsupported`); ``cfg`` defaults to :func:`choose_config`, and a TMA
-    configuration whose operands no tensor map describes runs its twin (:func:`resolve`)."""
-    cfg, _ = resolve(p, cfg or choose_config(p.head_dim))
-    var = AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None)
+    """numbatc.attention's entry: :func:`launch` of ``cfg``, by default :func:`choose`'s."""
+    launch(p, cfg or choose(p))
+
+
+def launch(p, cfg: Sm90AttnConfig):
+    """Launch ``cfg`` for a :class:`numbatc.attention.AttentionProblem` on its stream (the
+    caller checked :func:`unsupported`); a TMA configuration whose operands no tensor map
+    describes runs its twin (:func:`resolve`)."""
+    cfg, var = compiled(p, cfg)
     if cfg.tma:
         from numbatc.kernels import sm90_attention_tma
 
@@ -812,4 +835,4 @@ def launch_attention(p, cfg=None):
         return
     keep = []
     args, stream = sm80_attention.kernel_arguments(p, keep)
-    launch(cfg, var, *args, stream=stream)
+    launch_flat(cfg, var, *args, stream=stream)
