@@ -4,7 +4,11 @@ like the benchmark (numbatc.bench._time_gpu), with cuBLAS (torch.matmul) in the 
 candidate's result checked against a float32 product (a broken candidate shows as an error, not
 a time).  b is w.T of a row-major (n, k) weight, as in a Linear layer.
 
-    python3 scripts/sweep_gemm.py [--shapes table-small] [--m 64,128] [--only LABEL,...] > sweep.txt
+    python3 scripts/sweep_gemm.py [--shapes table-small] [--m 64,128] [--only LABEL,...]
+                                  [--dtype float8_e4m3] > sweep.txt
+
+``--dtype float8_e4m3``: e4m3 operands with unit per-tensor scales, the FP8 candidates, against
+torch._scaled_mm.
 
 ``--only`` keeps the candidates of those labels (as printed, e.g. default,64x128x64_6s_w1_tma_s1).
 """
@@ -27,25 +31,47 @@ CANDIDATES = [("default", None, None), ("sm80", "sm80", None)] + [
                          ("128x256x64_4s_tma", (1,)))
     for s in splits]
 
+#: FP8 (e4m3, per-tensor scales) candidates, against torch._scaled_mm
+FP8_CANDIDATES = [("default", None, None)] + [
+    (f"{name} s{s}", f"sm90:{name}", str(s))
+    for name, splits in (("fp8_128x256x128_4s_pt_tma", (1,)),
+                         ("fp8_128x128x128_4s_w1_tma", (1, 2, 4)),
+                         ("fp8_128x128x128_6s_w1_tma", (1, 2, 4)),
+                         ("fp8_64x256x128_4s_w1_tma", (1, 2, 4)),
+                         ("fp8_64x128x128_6s_w1_tma", (1, 2, 4, 8)))
+    for s in splits]
+
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="table")
     ap.add_argument("--m", default="8,32,64,128,256,512")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float8_e4m3"))
     ap.add_argument("--only", default=None, help="comma-separated candidate labels to keep")
     args = ap.parse_args()
     keep = None if args.only is None else set(args.only.split(","))
-    candidates = [c for c in CANDIDATES if keep is None or c[0].replace(" ", "_") in keep]
+    fp8 = args.dtype == "float8_e4m3"
+    candidates = [c for c in (FP8_CANDIDATES if fp8 else CANDIDATES) if keep is None or c[0].replace(" ", "_") in keep]
     ms = {int(x) for x in args.m.split(",")}
     shapes = sorted({s for s in SHAPES[args.shapes] if s[0] in ms}, key=lambda s: (s[1], s[2], s[0]))
     print("m n k candidate ms ratio_to_cublas max_rel_err", flush=True)
     for m, n, k in shapes:
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).T
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        if fp8:
+            a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+            b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).T
+            one = torch.ones((), device="cuda")
+            kw = dict(scale_a=1.0, scale_b=1.0)
+            cublas = _time_gpu(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
+                                                        out_dtype=torch.bfloat16, out=out),
+                               torch, args.reps)
+        else:
+            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).T
+            kw = {}
+            cublas = _time_gpu(lambda: torch.matmul(a, b, out=out), torch, args.reps)
         ref = a.float() @ b.float()
-        cublas = _time_gpu(lambda: torch.matmul(a, b, out=out), torch, args.reps)
         best = (float("inf"), "")
         for label, kernel, split in candidates:
             for var, val in (("NUMBATC_GEMM_KERNEL", kernel), ("NUMBATC_SPLIT_K", split)):
@@ -55,10 +81,10 @@ def main():
                     os.environ[var] = val
             try:
                 out.fill_(float("nan"))
-                numbatc.gemm(a, b, out=out)
+                numbatc.gemm(a, b, out=out, **kw)
                 torch.cuda.synchronize()
                 err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-                t = _time_gpu(lambda: numbatc.gemm(a, b, out=out), torch, args.reps)
+                t = _time_gpu(lambda: numbatc.gemm(a, b, out=out, **kw), torch, args.reps)
             except Exception as exc:  # noqa: BLE001 -- a candidate that cannot run says why
                 print(f"{m} {n} {k} {label.replace(' ', '_')} error {type(exc).__name__}: "
                       f"{str(exc)[:100]}", flush=True)

@@ -18,7 +18,10 @@ from tests.helpers.problems import gemm_problem as _problem
     (128, 57344, 8192, "128x256x64_4s_w1_tma"),  # 224 tiles of 128 x 256, under two waves
     (4096, 4096, 4096, None),                    # 512 tiles of 128 x 256: the persistent ones
     (512, 57344, 8192, None),
-    (1000, 1000, 1000, None),                    # M > 512: past the fitted range
+    (1000, 1000, 1000, "64x128x64_6s_w1_tma"),   # M > 512 too, under two waves
+    (1024, 1024, 2816, "64x128x64_6s_w1_tma"),   # 32 tiles of 128 x 256 (0.52 -> 1.42x)
+    (4096, 1024, 1024, "128x256x64_4s_w1_tma"),  # 128 tiles of 128 x 256: one wave of them
+    (4096, 2816, 1024, None),                    # 352 tiles of 128 x 256: the persistent ones
 ])
 def test_small_tile_choice(m, n, k, name):
     assert sm90_gemm.small_tile(_problem(m, n, k)) == name
@@ -46,8 +49,8 @@ def test_kernel_family_takes_the_small_tiles_on_hopper():
     assert family.__name__.endswith("sm80_gemm")
     for shape, name in (((4096, 4096, 4096), "128x256x64_4s_pt_tma"),
                         # tests/gpu/test_sm90_gemm_gpu.py::test_sm90_tma_default_switch's cases
-                        ((1000, 1000, 1000), "128x256x64_4s_pt_tma"),
-                        ((520, 128, 136), "128x128x64_4s_w1_tma"),
+                        ((1000, 1000, 1000), "64x128x64_6s_w1_tma"),
+                        ((520, 128, 136), "64x128x64_6s_w1_tma"),
                         ((64, 4096, 14336), "64x128x64_6s_w1_tma"),
                         ((4096, 4096, 512), "128x256x64_4s_pt_tma")):
         family, cfg = dispatch.choose(_problem(*shape))
@@ -159,3 +162,29 @@ def test_plan_is_what_launches(monkeypatch):
     assert sm90_gemm.split(p, sm90_gemm.CONFIGS["128x256x64_4s_pt_tma"]) == (2, 256)
     module, cfg, var = dispatch.plan(_problem(4096, 4096, 4096))
     assert cfg.name == "128x256x64_4s_pt_tma" and not var.split_k
+
+
+@pytest.mark.parametrize("m, n, k, name, slices", [
+    (8, 4096, 14336, "fp8_64x128x128_6s_w1_tma", 2),    # 32 tiles, 112 K tiles: 2 slices
+    (1, 4096, 4096, "fp8_64x128x128_6s_w1_tma", 1),     # 32 K tiles: no split
+    (64, 8192, 8192, "fp8_64x128x128_6s_w1_tma", 1),    # 128 tiles: one wave
+    (8, 57344, 8192, "fp8_64x256x128_4s_w1_tma", 1),    # 64 x 128 would take two waves
+    (256, 8192, 8192, "fp8_128x128x128_6s_w1_tma", 1),  # M > 64: 128 x 128 under one wave
+    (256, 57344, 8192, "fp8_128x256x128_4s_pt_tma", 1),  # 448 tiles of 128 x 256: persistent
+    (4096, 4096, 4096, "fp8_128x256x128_4s_pt_tma", 1),
+])
+def test_fp8_small_tiles(m, n, k, name, slices):
+    p = _problem(m, n, k, dtype="float8_e4m3fn", fp8_scales=(1.0, 1.0))
+    family, cfg = dispatch.choose(p)
+    assert family.__name__.endswith("sm90_gemm") and cfg.name == name, cfg.name
+    assert sm90_gemm.split(p, cfg)[0] == slices
+    assert {c for c, _ in sm90_gemm.FP8_SMALL_TILES} | {sm90_gemm.FP8_MID_TILE} <= set(
+        sm90_gemm.FP8_CONFIGS)
+
+
+def test_fp8_small_tiles_need_tensor_maps():
+    # a row not 16-byte aligned (packed later): the persistent / cp.async choice as before
+    p = _problem(8, 4096, 4096, alignment=8, dtype="float8_e4m3fn", fp8_scales=(1.0, 1.0))
+    assert sm90_gemm.fp8_small_tile(p) is None
+    family, cfg = dispatch.choose(p)
+    assert cfg.name == "fp8_128x256x128_4s_pt"

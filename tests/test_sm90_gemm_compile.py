@@ -256,6 +256,8 @@ TMA_CASES = ([(n, FP8_PLAIN if n.startswith("fp8") else PLAIN) for n in TMA_NAME
              + [(n, SPLIT) for n in ("128x256x64_4s_w1_tma", "64x256x64_4s_w1_tma",
                                      "64x128x64_6s_w1_tma", "128x128x64_6s_w1_tma")]
              + [("fp8_128x256x128_4s_w1_tma", FP8_SPLIT),
+                ("fp8_64x128x128_6s_w1_tma", FP8_SPLIT),  # FP8's small tiles split K
+                ("fp8_64x256x128_4s_w1_tma", FP8_SPLIT),
                 ("fp8_128x256x128_4s_pt_tma", FP8_FUSED)])
 
 

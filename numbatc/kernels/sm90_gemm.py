@@ -68,8 +68,8 @@ from numbatc.kernels import build, epilogue, operands, split_k
 
 __all__ = ["Sm90Config", "Sm90Variant", "Sm90Fp8Variant", "CONFIGS", "FP8_CONFIGS",
            "FP8_DTYPES", "DEFAULT_PRODUCER", "SMALL_TILES", "SPLIT_TWIN", "unsupported",
-           "choose", "compiled", "split", "launch", "small_tile", "small_tiles_skip",
-           "small_split", "tensor_maps_unsupported", "kernel_for", "kernel_source",
+           "choose", "compiled", "split", "launch", "small_tile", "fp8_small_tile",
+           "small_tiles_skip", "small_split", "tensor_maps_unsupported", "kernel_for", "kernel_source",
            "kernel_signature", "launch_flat", "signature", "grid_for", "with_producer",
            "tma_unsupported"]
 
@@ -292,6 +292,13 @@ FP8_CONFIGS = {
         Sm90Config("fp8_128x128x128_4s_w1_tma", 128, 4, bk=128, inflight=1, elem_bytes=1,
                    producer="tma", **_TMA_REGS),
         Sm90Config("fp8_128x256x128_4s_pt_tma", 256, 4, bk=128, elem_bytes=1, persistent=True,
+                   producer="tma", **_TMA_REGS),
+        # the bf16 small tiles' FP8 forms (64-row tiles, one consumer warpgroup; TMA only)
+        Sm90Config("fp8_64x128x128_6s_w1_tma", 128, 6, bm=64, consumers=1, bk=128, inflight=1,
+                   elem_bytes=1, producer="tma", producer_regs=56, consumer_regs=240),
+        Sm90Config("fp8_64x256x128_4s_w1_tma", 256, 4, bm=64, consumers=1, bk=128, inflight=1,
+                   elem_bytes=1, producer="tma", producer_regs=56, consumer_regs=240),
+        Sm90Config("fp8_128x128x128_6s_w1_tma", 128, 6, bk=128, inflight=1, elem_bytes=1,
                    producer="tma", **_TMA_REGS),
     )
 }
@@ -880,6 +887,16 @@ SMALL_TILES = (("64x128x64_6s_w1_tma", 7.44e-10),
                ("128x128x64_6s_w1_tma", 5.32e-10),
                ("128x256x64_4s_w1_tma", 3.92e-10))
 
+#: FP8's small tiles, fitted the same way to the H200 FP8 sweep of 2026-12-02 (M in {8, 64, 256}
+#: x the 13 layers, against torch._scaled_mm): M <= 64 takes the least cost of the 64-row tiles
+#: (2 K slices where the tiles fill at most half the GPU and K >= 96 tiles of 128), larger M the
+#: 128 x 128 tiles while the 128 x 256 ones fill less than one wave.  Over the sweep's 39 shapes
+#: 1.01x (geometric mean) of torch._scaled_mm where fp8_128x256x128_4s_pt_tma alone gave 0.80x
+#: (M = 8 / 64 at N = 4096, K = 14336: 0.43 / 0.31x to 1.12 / 0.76x).
+FP8_SMALL_TILES = (("fp8_64x128x128_6s_w1_tma", 6.05e-13),
+                   ("fp8_64x256x128_4s_w1_tma", 3.17e-13))
+FP8_MID_TILE = "fp8_128x128x128_6s_w1_tma"
+
 #: A split-K launch gives one block per tile and K slice, so a persistent configuration would
 #: run as its non-persistent form; a persistent choice runs split-K as the configuration whose
 #: split form was measured and tested on the H200 instead (the same tile and stages; 40
@@ -923,11 +940,14 @@ def small_tiles_skip(p):
     if reason is not None:
         return f"{reason} (the small tiles load by TMA only)"
     # NOTE: M <= 16 keeps sm80_gemm's 16-row tiles with split-K (0.84-0.87x against 0.76x for
-    # the 64-row TMA tiles at M = 8 and K = 8192 / 14336), and M > 512 the persistent 128 x 256
-    # tiles (the fit covers M = 8 .. 512: at M = 4096, N = K = 1024 it chose 64 x 128 tiles at
-    # 0.71x where the persistent ones ran at 0.87x).
-    if p.m <= 16 or p.m > 512:
-        return f"M = {p.m} is outside their range 16 < M <= 512"
+    # the 64-row TMA tiles at M = 8 and K = 8192 / 14336).  M > 512 takes them too under two
+    # waves of 128 x 256 tiles: the H200 sweep of 2026-12-02 at M = 1024 / 4096 (the persistent
+    # tiles against each small one) gave 1024 x 1024 x 2816 0.52 -> 1.42x, 4096 x 256 x 1024
+    # 0.69 -> 1.06x, 1024 x 1024 x 1024 0.64 -> 0.96x, 1024 x 6144 x 4096 0.66 -> 0.81x, and
+    # within 0.03x of the persistent tiles where those fill a wave (4096 x 1024 x 1024: the cost
+    # takes 128 x 256 tiles there).
+    if p.m <= 16:
+        return f"M = {p.m} <= 16 runs sm80_gemm's 16-row tiles"
     if grid_for(CONFIGS["128x256x64_4s_pt_tma"], p.m, p.n) >= 2 * split_k.NUM_SMS_GUESS:
         return "the 128 x 256 tiles fill the GPU twice"
     return None
@@ -946,15 +966,38 @@ def small_tile(p):
     return min(cost)[1]
 
 
+def fp8_small_tile(p):
+    """The FP8 small tile (:data:`FP8_SMALL_TILES`, :data:`FP8_MID_TILE`) for FP8 problem ``p``,
+    or None: the persistent 128 x 256 tiles fill the GPU (one wave for M > 64, two for
+    M <= 64), or a tensor map cannot describe the operands (these tiles load by TMA only)."""
+    if DEFAULT_PRODUCER != "tma" or tensor_maps_unsupported(p) is not None:
+        return None
+    wide = grid_for(FP8_CONFIGS["fp8_128x256x128_4s_pt_tma"], p.m, p.n)
+    if p.m > 64:
+        return FP8_MID_TILE if wide < split_k.NUM_SMS_GUESS else None
+    if wide >= 2 * split_k.NUM_SMS_GUESS:
+        return None
+    cost = []
+    for name, per in FP8_SMALL_TILES:
+        cfg = FP8_CONFIGS[name]
+        waves = -(-grid_for(cfg, p.m, p.n) // split_k.NUM_SMS_GUESS)
+        cost.append((waves * cfg.bm * cfg.bn * p.k * per, name))
+    return min(cost)[1]
+
+
 def small_split(p, cfg: Sm90Config):
     """Split-K for the small tiles, or None for another configuration: 2 slices where the tiles
     fill at most half the GPU and K is long (measured on the H200: M = 8 .. 128 at N = 4096,
     K = 14336 from 0.56-0.72x to 0.76-0.83x of cuBLAS with 2 slices, M = 64 at N = 8192,
     K = 28672 1.00 to 1.02x; more slices, or K = 4096, lose: each slice writes and reads its
     float32 partial tile)."""
-    if cfg.name not in dict(SMALL_TILES):
+    if cfg.name in dict(FP8_SMALL_TILES):  # 8 x 4096 x 14336: 0.97 -> 1.12x with 2 slices
+        long_k = 96
+    elif cfg.name in dict(SMALL_TILES):
+        long_k = 128
+    else:
         return None
-    if grid_for(cfg, p.m, p.n) * 2 <= split_k.NUM_SMS_GUESS and -(-p.k // cfg.bk) >= 128:
+    if grid_for(cfg, p.m, p.n) * 2 <= split_k.NUM_SMS_GUESS and -(-p.k // cfg.bk) >= long_k:
         return split_k.slices(cfg, p.k, 2)
     return 1, p.k
 
@@ -965,14 +1008,17 @@ def split(p, cfg: Sm90Config):
     M <= 256 (M = 128 / 256 at N = 8192 give 32 / 64 tiles); (1, K): none.  Clusters do not
     split."""
     forced = os.environ.get("NUMBATC_SPLIT_K")
-    # NOTE: FP8 splits only when NUMBATC_SPLIT_K asks: its split form is emulation- and
-    # assembly-verified but has not run on a GPU yet (the bf16 one has).
-    if cfg.cluster_m != 1 or (p.tensor_scales is not None and not forced):
+    # NOTE: FP8 splits where NUMBATC_SPLIT_K asks and on its small tiles' own rule (the split
+    # form ran on the H200 in the FP8 sweep of 2026-12-02, 1 to 8 slices, every result checked);
+    # the other FP8 configurations do not split by themselves.
+    if cfg.cluster_m != 1:
         return 1, p.k
     if not forced:
         small = small_split(p, cfg)
         if small is not None:
             return small
+        if p.tensor_scales is not None:
+            return 1, p.k
     return split_k.choose_split(cfg, p.m, p.k, grid_for(cfg, p.m, p.n), blocks_per_sm=1,
                                 max_m=256)
 
@@ -997,7 +1043,8 @@ def choose(p, name=None):
     if fp8:
         # persistent for N > 128: with the TMA producer 1156 / 1342 TFLOP/s at 4096^3 / 8192^3
         # against 1087 / 1159 for _w1 (H200, docs/PERFORMANCE.md)
-        name = "fp8_128x256x128_4s_pt" if p.n > 128 else "fp8_128x128x128_4s_w1"
+        name = fp8_small_tile(p) or (
+            "fp8_128x256x128_4s_pt" if p.n > 128 else "fp8_128x128x128_4s_w1")
     else:
         # NOTE: measured on the H200 (docs/PERFORMANCE.md, fourth session), same runs: the
         # persistent 128x256x64_4s_pt 668 / 617 TFLOP/s at 4096^3 / 8192^3 against 638 / 581
