@@ -137,10 +137,11 @@ def kernel(monkeypatch):
     _warm.CACHE.clear()
 
 
-@pytest.mark.parametrize("m, n, name", [(8, 48, "fp8_128x128x128_4s_w1_tma"),
-                                        (300, 129, "fp8_128x256x128_4s_pt_tma")])
+@pytest.mark.parametrize("m, n, name", [(8, 48, "fp8_64x128x128_6s_w1_tma"),
+                                        (300, 129, "fp8_128x128x128_6s_w1_tma"),
+                                        (2048, 4096, "fp8_128x256x128_4s_pt_tma")])
 def test_dispatch_runs_the_fp8_form_with_scales_in_alpha(kernel, m, n, name):
-    a, b = fp8(m=m, n=n, kinds=("e5m2", "e4m3"))  # M <= 64 too: there is no other fp8 kernel
+    a, b = fp8(m=m, n=n, kinds=("e5m2", "e4m3"))  # small, middle and persistent tiles
     gemm(a, b, alpha=3.0, scale_a=0.25, scale_b=2.0)
     ((cfg, var, pa, pb, out, *dims, alpha, beta, kw),) = kernel.calls
     assert cfg is sm90_gemm.FP8_CONFIGS[name]
