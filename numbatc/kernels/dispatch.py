@@ -107,7 +107,7 @@ def _passed_over(kind, family, p):
         return "the CPU emulation runs sm80_gemm unless NUMBATC_GEMM_KERNEL=sm90"
     # NOTE: measured on the H200 (docs/PERFORMANCE.md, the shape table): at M = 8 and K = 8192 /
     # 14336 sm80_gemm's 16-row split-K tiles ran at 0.84-0.87x of cuBLAS against 0.76x for the
-    # 64-row Hopper tiles; sm90_gemm's 128-row tiles waste half of each at M <= 64.
+    # 64-row Hopper tiles; where those cannot run, sm80_gemm's 64-row tiles take M <= 64.
     if p.m <= 16:
         return "M <= 16: sm80_gemm's 16-row tiles"
     if p.m <= 64:
