@@ -9,11 +9,11 @@ what assembled.
 __version__ = "0.1.0"
 
 from numbatc.interop import bfloat16, float4_e2m1, float8_e4m3, float8_e5m2  # noqa: E402
-from numbatc.gemm import gemm  # noqa: E402  (the function; the module is sys.modules["numbatc.gemm"])
+from numbatc.gemm_api import gemm  # noqa: E402  (the module is numbatc.gemm_api)
 from numbatc.softmax import gemm_softmax, softmax  # noqa: E402
-from numbatc.attention import attention  # noqa: E402  (the function, as numbatc.gemm)
+from numbatc.attention import attention  # noqa: E402  (the function; it hides the module)
 from numbatc._capture import CaptureError  # noqa: E402
-from numbatc.precompile import precompile  # noqa: E402  (the function, as numbatc.gemm)
+from numbatc.precompile import precompile  # noqa: E402  (the function; it hides the module)
 
 
 def __getattr__(name):

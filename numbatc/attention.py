@@ -11,13 +11,13 @@ NOTE: ``numbatc.attention`` (the attribute) is the function; this module is
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
+from numbatc import gemm_api
 from numbatc.interop import alloc, arrays, streams
 from numbatc.interop.arrays import CudaArray
 
@@ -75,7 +75,7 @@ class AttentionProblem:
 
 def _device_capability(device):
     # numbatc.gemm's query (one cache, and one place for the CPU tests to patch)
-    return importlib.import_module("numbatc.gemm")._device_capability(device)
+    return gemm_api._device_capability(device)
 
 
 def _check_4d(name, ca):

@@ -125,7 +125,7 @@ def _device_cc():
 def _problem(m, n, k, dtype, a_layout, b_layout, out_dtype, bias, activation, cc):
     """numbatc.gemm's problem description for the shape, as numbatc.gemm builds it for aligned
     operands (the dispatcher reads layouts, alignments, dtypes and sizes, never the arrays)."""
-    from numbatc.gemm import GemmProblem, Operand
+    from numbatc.gemm_api import GemmProblem, Operand
 
     def operand(name, layout, rows, cols):
         return Operand(name, None, layout, cols if layout == "row" else rows, 16)

@@ -13,11 +13,11 @@ the same result, and NUMBATC_PRINT_CONFIG says so.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import threading
 
+from numbatc import gemm_api
 from numbatc._warm import ABSENT, CACHE, MISS, Entry, remember, span
 from numbatc.interop import alloc, arrays, devices, streams, views
 from numbatc.interop.probes import allocate_probed, probe
@@ -25,8 +25,6 @@ from numbatc.interop.probes import allocate_probed, probe
 __all__ = ["softmax", "gemm_softmax", "SOFTMAX_DTYPES"]
 
 SOFTMAX_DTYPES = ("bfloat16", "float16", "float32")
-
-_gemm = importlib.import_module("numbatc.gemm")
 
 
 def _print_config(text):
@@ -43,7 +41,7 @@ def _emulated():
 def _check_device(names, operands, what):
     device = arrays.same_device(*operands, names=names)
     if device is not None:
-        cc = _gemm._device_capability(device)
+        cc = gemm_api._device_capability(device)
         if tuple(cc) < (8, 0):
             raise ValueError(f"{what} needs a GPU of compute capability 8.0 (sm_80, Ampere) or "
                              f"newer; device {device} is sm_{cc[0]}{cc[1]}")
@@ -287,14 +285,14 @@ def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
                 return result
     A = arrays.as_cuda_array(a, "a")
     B = arrays.as_cuda_array(b, "b")
-    _gemm._check_2d("a", A)
-    _gemm._check_2d("b", B)
+    gemm_api._check_2d("a", A)
+    gemm_api._check_2d("b", B)
     (m, k), (k2, n) = A.shape, B.shape
     if k != k2:
         raise ValueError(f"inner dimensions differ: a is (M, K) = {A.shape} but b is (K, N) = "
                          f"{B.shape}; a.shape[1] must equal b.shape[0]")
-    rule = _gemm._rule_for(A, B)
-    scale = _gemm._real("scale", scale)
+    rule = gemm_api._rule_for(A, B)
+    scale = gemm_api._real("scale", scale)
     BIAS = None if bias is None else arrays.as_cuda_array(bias, "bias")
     if BIAS is not None:
         if BIAS.ndim != 1 or BIAS.shape[0] != n:
@@ -305,22 +303,22 @@ def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
     OUT = None if out is None else arrays.as_cuda_array(out, "out")
     outputs = (rule.a, "float32")
     if OUT is not None:
-        _gemm._check_2d("out", OUT)
+        gemm_api._check_2d("out", OUT)
         _check_out(OUT, (m, n), outputs, "numbatc.gemm_softmax")
         for nm, other in (("a", A), ("b", B), ("bias", BIAS)):
             if other is not None and OUT.shares_memory(other):
                 raise ValueError(f"out overlaps {nm} in memory: pass a separate out")
     device = _check_device(("a", "b", "bias", "out"), (A, B, BIAS, OUT), "numbatc.gemm_softmax")
-    op_a = _gemm._matrix("a", A, m, k)
-    op_b = _gemm._matrix("b", B, k, n)
+    op_a = gemm_api._matrix("a", A, m, k)
+    op_b = gemm_api._matrix("b", B, k, n)
     if BIAS is not None:
-        _gemm._vector("bias", BIAS)  # unit stride, or a ValueError naming it
+        gemm_api._vector("bias", BIAS)  # unit stride, or a ValueError naming it
     if OUT is None:
         result = alloc.allocate_like(a, (m, n), rule.a)
         OUT = arrays.as_cuda_array(result, "out")
     else:
         result = out
-    op_out = _gemm._matrix("out", OUT, m, n, writable=True)
+    op_out = gemm_api._matrix("out", OUT, m, n, writable=True)
     if m == 0 or n == 0:
         return result
     if op_out.layout != "row" and n > 1:
@@ -332,7 +330,7 @@ def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
     if n > fused.MAX_N:
         _print_config(f"numbatc.gemm_softmax M={m} N={n} K={k}: N > {fused.MAX_N} does not fit "
                       "the fused kernel's tile: numbatc.gemm (float32) + numbatc.softmax")
-        logits = _gemm.gemm(a, b, alpha=scale, bias=bias, out_dtype="float32")
+        logits = gemm_api.gemm(a, b, alpha=scale, bias=bias, out_dtype="float32")
         softmax(logits, out=result)
         return result
 

@@ -78,18 +78,15 @@ def make_inputs(lib, m, n, k):
 
 
 def stages(lib, m, n, k):
-    import importlib
-
     import numbatc
-    from numbatc import _warm
+    from numbatc import _warm, gemm_api
     from numbatc.interop import probes
 
-    gemm_mod = importlib.import_module("numbatc.gemm")
     a, b, out, sync = make_inputs(lib, m, n, k)
     numbatc.gemm(a, b, out=out)  # checked; compiles; caches the warm entry
     numbatc.gemm(a, b, out=out)
     sync()
-    key, ptrs = gemm_mod._warm_key(a, b, None, None, out, 1.0, 0.0, None, None)
+    key, ptrs = gemm_api._warm_key(a, b, None, None, out, 1.0, 0.0, None, None)
     warm = _warm.CACHE.get(key)
     rows = []
     if warm is None:
@@ -97,7 +94,7 @@ def stages(lib, m, n, k):
     probe = probes.probe
     rows.append(("probe a,b,out", per_call_us(lambda: (probe(a), probe(b), probe(out)))))
     fast = _warm.CACHE
-    rows.append(("key+lookup", per_call_us(lambda: fast.get(gemm_mod._warm_key(
+    rows.append(("key+lookup", per_call_us(lambda: fast.get(gemm_api._warm_key(
         a, b, None, None, out, 1.0, 0.0, None, None)[0]))))
     if warm is not None:
         rows.append(("stream", per_call_us(warm.stream)))
@@ -118,7 +115,7 @@ def stages(lib, m, n, k):
                 sync=sync)))
     rows.append(("gemm (warm)", per_call_us(lambda: numbatc.gemm(a, b, out=out), sync=sync)))
     rows.append(("gemm (checked)", per_call_us(
-        lambda: gemm_mod._gemm_checked(a, b, None, 1.0, 0.0, None, None, out, None, None, ()),
+        lambda: gemm_api._gemm_checked(a, b, None, 1.0, 0.0, None, None, out, None, None, ()),
         calls=50, sync=sync)))
     if lib == "torch":
         import torch

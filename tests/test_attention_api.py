@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import numbatc
+from numbatc import gemm_api
 from numbatc.interop import DTypeView
 from tests.helpers.fake_arrays import FakeCuda, no_gpu  # noqa: F401  (no_gpu: autouse)
 
 attention_mod = importlib.import_module("numbatc.attention")
-gemm_mod = importlib.import_module("numbatc.gemm")
 
 
 @pytest.fixture
@@ -191,7 +191,7 @@ def test_devices_must_match():
 
 
 def test_old_gpu_is_refused(monkeypatch):
-    monkeypatch.setattr(gemm_mod, "_device_capability", lambda device: (7, 5))
+    monkeypatch.setattr(gemm_api, "_device_capability", lambda device: (7, 5))
     with pytest.raises(ValueError, match="compute capability 8.0 .* device 0 is sm_75"):
         numbatc.attention(*qkv())
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import numbatc
-from numbatc import _capture
+from numbatc import _capture, gemm_api
 from numbatc.interop import devices
 from numbatc.kernels import operands, split_k
 
@@ -46,9 +46,8 @@ class FakeCai:
 
 @pytest.fixture
 def fake_device(monkeypatch):
-    gemm_mod = sys.modules["numbatc.gemm"]
     monkeypatch.setattr(devices, "pointer_device", lambda ptr, name="array": 0)
-    monkeypatch.setattr(gemm_mod, "_device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(gemm_api, "_device_capability", lambda device: (9, 0))
 
 
 @pytest.mark.parametrize("status, words", [
@@ -138,7 +137,7 @@ def test_split_workspace_while_capturing_refuses_other_libraries(capturing, monk
 def test_packing_an_unaligned_operand_is_refused(capturing):
     """The packed copy of an operand that is not 16-byte aligned is allocated: refused, named,
     before anything touches the device."""
-    from numbatc.gemm import Operand
+    from numbatc.gemm_api import Operand
 
     op = Operand("a", array=None, layout="row", ld=9, alignment=2)
     with pytest.raises(_capture.CaptureError, match="pack a .not 16-byte aligned."):

@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 import numbatc
+from numbatc import gemm_api
 from numbatc.interop import DTypeView, alloc, arrays, dlpack, streams
 from numbatc.interop.arrays import as_cuda_array
 from numbatc.interop.dtypes import dtype_name
 from tests.helpers.fake_arrays import (  # noqa: F401  (launched, no_gpu: fixtures; no_gpu autouse)
-    FakeCuda, col_major, fake_cupy, fake_ptr, fake_torch, gemm_mod, launched, no_gpu,
+    FakeCuda, col_major, fake_cupy, fake_ptr, fake_torch, launched, no_gpu,
     real_allocate_like)
 
 gemm = numbatc.gemm
@@ -278,7 +279,7 @@ LAYOUTS = [
 
 @pytest.mark.parametrize("shape,strides,layout,ld", LAYOUTS)
 def test_layout_detection(shape, strides, layout, ld):
-    op = gemm_mod._matrix("a", as_cuda_array(FakeCuda(shape, strides=strides)), *shape)
+    op = gemm_api._matrix("a", as_cuda_array(FakeCuda(shape, strides=strides)), *shape)
     assert (op.layout, op.ld) == (layout, ld)
 
 
@@ -286,7 +287,7 @@ def test_alignment():
     def align(ptr_off, strides, shape=(8, 8)):
         base = fake_ptr()
         x = FakeCuda(shape, strides=strides, ptr=base + ptr_off)
-        return gemm_mod._matrix("a", as_cuda_array(x), *shape).alignment
+        return gemm_api._matrix("a", as_cuda_array(x), *shape).alignment
 
     assert align(0, (8, 1)) == 16  # 16-B rows
     assert align(0, (12, 1)) == 8  # 24-B rows
@@ -320,7 +321,7 @@ def test_correct_call_reaches_launch_gemm(launched, no_gpu):
     out = gemm(a, b, c=c, alpha=2, beta=0.5, bias=bias, activation="gelu", out_dtype="float32")
     (p,) = launched.launches
     assert not launched.epilogues
-    assert isinstance(p, gemm_mod.GemmProblem)
+    assert isinstance(p, gemm_api.GemmProblem)
     assert (p.m, p.n, p.k) == (64, 48, 32)
     assert (p.a.ptr, p.a.layout, p.a.ld, p.a.alignment) == (a.ptr, "row", 32, 16)
     assert (p.b.ptr, p.b.layout, p.b.ld, p.b.alignment) == (b.ptr, "col", 40, 16)
@@ -511,7 +512,7 @@ def test_partial_overlap_with_unread_c_is_fine(launched):
 @pytest.mark.parametrize("cc,ok", [((7, 5), False), ((7, 0), False), ((8, 0), True), ((8, 6), True),
                                    ((9, 0), True), ((10, 0), True), ((12, 0), True)])
 def test_compute_capability(monkeypatch, launched, cc, ok):
-    monkeypatch.setattr(gemm_mod, "_device_capability", lambda device: cc)
+    monkeypatch.setattr(gemm_api, "_device_capability", lambda device: cc)
     a, b = ab()
     if ok:
         gemm(a, b)
@@ -571,25 +572,25 @@ def test_bf16_host_conversion_matches_ml_dtypes():
     bits = rng.integers(0, 2**32, size=200_000, dtype=np.uint64).astype(np.uint32)
     x = np.concatenate([bits.view(np.float32),
                         np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3.3895314e38, 1e-45], np.float32)])
-    got = gemm_mod._from_float32(x, "bfloat16")
+    got = gemm_api._from_float32(x, "bfloat16")
     with np.errstate(invalid="ignore"):  # NaN inputs
         want = x.astype(ml_dtypes.bfloat16).view(np.uint16)
     finite = ~np.isnan(x)
     np.testing.assert_array_equal(got[finite], want[finite])
-    assert np.all(np.isnan(gemm_mod._to_float32(got[~finite], "bfloat16")))
-    back = gemm_mod._to_float32(want, "bfloat16")
+    assert np.all(np.isnan(gemm_api._to_float32(got[~finite], "bfloat16")))
+    back = gemm_api._to_float32(want, "bfloat16")
     np.testing.assert_array_equal(back[finite], want[finite].view(ml_dtypes.bfloat16).astype(np.float32))
 
 
 def test_activation_models():
     x = np.linspace(-12, 12, 1001).astype(np.float32)
     xd = x.astype(np.float64)
-    np.testing.assert_array_equal(gemm_mod.ACTIVATIONS["relu"](x), np.maximum(x, 0))
+    np.testing.assert_array_equal(gemm_api.ACTIVATIONS["relu"](x), np.maximum(x, 0))
     gelu = 0.5 * xd * (1 + np.tanh(np.sqrt(2 / np.pi) * (xd + 0.044715 * xd**3)))
-    np.testing.assert_allclose(gemm_mod.ACTIVATIONS["gelu"](x), gelu, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(gemm_mod.ACTIVATIONS["silu"](x), xd / (1 + np.exp(-xd)), rtol=1e-5, atol=1e-6)
-    assert gemm_mod.ACTIVATIONS["silu"](np.array([-200.0], np.float32))[0] == 0.0
-    assert gemm_mod.ACTIVATIONS[None](x) is x
+    np.testing.assert_allclose(gemm_api.ACTIVATIONS["gelu"](x), gelu, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gemm_api.ACTIVATIONS["silu"](x), xd / (1 + np.exp(-xd)), rtol=1e-5, atol=1e-6)
+    assert gemm_api.ACTIVATIONS["silu"](np.array([-200.0], np.float32))[0] == 0.0
+    assert gemm_api.ACTIVATIONS[None](x) is x
 
 
 def test_same_device_helper():

@@ -9,16 +9,16 @@ import importlib
 import pytest
 
 import numbatc
+from numbatc import gemm_api
 from numbatc.interop import DTypeView
 from tests.helpers.fake_arrays import FakeCuda, col_major, launched, no_gpu  # noqa: F401 (fixtures)
 
-gemm_mod = importlib.import_module("numbatc.gemm")
 gemm = numbatc.gemm
 
 
 @pytest.fixture
 def blackwell(monkeypatch):
-    monkeypatch.setattr(gemm_mod, "_device_capability", lambda device: (10, 0))
+    monkeypatch.setattr(gemm_api, "_device_capability", lambda device: (10, 0))
 
 
 def f8(shape, kind="e4m3", col=False):
@@ -54,7 +54,7 @@ def test_mxfp8_reaches_launch_gemm(launched, blackwell, no_gpu):
     out = gemm(a, b, scale_a=sa, scale_b=sb, bias=bias, activation="relu", alpha=2.0)
     (p,) = launched.launches
     assert (p.m, p.n, p.k) == (64, 48, 128)
-    assert p.block_scaled is gemm_mod.BLOCK_SCALED["mxfp8"]
+    assert p.block_scaled is gemm_api.BLOCK_SCALED["mxfp8"]
     assert (p.in_dtype, p.b_dtype, p.out_dtype, p.bias_dtype) == (
         "float8_e5m2", "float8_e4m3fn", "bfloat16", "float32")
     assert (p.a.layout, p.b.layout, p.a.ld, p.b.ld) == ("row", "col", 128, 128)
@@ -85,7 +85,7 @@ def test_e8m0_scales_and_float32_out(launched, blackwell):
 @pytest.mark.parametrize("cc, ok", [((10, 0), True), ((10, 3), True), ((9, 0), False),
                                     ((12, 0), False), ((8, 0), False)])
 def test_only_compute_capability_10(monkeypatch, launched, cc, ok):
-    monkeypatch.setattr(gemm_mod, "_device_capability", lambda device: cc)
+    monkeypatch.setattr(gemm_api, "_device_capability", lambda device: cc)
     a, b, sa, sb = mxfp8()
     if ok:
         gemm(a, b, scale_a=sa, scale_b=sb)
@@ -196,7 +196,7 @@ def _problem(fmt="mxfp8", cc=(10, 0), n=48):
     from tests.helpers.problems import gemm_problem
 
     dtype = "float8_e4m3fn" if fmt == "mxfp8" else "float4_e2m1fn_x2"
-    return gemm_problem(64, n, 256, cc=cc, dtype=dtype, block_scaled=gemm_mod.BLOCK_SCALED[fmt])
+    return gemm_problem(64, n, 256, cc=cc, dtype=dtype, block_scaled=gemm_api.BLOCK_SCALED[fmt])
 
 
 def test_dispatch_picks_and_refuses_configs(monkeypatch):

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import numbatc
+from numbatc import gemm_api
 from numbatc import _warm
 from tests.helpers.fake_arrays import (  # noqa: F401 (no_gpu: autouse fixture)
     T, fake_cupy, fake_ptr, fake_torch, no_gpu, value_devices)
 
-gemm_mod = importlib.import_module("numbatc.gemm")
 dispatch = importlib.import_module("numbatc.kernels.dispatch")
 gemm = numbatc.gemm
 
@@ -139,11 +139,11 @@ def _variants(torch):
 
 
 def test_key_changes_with_everything_validation_reads(rec, torch, monkeypatch):
-    gemm_mod._env_key = dispatch.env_key
+    gemm_api._env_key = dispatch.env_key
     keys = {}
     for name, kw in _variants(torch):
         kw = dict(kw)
-        key, _ = gemm_mod._warm_key(kw.pop("a"), kw.pop("b"), kw.pop("c", None),
+        key, _ = gemm_api._warm_key(kw.pop("a"), kw.pop("b"), kw.pop("c", None),
                                     kw.pop("bias", None), kw.pop("out", None),
                                     kw.pop("alpha", 1.0), kw.pop("beta", 0.0),
                                     kw.pop("activation", None), kw.pop("out_dtype", None))
@@ -152,32 +152,32 @@ def test_key_changes_with_everything_validation_reads(rec, torch, monkeypatch):
         assert key not in keys, f"{name} has the key of {keys.get(key)}"
         keys[key] = name
     a, b = T(torch, (64, 32)), T(torch, (32, 48))
-    plain = gemm_mod._warm_key(a, b, None, None, None, 1.0, 0.0, None, None)[0]
+    plain = gemm_api._warm_key(a, b, None, None, None, 1.0, 0.0, None, None)[0]
     # the library (same shapes and dtype through CuPy) and the dispatch environment
     cupy = fake_cupy(monkeypatch)
     ca, cb = cupy.ndarray((64, 32), np.float16), cupy.ndarray((32, 48), np.float16)
-    assert gemm_mod._warm_key(ca, cb, None, None, None, 1.0, 0.0, None, None)[0] != plain
+    assert gemm_api._warm_key(ca, cb, None, None, None, 1.0, 0.0, None, None)[0] != plain
     monkeypatch.setenv("NUMBATC_SM80_CONFIG", "64x64x64_4w_3s")
-    assert gemm_mod._warm_key(a, b, None, None, None, 1.0, 0.0, None, None)[0] != plain
+    assert gemm_api._warm_key(a, b, None, None, None, 1.0, 0.0, None, None)[0] != plain
     monkeypatch.delenv("NUMBATC_SM80_CONFIG")
-    assert gemm_mod._warm_key(a, b, None, None, None, 1.0, 0.0, None, None)[0] == plain
+    assert gemm_api._warm_key(a, b, None, None, None, 1.0, 0.0, None, None)[0] == plain
     # the thread
     other = []
     t = threading.Thread(target=lambda: other.append(
-        gemm_mod._warm_key(a, b, None, None, None, 1.0, 0.0, None, None)[0]))
+        gemm_api._warm_key(a, b, None, None, None, 1.0, 0.0, None, None)[0]))
     t.start()
     t.join()
     assert other[0] != plain
     # the pointers themselves are not in it (beyond a's and b's alignment)
     a2, b2 = T(torch, (64, 32)), T(torch, (32, 48))
-    assert gemm_mod._warm_key(a2, b2, None, None, None, 1.0, 0.0, None, None)[0] == plain
+    assert gemm_api._warm_key(a2, b2, None, None, None, 1.0, 0.0, None, None)[0] == plain
 
 
 def test_no_warm_path_for_odd_arguments(torch):
-    gemm_mod._env_key = dispatch.env_key
+    gemm_api._env_key = dispatch.env_key
     a, b = T(torch, (64, 32)), T(torch, (32, 48))
     for alpha in (True, "2", 1j, np.array(2.0)):
-        assert gemm_mod._warm_key(a, b, None, None, None, alpha, 0.0, None, None) == (None, None)
+        assert gemm_api._warm_key(a, b, None, None, None, alpha, 0.0, None, None) == (None, None)
 
 
 def test_every_variant_warms_and_stays_correct(rec, torch):
@@ -417,7 +417,7 @@ def test_user_epilogue_calls_are_warm(rec, torch, monkeypatch):
             return values
         return flatten
 
-    monkeypatch.setattr(gemm_mod, "_epilogue_flattener", fake_flattener)
+    monkeypatch.setattr(gemm_api, "_epilogue_flattener", fake_flattener)
 
     def call(fn=add_residual, shape=(64, 48), dtype="float32", scale=2.0):
         residual = T(torch, shape, dtype)

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import numbatc
+from numbatc import gemm_api
 from numbatc import _warm
 from numbatc.interop import alloc
 from numbatc.kernels import sm90_gemm
 from tests.helpers.fake_arrays import (  # noqa: F401  (launched, no_gpu: fixtures)
     FakeCuda, col_major, fake_torch, launched, no_gpu)
 
-gemm_mod = importlib.import_module("numbatc.gemm")
 dispatch = importlib.import_module("numbatc.kernels.dispatch")
 gemm = numbatc.gemm
 
@@ -96,7 +96,7 @@ def test_refusals(launched, case):
 
 @pytest.mark.parametrize("cc", [(8, 0), (8, 9), (10, 0), (12, 0)])
 def test_other_gpus_are_refused(launched, monkeypatch, cc):
-    monkeypatch.setattr(gemm_mod, "_device_capability", lambda device: cc)
+    monkeypatch.setattr(gemm_api, "_device_capability", lambda device: cc)
     a, b = fp8()
     with pytest.raises(ValueError, match=rf"FP8 with per-tensor scales needs compute capability "
                                          rf"9.0 \(sm_90a\); this GPU is sm_{cc[0]}{cc[1]}$"):

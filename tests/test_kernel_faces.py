@@ -10,7 +10,7 @@ import pkgutil
 import pytest
 
 import numbatc.kernels
-from numbatc.gemm import BLOCK_SCALED
+from numbatc.gemm_api import BLOCK_SCALED
 from numbatc.kernels import dispatch
 from tests.helpers.problems import attention_problem, gemm_problem
 

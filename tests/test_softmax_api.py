@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import numbatc
-from numbatc import _warm
+from numbatc import _warm, gemm_api
 from numbatc.interop import DTypeView, devices, streams
 from tests.helpers.fake_arrays import FakeCuda, col_major, no_gpu  # noqa: F401  (no_gpu: autouse)
 
@@ -25,7 +25,7 @@ def launched(monkeypatch):
     from numbatc.kernels import sm80_gemm_softmax
 
     monkeypatch.setattr(sm80_gemm_softmax, "launch", lambda *a, **k: calls["fused"].append(a))
-    monkeypatch.setattr(softmax_mod._gemm, "gemm", lambda *a, **k: calls["gemm"].append(k) or
+    monkeypatch.setattr(gemm_api, "gemm", lambda *a, **k: calls["gemm"].append(k) or
                         FakeCuda((a[0].shape[0], a[1].shape[1]), "float32"))
     monkeypatch.setattr(softmax_mod, "_emulated", lambda: False)
     # no driver: streams, device scopes and operand packing answered without one

@@ -24,11 +24,11 @@ import pytest
 from numba import cuda
 
 import numbatc
+from numbatc import gemm_api
 from numbatc.interop import (DTypeView, allocate_like, as_cuda_array, as_kernel_array, stream_for,
                              transpose_view)
 from numbatc.interop.views import copy_to_host
 
-gemm_mod = importlib.import_module("numbatc.gemm")
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +46,7 @@ def ptr_of(d):
 
 
 def bf16_bits(x):
-    return gemm_mod._from_float32(x, "bfloat16")
+    return gemm_api._from_float32(x, "bfloat16")
 
 
 @cuda.jit
@@ -123,7 +123,7 @@ def test_bare_cuda_array_interface_device_query():
 
 
 def test_device_capability_is_read():
-    cc = gemm_mod._device_capability(0)
+    cc = gemm_api._device_capability(0)
     assert len(cc) == 2 and cc == tuple(cuda.get_current_device().compute_capability)
 
 
@@ -260,11 +260,11 @@ def _reference(a, b, alpha, beta, c, bias, activation):
         acc = acc + beta * c.astype(np.float64)
     if bias is not None:
         acc = acc + bias.astype(np.float64)[None, :]
-    return gemm_mod.ACTIVATIONS[activation](acc.astype(np.float32))
+    return gemm_api.ACTIVATIONS[activation](acc.astype(np.float32))
 
 
 def _round(x, dtype):
-    return gemm_mod._to_float32(gemm_mod._from_float32(x, dtype), dtype)
+    return gemm_api._to_float32(gemm_api._from_float32(x, dtype), dtype)
 
 
 @pytest.fixture
@@ -275,14 +275,14 @@ def reference_launch(monkeypatch):
         seen.append(p)
         assert p.m >= 1 and p.n >= 1 and p.k >= 1
         st = p.stream
-        host = lambda op, r, c: gemm_mod._to_float32(  # noqa: E731
+        host = lambda op, r, c: gemm_api._to_float32(  # noqa: E731
             _raw_matrix(op, r, c).copy_to_host(stream=st), op.dtype)
         a, b = host(p.a, p.m, p.k), host(p.b, p.k, p.n)
         c = host(p.c, p.m, p.n) if p.c is not None else None
-        bias = (gemm_mod._to_float32(_raw_vector(p.bias).copy_to_host(stream=st), p.bias.dtype)
+        bias = (gemm_api._to_float32(_raw_vector(p.bias).copy_to_host(stream=st), p.bias.dtype)
                 if p.bias is not None else None)
         st.synchronize()
-        res = gemm_mod._from_float32(_reference(a, b, p.alpha, p.beta, c, bias, p.activation), p.out_dtype)
+        res = gemm_api._from_float32(_reference(a, b, p.alpha, p.beta, c, bias, p.activation), p.out_dtype)
         out = _raw_matrix(p.out, p.m, p.n)
         if out.is_c_contiguous() or out.is_f_contiguous():
             out.copy_to_device(res, stream=st)
@@ -344,7 +344,7 @@ class Lib:
 
     def to_host(self, r):
         if isinstance(r, DTypeView):
-            return gemm_mod._to_float32(copy_to_host(r.data), r.dtype)
+            return gemm_api._to_float32(copy_to_host(r.data), r.dtype)
         if self.name == "torch":
             assert isinstance(r, self.torch.Tensor)
             return r.float().cpu().numpy()

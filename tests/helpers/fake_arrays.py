@@ -17,11 +17,11 @@ import types
 import numpy as np
 import pytest
 
+from numbatc import gemm_api
 from numbatc.interop import alloc, devices
 from numbatc.interop.arrays import DTypeView, as_cuda_array
 from numbatc.interop.dtypes import dtype_name
 
-gemm_mod = importlib.import_module("numbatc.gemm")  # numbatc.gemm is the function
 real_allocate_like = alloc.allocate_like  # the fixture no_gpu replaces it by fakes
 
 _serial = itertools.count(1)
@@ -87,7 +87,7 @@ def no_gpu(monkeypatch):
     """Device queries answered from the fake pointers; an H200 (sm_90) unless a test says so;
     results allocated as fakes on the operand's device."""
     monkeypatch.setattr(devices, "pointer_device", lambda ptr, name="array": (ptr >> 40) - 1)
-    monkeypatch.setattr(gemm_mod, "_device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(gemm_api, "_device_capability", lambda device: (9, 0))
     allocated = []
 
     def allocate_like(t, shape, dtype):
@@ -119,7 +119,7 @@ def launched(monkeypatch):
         monkeypatch.setitem(sys.modules, "numbatc.kernels", kernels)
         monkeypatch.setitem(sys.modules, "numbatc.kernels.dispatch", dispatch)
     epilogues = []
-    monkeypatch.setattr(gemm_mod, "_epilogue_without_product", epilogues.append)
+    monkeypatch.setattr(gemm_api, "_epilogue_without_product", epilogues.append)
     return types.SimpleNamespace(launches=calls, epilogues=epilogues)
 
 

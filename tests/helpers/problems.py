@@ -7,18 +7,18 @@ from types import SimpleNamespace
 
 
 def operand(name, layout, ld, alignment=16):
-    from numbatc.gemm import Operand
+    from numbatc.gemm_api import Operand
 
     return Operand(name, None, layout, ld, alignment)
 
 
 def gemm_problem(m, n, k, *, alignment=16, cc=(9, 0), dtype="bfloat16", a_layout="row",
                  b_layout="col", out_dtype=None, fp8_scales=None, block_scaled=None):
-    """A numbatc.gemm.GemmProblem of a row-major (M, K) ``a`` and ``b`` as ``b_layout``, both of
+    """A numbatc.gemm_api.GemmProblem of a row-major (M, K) ``a`` and ``b`` as ``b_layout``, both of
     ``alignment`` (the largest power of two <= 16 dividing start and leading dimension in
     bytes), numbatc's own row-major output; ``fp8_scales`` = (scale_a, scale_b) makes it the
-    per-tensor-scaled FP8 GEMM, ``block_scaled`` a numbatc.gemm.BLOCK_SCALED format."""
-    from numbatc.gemm import GemmProblem
+    per-tensor-scaled FP8 GEMM, ``block_scaled`` a numbatc.gemm_api.BLOCK_SCALED format."""
+    from numbatc.gemm_api import GemmProblem
 
     out_dtype = out_dtype or ("bfloat16" if fp8_scales or block_scaled else dtype)
     a = operand("a", a_layout, k if a_layout == "row" else m, alignment)

@@ -7,8 +7,7 @@ copies: each operand may be row-major (unit stride on its last dimension) or col
 transposed view: unit stride on its first dimension), and the problem records which, with the
 leading-dimension stride.
 
-NOTE: ``numbatc.gemm`` (the attribute) is the function; this module is
-``sys.modules["numbatc.gemm"]`` (``importlib.import_module("numbatc.gemm")``).
+This module is ``numbatc.gemm_api``; ``numbatc.gemm`` is its function.
 """
 
 from __future__ import annotations
