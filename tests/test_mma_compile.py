@@ -184,7 +184,7 @@ def test_block_scale_wrong_scale_register_type():
         compile_ptx(kernel, _BS_SIG, "sm_120a")
 
 
-# The maps of intrinsics.fragments against CUTLASS's CuTe layouts for the same instructions
+# The maps of intrinsics.layout.fragments against CUTLASS's CuTe layouts for the same instructions
 # (cute/atom/mma_traits_sm120.hpp SM120_16x8x64_TN_VS / SM120_16x8x32_TN_VS, the latter reusing
 # mma_traits_sm80.hpp SM80_16x8x32_S32S8S8S32_TN): (thread, value) -> column-major index into the
 # (M, K) / (N, K) / (M, N) tile.  An independent second source for every lane of every map.

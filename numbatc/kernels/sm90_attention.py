@@ -26,7 +26,7 @@ have base offset 0), with D = head_dim (64 or 128) and BN = BLOCK_N:
     V    ``stages`` x (BN keys, D) MN-major (D = the wgmma N index,        BN * D * 2 each
          contiguous): 8-key atoms of 8 x 128 B along D, trans-b 1
 
-(intrinsics.wgmma.SmemLayout gives the byte layouts, the descriptors' LBO/SBO and K steps; for
+(intrinsics.layout.SmemLayout gives the byte layouts, the descriptors' LBO/SBO and K steps; for
 D = 64 both K and V tiles are simply 128-byte rows, swizzled.)
 
 Register fragments: the m64nBN f32 accumulator of S holds, in thread (warp w, lane l), rows

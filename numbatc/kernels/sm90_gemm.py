@@ -26,7 +26,7 @@ the 128B swizzle's repeat, so the descriptor base offset is 0):
     B K-major  ('col' B):  (BN, BK=64), 128-byte rows, 128B swizzle                    BN/8 KB
     B MN-major ('row' B):  (BK=64, BN): 8-k atoms of 8 x 128 B along N, 128B swizzle (trans-b 1)
 
-The byte layouts are intrinsics.wgmma.SmemLayout's (the descriptors' LBO/SBO and the K step come
+The byte layouts are intrinsics.layout.SmemLayout's (the descriptors' LBO/SBO and the K step come
 from it); a chunk of 8 elements along the contiguous direction stays one 16-byte unit under the
 swizzle, which is what lets a 16-byte cp.async place it.
 

@@ -4,7 +4,7 @@ TMA tensor copies could not be checked on the H200 (they fault there even for Tr
 C++), so the emulation is their only check.  Here two models written independently from the PTX
 ISA must agree: a tile loaded by emulated ``tma_load`` (one box per swizzle atom column, boxes
 ``box_bytes`` apart) must be byte for byte the canonical wgmma layout that
-:class:`intrinsics.wgmma.SmemLayout` builds for the same tile -- what CUTLASS's SM90 GEMMs rely on
+:class:`intrinsics.layout.SmemLayout` builds for the same tile -- what CUTLASS's SM90 GEMMs rely on
 when TMA fills the operands wgmma reads.
 
 Run with ``NUMBA_ENABLE_CUDASIM=1 python3 -m pytest -q -m emulation tests/emulation``."""

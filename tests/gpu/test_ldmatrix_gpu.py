@@ -1,6 +1,6 @@
 """ldmatrix / stmatrix / movmatrix on the GPU, every lane, exactly, against the PTX ISA's fragment
-table (intrinsics.fragments.ldmatrix_fragment).  Each lane supplies a random row address, so the
-test also proves the addressing rule (lanes 8m..8m+7 name the rows of matrix m)."""
+table (intrinsics.layout.fragments.ldmatrix_fragment).  Each lane supplies a random row address,
+so the test also proves the addressing rule (lanes 8m..8m+7 name the rows of matrix m)."""
 
 import functools
 

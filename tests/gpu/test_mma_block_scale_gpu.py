@@ -1,8 +1,8 @@
 """Block-scaled mma.sync (sm_120a / sm_121a: kind::mxf4, mxf4nvf4 m16n8k64, kind::mxf8f6f4
 m16n8k32) on every lane, against a NumPy model built from the PTX ISA's fragment maps
-(intrinsics.fragments: mma_block_scale_fragment for A/B/C/D, mma_scale_fragment for the bytes of
-the scale registers): random element codes, random scale factors, random valid selectors, and
-random junk in every scale-register byte the instruction must not read.
+(intrinsics.layout.fragments: mma_block_scale_fragment for A/B/C/D, mma_scale_fragment for the
+bytes of the scale registers): random element codes, random scale factors, random valid
+selectors, and random junk in every scale-register byte the instruction must not read.
 
 NOTE: no Blackwell GPU was available when this was written.  ``test_every_lane`` (marker
 gpu(cc=(12, 0))) has never run on hardware; ``test_every_lane_emulated`` runs the same check in

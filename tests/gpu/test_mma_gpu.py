@@ -1,5 +1,5 @@
 """mma.sync on the GPU: every table row, every lane, against a float64 model built from the PTX
-ISA's fragment tables (intrinsics.fragments)."""
+ISA's fragment tables (intrinsics.layout.fragments)."""
 
 import functools
 

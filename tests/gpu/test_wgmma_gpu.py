@@ -2,7 +2,7 @@
 memory in each canonical layout, and every thread's accumulator registers are checked against a
 float64 NumPy product through the PTX ISA's fragment map.
 
-The host builds each tile's shared-memory image with :class:`intrinsics.wgmma.SmemLayout` (the
+The host builds each tile's shared-memory image with :class:`intrinsics.layout.SmemLayout` (the
 swizzle model of ``intrinsics.smem.swizzle_offset_host``); the kernel copies the image to a
 1024-byte-aligned spot of dynamic shared memory, fences it into the async proxy and runs one
 wgmma per instruction K-slice with descriptors advanced by ``SmemLayout.k_offset``.  Layouts,
