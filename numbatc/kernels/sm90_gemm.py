@@ -953,17 +953,23 @@ def small_tiles_skip(p):
     return None
 
 
+def _least_cost(p, tiles, table):
+    """The name among ``tiles`` ((name, seconds per wave per BM x BN x K), configurations of
+    ``table``) whose waves on 132 SMs x BM x BN x K x that figure is least for ``p``."""
+    cost = []
+    for name, per in tiles:
+        cfg = table[name]
+        waves = -(-grid_for(cfg, p.m, p.n) // split_k.NUM_SMS_GUESS)
+        cost.append((waves * cfg.bm * cfg.bn * p.k * per, name))
+    return min(cost)[1]
+
+
 def small_tile(p):
     """The name of the :data:`SMALL_TILES` configuration for bf16 / f16 problem ``p`` (the least
     fitted cost), or None where they do not take it (:func:`small_tiles_skip`)."""
     if small_tiles_skip(p) is not None:
         return None
-    cost = []
-    for name, per in SMALL_TILES:
-        cfg = CONFIGS[name]
-        waves = -(-grid_for(cfg, p.m, p.n) // split_k.NUM_SMS_GUESS)
-        cost.append((waves * cfg.bm * cfg.bn * p.k * per, name))
-    return min(cost)[1]
+    return _least_cost(p, SMALL_TILES, CONFIGS)
 
 
 def fp8_small_tile(p):
@@ -977,12 +983,7 @@ def fp8_small_tile(p):
         return FP8_MID_TILE if wide < split_k.NUM_SMS_GUESS else None
     if wide >= 2 * split_k.NUM_SMS_GUESS:
         return None
-    cost = []
-    for name, per in FP8_SMALL_TILES:
-        cfg = FP8_CONFIGS[name]
-        waves = -(-grid_for(cfg, p.m, p.n) // split_k.NUM_SMS_GUESS)
-        cost.append((waves * cfg.bm * cfg.bn * p.k * per, name))
-    return min(cost)[1]
+    return _least_cost(p, FP8_SMALL_TILES, FP8_CONFIGS)
 
 
 def small_split(p, cfg: Sm90Config):
