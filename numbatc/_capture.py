@@ -31,24 +31,64 @@ class CaptureError(RuntimeError):
     """A numbatc call that cannot be recorded into a CUDA graph, with the reason."""
 
 
+#: (cuStreamIsCapturing, CUstream, CUDA_SUCCESS, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, ACTIVE,
+#: INVALIDATED, {handle: CUstream}) bound on the first query, so that a warm split-K call's
+#: check costs the driver call and a dict lookup (no import, no CUstream construction); False
+#: where there is no driver library.
+_DRIVER = None
+
+
+def _bind():
+    global _DRIVER
+    try:
+        from cuda.bindings import driver
+    except (ImportError, RuntimeError, OSError):  # no driver library: no GPU, nothing captures
+        _DRIVER = False
+        return False
+    status = driver.CUstreamCaptureStatus
+    _DRIVER = (driver.cuStreamIsCapturing, driver.CUstream, driver.CUresult.CUDA_SUCCESS,
+               driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+               status.CU_STREAM_CAPTURE_STATUS_ACTIVE, status.CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+               {})
+    return _DRIVER
+
+
 def _query(handle: int) -> str:
     """'none', 'active', 'invalidated', or 'implicit' (the legacy default stream while another
     stream captures in global mode) for a raw CUstream handle."""
-    try:
-        from cuda.bindings import driver
-
-        err, status = driver.cuStreamIsCapturing(driver.CUstream(handle))
-    except (ImportError, RuntimeError, OSError):  # no driver library: no GPU, nothing captures
+    global _DRIVER
+    bound = _DRIVER if _DRIVER is not None else _bind()
+    if not bound:
         return "none"
-    if err == driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+    query, custream, success, implicit, active, invalidated, streams = bound
+    stream = streams.get(handle)
+    if stream is None:
+        if len(streams) > 256:
+            streams.clear()
+        stream = streams[handle] = custream(handle)
+    try:
+        err, status = query(stream)
+    except (RuntimeError, OSError):  # no driver library to load (a CPU host): never a capture
+        _DRIVER = False
+        return "none"
+    if err == success:
+        if status == active:
+            return "active"
+        return "invalidated" if status == invalidated else "none"
+    if err == implicit:
         return "implicit"
-    if err != driver.CUresult.CUDA_SUCCESS:
-        return "none"  # no context yet, a stream of another context: nothing is capturing here
-    if status == driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
-        return "active"
-    if status == driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED:
-        return "invalidated"
-    return "none"
+    return "none"  # no context yet, a stream of another context: nothing is capturing here
+
+
+_numba_config = None
+
+
+def _bind_config():
+    global _numba_config
+    from numba import config  # not at import: ``import numbatc`` does not import numba
+
+    _numba_config = config
+    return config
 
 
 def stream_handle(stream) -> int:
@@ -62,11 +102,10 @@ def stream_handle(stream) -> int:
 def capture_status(stream) -> str:
     """The capture status of ``stream`` (a raw handle or a Numba stream): 'none' outside
     capture and in the CPU emulation, else see :func:`_query`."""
-    from numba import config
-
+    config = _numba_config or _bind_config()
     if config.ENABLE_CUDASIM:
         return "none"
-    return _query(stream_handle(stream))
+    return _query(stream if type(stream) is int else stream_handle(stream))
 
 
 def is_capturing(stream) -> bool:

@@ -164,3 +164,39 @@ def test_k_zero_is_refused(capturing, fake_device):
 def test_softmax_result_allocation_is_refused(capturing, fake_device):
     with pytest.raises(_capture.CaptureError, match="allocate a result"):
         numbatc.softmax(FakeCai((5, 70), stream=0x99))
+
+
+def test_the_driver_query_maps_every_status(monkeypatch):
+    """_query's reading of cuStreamIsCapturing (bound once: the query function, CUstream and the
+    result codes), with a fake driver: each (result, status) pair to numbatc's status, one
+    CUstream made per handle, and a driver library that cannot load taken as 'no capture
+    ever' (a CPU host)."""
+    ok, implicit, other, active, invalidated, idle = "ok", "implicit", "other", "A", "I", "N"
+    answers, made = {}, []
+
+    def custream(handle):
+        made.append(handle)
+        return ("stream", handle)
+
+    def query(stream):
+        return answers[stream[1]]
+
+    monkeypatch.setattr(_capture, "_DRIVER", (query, custream, ok, implicit, active,
+                                              invalidated, {}))
+    cases = {1: ((ok, active), "active"), 2: ((ok, invalidated), "invalidated"),
+             3: ((ok, idle), "none"), 4: ((implicit, idle), "implicit"),
+             5: ((other, active), "none")}
+    for handle, (answer, _) in cases.items():
+        answers[handle] = answer
+    for _ in range(2):
+        for handle, (_, want) in cases.items():
+            assert _capture._query(handle) == want, handle
+    assert made == [1, 2, 3, 4, 5]  # each handle's CUstream made once
+
+    def unloadable(stream):
+        raise RuntimeError("libcuda.so not found")
+
+    monkeypatch.setattr(_capture, "_DRIVER", (unloadable, custream, ok, implicit, active,
+                                              invalidated, {}))
+    assert _capture._query(1) == "none"
+    assert _capture._DRIVER is False and _capture._query(1) == "none"
