@@ -339,19 +339,21 @@ def test_tma_layouts_match_the_descriptors():
 
 
 def test_tma_twins_and_the_default_switch():
-    """Every TMA configuration but the 64-row tiles has a cp.async twin with the same tile,
-    stages and schedule (the fallback for operands a tensor map cannot describe); the 64-row
-    tiles have none, and dispatch chooses them only where a tensor map describes the operands
-    (tests/test_gemm_heuristic.py)."""
+    """Every TMA configuration but the small tiles (bf16's 64-row ones, FP8's 64-row and
+    6-stage 128 x 128 ones) has a cp.async twin with the same tile, stages and schedule (the
+    fallback for operands a tensor map cannot describe); the small tiles have none, and dispatch
+    chooses them only where a tensor map describes the operands (tests/test_gemm_heuristic.py)."""
     from dataclasses import replace
 
     assert sm90_gemm.DEFAULT_PRODUCER in ("cp.async", "tma")
-    tma_only = {"64x128x64_6s_w1_tma", "64x256x64_4s_w1_tma"}
+    tma_only = {"64x128x64_6s_w1_tma", "64x256x64_4s_w1_tma",
+                *(name for name, _ in sm90_gemm.FP8_SMALL_TILES), sm90_gemm.FP8_MID_TILE}
     for name in TMA_NAMES:
         cfg = sm90_gemm.CONFIGS.get(name) or sm90_gemm.FP8_CONFIGS[name]
         twin = sm90_gemm.with_producer(cfg, "cp.async")
         if name in tma_only:
-            assert twin is cfg and name.removesuffix("_tma") not in sm90_gemm.CONFIGS
+            assert twin is cfg and name.removesuffix("_tma") not in {
+                **sm90_gemm.CONFIGS, **sm90_gemm.FP8_CONFIGS}
             continue
         assert twin.producer == "cp.async" and twin.name == name.removesuffix("_tma")
         assert replace(twin, name=name, producer="tma", producer_regs=24,

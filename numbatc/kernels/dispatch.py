@@ -1,5 +1,5 @@
-"""Which kernel runs a :class:`numbatc.gemm.GemmProblem`, and its launch: a table over the kernel
-modules.
+"""Which kernel runs a :class:`numbatc.gemm_api.GemmProblem`, and its launch: a table over the
+kernel modules.
 
 Every kernel module has the same face (see STYLE.md): ``CONFIGS``; ``unsupported(problem)``, why
 it cannot compute the problem, or None; ``choose(problem, name=None)``, its configuration for

@@ -67,7 +67,7 @@ class GemmVariant:
 
 
 def variant_for(p, cls=GemmVariant, **fields):
-    """The variant of GEMM problem ``p`` (a numbatc.gemm.GemmProblem): its layouts, dtypes and
+    """The variant of GEMM problem ``p`` (a numbatc.gemm_api.GemmProblem): its layouts, dtypes and
     epilogue; ``cls`` a kernel's own variant class (sm90_gemm's FP8 one) and ``fields`` the
     rest it takes (split_k, b_dtype)."""
     # a row-major 16-bit out whose start and rows are 4-byte aligned takes a column pair in one

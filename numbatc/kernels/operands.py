@@ -33,7 +33,7 @@ def _pack(src, dst):
 
 
 def operand(op, stream, keep):
-    """(flat operand, leading dimension) of a GEMM operand (numbatc.gemm.Operand) for the
+    """(flat operand, leading dimension) of a GEMM operand (numbatc.gemm_api.Operand) for the
     kernel: its own pointer when its start and leading dimension are 16-byte aligned, else an
     aligned copy in the same layout (rows padded to a multiple of 16 bytes: 8 bf16/f16
     elements, 16 fp8).  The copy costs one pass over the operand; the GEMM kernel then needs no

@@ -303,7 +303,7 @@ def launch_flat(cfg: Sm100Config, var, tma_a, tma_b, c, bias, out, m, n, k, ldc,
 
 # ---------------------------------------------------------------------------------------------
 # The face every kernel module has (numbatc.kernels.dispatch walks them): from a
-# numbatc.gemm.GemmProblem to a configuration and a launch
+# numbatc.gemm_api.GemmProblem to a configuration and a launch
 # ---------------------------------------------------------------------------------------------
 
 

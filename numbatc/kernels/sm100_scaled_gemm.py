@@ -447,7 +447,7 @@ def launch_flat(cfg: ScaledConfig, var: ScaledVariant, tma_a, tma_b, sfa, sfb, c
 
 # ---------------------------------------------------------------------------------------------
 # The face every kernel module has (numbatc.kernels.dispatch walks them): from a
-# numbatc.gemm.GemmProblem to a configuration and a launch
+# numbatc.gemm_api.GemmProblem to a configuration and a launch
 # ---------------------------------------------------------------------------------------------
 
 

@@ -411,7 +411,7 @@ def launch_flat(cfg: Sm80Config, var: GemmVariant, a, b, c, bias, out, m, n, k, 
 
 # ---------------------------------------------------------------------------------------------
 # The face every kernel module has (numbatc.kernels.dispatch walks them): from a
-# numbatc.gemm.GemmProblem to a configuration and a launch
+# numbatc.gemm_api.GemmProblem to a configuration and a launch
 # ---------------------------------------------------------------------------------------------
 
 

@@ -872,7 +872,7 @@ def _sm_count(device_id):
 
 # ---------------------------------------------------------------------------------------------
 # The face every kernel module has (numbatc.kernels.dispatch walks them): from a
-# numbatc.gemm.GemmProblem -- bf16 / f16, or FP8 with per-tensor scales -- to a configuration
+# numbatc.gemm_api.GemmProblem -- bf16 / f16, or FP8 with per-tensor scales -- to a configuration
 # and a launch
 # ---------------------------------------------------------------------------------------------
 
