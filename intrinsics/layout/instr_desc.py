@@ -182,6 +182,17 @@ def _major_bit(name, major):
     return int(major == "MN")
 
 
+def _major_bits(a, b, a_major, b_major):
+    """(A's, B's) major bit (1: MN-major), each checked: 'K' or 'MN', and MN only for the
+    transposable element types."""
+    am, bm = _major_bit("a_major", a_major), _major_bit("b_major", b_major)
+    for t, mj, what in ((a, am, "A"), (b, bm, "B")):
+        if mj and t not in TRANSPOSABLE_TYPES:
+            raise ValueError(f"{what} of type {t} must be K-major; MN-major exists only for "
+                             f"{'/'.join(TRANSPOSABLE_TYPES)}")
+    return am, bm
+
+
 def _check_types(kind, a, b):
     row = TCGEN05_MMA_KINDS[kind]
     for what, t in (("A", a), ("B", b)):
@@ -212,11 +223,7 @@ def make_instr_desc_host(kind, a, b=None, d="f32", *, m=128, n, a_major="K", b_m
         raise ValueError(f"tcgen05.mma kind::f16 with bf16 inputs accumulates in f32 only, got "
                          f"{d!r}")
     check_mma_shape(kind, m, n, cta_group, a_from)
-    am, bm = _major_bit("a_major", a_major), _major_bit("b_major", b_major)
-    for t, mj, what in ((a, am, "A"), (b, bm, "B")):
-        if mj and t not in TRANSPOSABLE_TYPES:
-            raise ValueError(f"{what} of type {t} must be K-major; MN-major exists only for "
-                             f"{'/'.join(TRANSPOSABLE_TYPES)}")
+    am, bm = _major_bits(a, b, a_major, b_major)
     if a_from == "tmem" and am:
         raise ValueError("A in tensor memory is K-major (a_major='K')")
     codes = IDESC_AB_FORMATS[kind]
@@ -256,11 +263,7 @@ def make_instr_desc_block_scaled_host(kind, a, b=None, scale="ue8m0", *, m=128, 
         if sf not in ids:
             raise ValueError(f"{what} with {count} scale factor(s) per row must be one of {ids} "
                              f"(the starting byte of the 32-bit cell), got {sf!r}")
-    am, bm = _major_bit("a_major", a_major), _major_bit("b_major", b_major)
-    for t, mj, what in ((a, am, "A"), (b, bm, "B")):
-        if mj and t not in TRANSPOSABLE_TYPES:
-            raise ValueError(f"{what} of type {t} must be K-major; MN-major exists only for "
-                             f"{'/'.join(TRANSPOSABLE_TYPES)}")
+    am, bm = _major_bits(a, b, a_major, b_major)
     codes = IDESC_AB_FORMATS[kind]
     return int(encode_instr_desc_block_scaled(codes[a], codes[b], IDESC_SCALE_FORMATS[scale], m,
                                               n, am, bm, int(bool(negate_a)),
