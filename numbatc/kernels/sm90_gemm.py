@@ -932,13 +932,22 @@ def tensor_maps_unsupported(p):
     return tma_unsupported((("a", p.a.alignment), ("b", p.b.alignment)))
 
 
-def small_tiles_skip(p):
-    """Why the :data:`SMALL_TILES` do not take bf16 / f16 problem ``p``, or None."""
+def _tma_only_skip(p):
+    """Why TMA-only tiles (the bf16 and FP8 small tiles: no cp.async twin) cannot take problem
+    ``p``, or None."""
     if DEFAULT_PRODUCER != "tma":
         return "the small tiles load by TMA, which is not the default producer"
     reason = tensor_maps_unsupported(p)
     if reason is not None:
         return f"{reason} (the small tiles load by TMA only)"
+    return None
+
+
+def small_tiles_skip(p):
+    """Why the :data:`SMALL_TILES` do not take bf16 / f16 problem ``p``, or None."""
+    reason = _tma_only_skip(p)
+    if reason is not None:
+        return reason
     # NOTE: M <= 16 keeps sm80_gemm's 16-row tiles with split-K (0.84-0.87x against 0.76x for
     # the 64-row TMA tiles at M = 8 and K = 8192 / 14336).  M > 512 takes them too under two
     # waves of 128 x 256 tiles: the H200 sweep of 2026-12-02 at M = 1024 / 4096 (the persistent
@@ -976,7 +985,7 @@ def fp8_small_tile(p):
     """The FP8 small tile (:data:`FP8_SMALL_TILES`, :data:`FP8_MID_TILE`) for FP8 problem ``p``,
     or None: the persistent 128 x 256 tiles fill the GPU (one wave for M > 64, two for
     M <= 64), or a tensor map cannot describe the operands (these tiles load by TMA only)."""
-    if DEFAULT_PRODUCER != "tma" or tensor_maps_unsupported(p) is not None:
+    if _tma_only_skip(p) is not None:
         return None
     wide = grid_for(FP8_CONFIGS["fp8_128x256x128_4s_pt_tma"], p.m, p.n)
     if p.m > 64:
