@@ -9,11 +9,11 @@ imported), grouped by layer, as a Mermaid graph.
 Also lists the imports of private names (``from numbatc.kernels.x import _y``) that cross from
 one kernel module to another (tests/test_architecture.py asserts there are none).
 
-Layers (top to bottom): the front ends (numbatc.gemm_api / softmax / attention / torch ...),
-numbatc.kernels' dispatch, the kernel modules, the kernel framework (build, epilogue,
-operands, split_k, pipeline), numbatc.interop, and the intrinsics packages.  Intrinsics are
-drawn as packages (``intrinsics``, ``intrinsics.layout``, ``intrinsics.emulate``), not module by
-module, to keep the picture readable.
+Layers (top to bottom): the front ends (numbatc.gemm_api / softmax_api / attention_api /
+torch ...), numbatc.kernels' dispatch, the kernel modules, the kernel framework (build,
+epilogue, operands, split_k, pipeline), numbatc.interop, and the intrinsics packages.
+Intrinsics are drawn as packages (``intrinsics``, ``intrinsics.layout``,
+``intrinsics.emulate``), not module by module, to keep the picture readable.
 """
 
 from __future__ import annotations

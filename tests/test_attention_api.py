@@ -17,8 +17,6 @@ from numbatc import gemm_api
 from numbatc.interop import DTypeView
 from tests.helpers.fake_arrays import FakeCuda, no_gpu  # noqa: F401  (no_gpu: autouse)
 
-attention_mod = importlib.import_module("numbatc.attention")
-
 
 @pytest.fixture
 def launched(monkeypatch):

@@ -3,23 +3,19 @@ wrong, rows flatten (or are refused) as documented, the vector-load decision, em
 fused/unfused choice around N = 256 and what reaches the launches (replaced here by recorders).
 Arrays are tests/helpers/fake_arrays.py's fakes (made-up pointers, never dereferenced)."""
 
-import importlib
-
 import numpy as np
 import pytest
 
 import numbatc
-from numbatc import _warm, gemm_api
+from numbatc import _warm, gemm_api, softmax_api
 from numbatc.interop import DTypeView, devices, streams
 from tests.helpers.fake_arrays import FakeCuda, col_major, no_gpu  # noqa: F401  (no_gpu: autouse)
-
-softmax_mod = importlib.import_module("numbatc.softmax")
 
 
 @pytest.fixture
 def launched(monkeypatch):
     calls = {"softmax": [], "fused": [], "gemm": []}
-    monkeypatch.setattr(softmax_mod, "_launch_softmax",
+    monkeypatch.setattr(softmax_api, "_launch_softmax",
                         lambda X, OUT, rows, n, ldx, ldo, device: calls["softmax"].append(
                             (X, OUT, rows, n, ldx, ldo)))
     from numbatc.kernels import sm80_gemm_softmax
@@ -27,7 +23,7 @@ def launched(monkeypatch):
     monkeypatch.setattr(sm80_gemm_softmax, "launch", lambda *a, **k: calls["fused"].append(a))
     monkeypatch.setattr(gemm_api, "gemm", lambda *a, **k: calls["gemm"].append(k) or
                         FakeCuda((a[0].shape[0], a[1].shape[1]), "float32"))
-    monkeypatch.setattr(softmax_mod, "_emulated", lambda: False)
+    monkeypatch.setattr(softmax_api, "_emulated", lambda: False)
     # no driver: streams, device scopes and operand packing answered without one
     import contextlib
 
@@ -112,11 +108,11 @@ def test_vector_loads_need_8_byte_rows():
     from numbatc.interop import as_cuda_array
 
     ok = as_cuda_array(FakeCuda((4, 8), "float16"))
-    assert softmax_mod._vector_ok(ok, 8, 4)
-    assert not softmax_mod._vector_ok(ok, 6, 4)  # rows 12 bytes apart
-    assert not softmax_mod._vector_ok(as_cuda_array(FakeCuda((4, 8), "float32")), 8, 4)
+    assert softmax_api._vector_ok(ok, 8, 4)
+    assert not softmax_api._vector_ok(ok, 6, 4)  # rows 12 bytes apart
+    assert not softmax_api._vector_ok(as_cuda_array(FakeCuda((4, 8), "float32")), 8, 4)
     odd = as_cuda_array(FakeCuda((4, 8), "float16").at(0, 1, (4, 7)))
-    assert not softmax_mod._vector_ok(odd, 8, 4)
+    assert not softmax_api._vector_ok(odd, 8, 4)
 
 
 def test_gemm_softmax_validation():
@@ -176,7 +172,7 @@ def warm_rec(monkeypatch):
         rec["checked"].append((X.ptr, OUT.ptr, rows, n, ldx, ldo))
         return lambda x, out, stream: rec["relaunched"].append((x, out, stream))
 
-    monkeypatch.setattr(softmax_mod, "_launch_softmax", launch)
+    monkeypatch.setattr(softmax_api, "_launch_softmax", launch)
     _warm.CACHE.clear()
     yield rec
     _warm.CACHE.clear()
@@ -215,7 +211,7 @@ def test_gemm_softmax_second_call_is_warm(monkeypatch):
         return lambda *args: calls["relaunched"].append(args)
 
     monkeypatch.setattr(sm80_gemm_softmax, "launch", launch)
-    monkeypatch.setattr(softmax_mod, "_emulated", lambda: False)
+    monkeypatch.setattr(softmax_api, "_emulated", lambda: False)
     monkeypatch.setattr(streams, "numba_stream", lambda handle, device=None: None)
     monkeypatch.setattr(devices, "device_scope", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(dispatch, "_operand", lambda op, stream, keep: (op.ptr, op.ld))

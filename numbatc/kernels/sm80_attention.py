@@ -561,7 +561,7 @@ def _operand(ca, stream, keep):
 
 # ---------------------------------------------------------------------------------------------
 # The face every kernel module has (see numbatc.kernels.dispatch): from a
-# numbatc.attention.AttentionProblem to a configuration and a launch
+# numbatc.attention_api.AttentionProblem to a configuration and a launch
 # ---------------------------------------------------------------------------------------------
 
 
@@ -598,7 +598,7 @@ def launch_attention(p):
 
 
 def launch(p, cfg: AttnConfig):
-    """Launch ``cfg`` for a :class:`numbatc.attention.AttentionProblem` on its stream (batch,
+    """Launch ``cfg`` for a :class:`numbatc.attention_api.AttentionProblem` on its stream (batch,
     seqlen_q, heads_q >= 1; seqlen_k may be 0: every row then stores 0); q, k and v packed
     where not 16-byte aligned."""
     import os

@@ -783,12 +783,12 @@ def launch_flat(cfg: Sm90AttnConfig, var: AttnVariant, q, k, v, out, lse, batch,
 
 # ---------------------------------------------------------------------------------------------
 # The face every kernel module has (see numbatc.kernels.dispatch): from a
-# numbatc.attention.AttentionProblem to a configuration and a launch
+# numbatc.attention_api.AttentionProblem to a configuration and a launch
 # ---------------------------------------------------------------------------------------------
 
 
 def unsupported(p):
-    """Why this kernel cannot compute problem ``p`` (a numbatc.attention.AttentionProblem), or
+    """Why this kernel cannot compute problem ``p`` (a numbatc.attention_api.AttentionProblem), or
     None."""
     if p.head_dim not in HEAD_DIMS:
         return f"head_dim {p.head_dim} is not one of {HEAD_DIMS}"
@@ -824,7 +824,7 @@ def launch_attention(p, cfg=None):
 
 
 def launch(p, cfg: Sm90AttnConfig):
-    """Launch ``cfg`` for a :class:`numbatc.attention.AttentionProblem` on its stream (the
+    """Launch ``cfg`` for a :class:`numbatc.attention_api.AttentionProblem` on its stream (the
     caller checked :func:`unsupported`); a TMA configuration whose operands no tensor map
     describes runs its twin (:func:`resolve`)."""
     cfg, var = compiled(p, cfg)

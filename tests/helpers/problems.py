@@ -41,8 +41,8 @@ def attention_operand(shape, ptr=4096, strides=None):
 
 def attention_problem(batch=2, seqlen_q=100, seqlen_k=100, heads_q=4, heads_kv=4, head_dim=64,
                       dtype="bfloat16", causal=False, cc=(9, 0)):
-    """A numbatc.attention.AttentionProblem over contiguous q, k, v and out."""
-    from numbatc.attention import AttentionProblem
+    """A numbatc.attention_api.AttentionProblem over contiguous q, k, v and out."""
+    from numbatc.attention_api import AttentionProblem
 
     q = attention_operand((batch, seqlen_q, heads_q, head_dim))
     kv = attention_operand((batch, seqlen_k, heads_kv, head_dim))

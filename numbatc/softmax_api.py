@@ -9,6 +9,9 @@ configuration -> launch; ``NUMBATC_PRINT_CONFIG=1`` prints the choice to stderr.
 The fused kernel holds a whole row in one tile: N <= 256 (``sm80_gemm_softmax.MAX_N``).  Wider
 rows are computed unfused -- numbatc.gemm into a float32 scratch, then numbatc.softmax -- with
 the same result, and NUMBATC_PRINT_CONFIG says so.
+
+This module is ``numbatc.softmax_api``; ``numbatc.softmax`` and ``numbatc.gemm_softmax`` are its
+functions.
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ This module is the user-facing layer: check -> allocate -> hand an :class:`Atten
 ``numbatc.kernels.sm80_attention.launch_attention`` (which picks a configuration and launches).
 Inputs are read in place: any strides whose last dimension is contiguous.
 
-NOTE: ``numbatc.attention`` (the attribute) is the function; this module is
-``sys.modules["numbatc.attention"]`` (``importlib.import_module("numbatc.attention")``).
+This module is ``numbatc.attention_api``; ``numbatc.attention`` is its function.
 """
 
 from __future__ import annotations
