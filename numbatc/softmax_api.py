@@ -3,8 +3,10 @@
 
 Both take CUDA arrays of any library (as numbatc.gemm: Numba, CuPy, PyTorch,
 ``__cuda_array_interface__``, DLPack, ``numbatc.bfloat16``), compute in float32, run on the
-caller's current stream and return an array of the input's library.  Check -> allocate -> pick a
-configuration -> launch; ``NUMBATC_PRINT_CONFIG=1`` prints the choice to stderr.
+caller's current stream and return an array of the input's library.  Check -> allocate -> hand a
+:class:`SoftmaxProblem` to numbatc.kernels.row_softmax, or a :class:`GemmSoftmaxProblem` to
+numbatc.kernels.sm80_gemm_softmax (the kernel modules' face: ``unsupported``, ``choose``,
+``launch``); ``NUMBATC_PRINT_CONFIG=1`` prints the choice to stderr.
 
 The fused kernel holds a whole row in one tile: N <= 256 (``sm80_gemm_softmax.MAX_N``).  Wider
 rows are computed unfused -- numbatc.gemm into a float32 scratch, then numbatc.softmax -- with
@@ -19,15 +21,74 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from dataclasses import dataclass
+from functools import cached_property
 
 from numbatc import gemm_api
 from numbatc._warm import ABSENT, CACHE, MISS, Entry, remember, span
-from numbatc.interop import alloc, arrays, devices, streams, views
+from numbatc.interop import alloc, arrays, streams
+from numbatc.interop.arrays import CudaArray
 from numbatc.interop.probes import allocate_probed, probe
 
-__all__ = ["softmax", "gemm_softmax", "SOFTMAX_DTYPES"]
+__all__ = ["softmax", "gemm_softmax", "SoftmaxProblem", "GemmSoftmaxProblem", "SOFTMAX_DTYPES"]
 
 SOFTMAX_DTYPES = ("bfloat16", "float16", "float32")
+
+
+# ---------------------------------------------------------------------------------------------
+# the problems handed to the kernel layer
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SoftmaxProblem:
+    """One checked numbatc.softmax launch, as the kernel layer sees it: ``x`` and ``out``
+    (CudaArrays) seen as ``rows`` rows of ``n`` elements with unit stride, row r starting at
+    element r * ``ldx`` of x and r * ``ldo`` of out (out may be x itself).  ``in_dtype`` and
+    ``out_dtype`` are theirs (bfloat16, float16 or float32); ``device`` the CUDA ordinal (None
+    where unknown), ``cc`` its compute capability; ``stream_handle`` the raw CUstream of the
+    caller's library (0 in the emulation).  Built only with rows, n >= 1."""
+
+    x: CudaArray
+    out: CudaArray
+    rows: int
+    n: int
+    ldx: int
+    ldo: int
+    in_dtype: str
+    out_dtype: str
+    device: int | None
+    cc: tuple | None
+    stream_handle: int
+
+
+@dataclass(frozen=True)
+class GemmSoftmaxProblem:
+    """One checked numbatc.gemm_softmax call, ``out = softmax(scale * (a @ b) + bias)`` over
+    each row: a (m, k), b (k, n), out (m, n) and bias (n,) or None as numbatc.gemm_api.Operand
+    (layout, leading dimension, alignment); ``in_dtype`` a's and b's, ``out_dtype`` out's,
+    ``bias_dtype`` bias's or None; ``device``, ``cc`` and ``stream_handle`` as
+    :class:`SoftmaxProblem`'s, ``stream`` the Numba stream object for the handle.  Built only
+    with m, n >= 1 and a row-major out (k may be 0: a and b are then never read)."""
+
+    m: int
+    n: int
+    k: int
+    a: gemm_api.Operand
+    b: gemm_api.Operand
+    bias: gemm_api.Operand | None
+    out: gemm_api.Operand
+    scale: float
+    in_dtype: str
+    out_dtype: str
+    bias_dtype: str | None
+    device: int | None
+    cc: tuple | None
+    stream_handle: int
+
+    @cached_property
+    def stream(self):
+        return streams.numba_stream(self.stream_handle, self.device)
 
 
 def _print_config(text):
@@ -42,13 +103,15 @@ def _emulated():
 
 
 def _check_device(names, operands, what):
+    """(device, compute capability) of the operands (None, None where unknown)."""
     device = arrays.same_device(*operands, names=names)
+    cc = None
     if device is not None:
         cc = gemm_api._device_capability(device)
         if tuple(cc) < (8, 0):
             raise ValueError(f"{what} needs a GPU of compute capability 8.0 (sm_80, Ampere) or "
                              f"newer; device {device} is sm_{cc[0]}{cc[1]}")
-    return device
+    return device, cc
 
 
 def _leading_stride(shape, strides, n):
@@ -95,21 +158,6 @@ def _rows(name, ca):
     if ld < n and rows > 1:
         raise ValueError(f"{name} (shape {ca.shape}, strides {ca.strides}) has overlapping rows")
     return rows, n, ld
-
-
-def _flat(ca, keep, words=False):
-    """The kernel's flat operand: the device pointer on the GPU; in the emulation a 1-d array
-    over the same memory (of 64-bit words where ``words``)."""
-    if not _emulated():
-        return ca.ptr
-    import numpy as np
-
-    from numbatc.kernels.dispatch import _flat as flat_view
-
-    flat = flat_view(views.kernel_view(ca), keep)  # 16-bit data as uint16
-    if words:  # rows start on 8-byte boundaries and hold multiples of 4 elements: exact words
-        flat = flat[: flat.shape[0] // 4 * 4].view(np.uint64)
-    return flat
 
 
 def _check_out(out_ca, shape, dtypes, what):
@@ -165,7 +213,7 @@ def softmax(x, *, out=None):
         if not same and OUT.shares_memory(X):
             raise ValueError("out overlaps x in memory; it may be x itself (in place), but not "
                              "part of it: pass a separate out")
-    device = _check_device(("x", "out"), (X, OUT), "numbatc.softmax")
+    device, cc = _check_device(("x", "out"), (X, OUT), "numbatc.softmax")
     if OUT is None:
         result = alloc.allocate_like(x, X.shape, X.dtype)
         OUT = arrays.as_cuda_array(result, "out")
@@ -174,7 +222,9 @@ def softmax(x, *, out=None):
         result = out
     if rows == 0 or n == 0:
         return result
-    relaunch = _launch_softmax(X, OUT, rows, n, ldx, ldo, device)
+    relaunch = _launch_softmax(SoftmaxProblem(
+        x=X, out=OUT, rows=rows, n=n, ldx=ldx, ldo=ldo, in_dtype=X.dtype, out_dtype=OUT.dtype,
+        device=device, cc=cc, stream_handle=0 if _emulated() else streams.stream_handle(X.obj)))
     if relaunch is not None:
         _remember(x, out, X, OUT, relaunch)
     return result
@@ -246,25 +296,16 @@ def _softmax_split(x, X, out, split):
     return out
 
 
-def _vector_ok(ca, ld, rows):
-    return ca.itemsize == 2 and ca.ptr % 8 == 0 and (rows == 1 or (ld * 2) % 8 == 0)
-
-
-def _launch_softmax(X, OUT, rows, n, ldx, ldo, device):
+def _launch_softmax(p: SoftmaxProblem):
+    """row_softmax's configuration for ``p``, launched: its relaunch function or None (see
+    row_softmax.launch).  numbatc.softmax's checks leave nothing row_softmax refuses."""
     from numbatc.kernels import row_softmax
 
-    vec_ok = _vector_ok(X, ldx, rows) and (OUT.dtype == "float32" or _vector_ok(OUT, ldo, rows))
-    cfg = row_softmax.choose(n, X.dtype, OUT.dtype, vec_ok)
-    _print_config(f"numbatc.softmax rows={rows} N={n}: row_softmax {cfg.name} "
+    cfg = row_softmax.choose(p)
+    _, var = row_softmax.compiled(p, cfg)
+    _print_config(f"numbatc.softmax rows={p.rows} N={p.n}: row_softmax {cfg.name}_{var.name} "
                   f"({cfg.rows_per_block} row(s) per block of {cfg.threads} threads)")
-    keep = []
-    words = cfg.vec == 4
-    x = _flat(X, keep, words)
-    out = _flat(OUT, keep, words and OUT.dtype != "float32")
-    handle = 0 if _emulated() else streams.stream_handle(X.obj)
-    with devices.device_scope(device):
-        return row_softmax.launch(cfg, x, out, rows, n, ldx, ldo, stream=handle,
-                                  prepare=not _emulated() and not os.environ.get("NUMBATC_PRINT_CONFIG"))
+    return row_softmax.launch(p, cfg)
 
 
 def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
@@ -311,11 +352,12 @@ def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
         for nm, other in (("a", A), ("b", B), ("bias", BIAS)):
             if other is not None and OUT.shares_memory(other):
                 raise ValueError(f"out overlaps {nm} in memory: pass a separate out")
-    device = _check_device(("a", "b", "bias", "out"), (A, B, BIAS, OUT), "numbatc.gemm_softmax")
+    device, cc = _check_device(("a", "b", "bias", "out"), (A, B, BIAS, OUT),
+                               "numbatc.gemm_softmax")
     op_a = gemm_api._matrix("a", A, m, k)
     op_b = gemm_api._matrix("b", B, k, n)
-    if BIAS is not None:
-        gemm_api._vector("bias", BIAS)  # unit stride, or a ValueError naming it
+    # unit stride, or a ValueError naming it
+    op_bias = None if BIAS is None else gemm_api._vector("bias", BIAS)
     if OUT is None:
         result = alloc.allocate_like(a, (m, n), rule.a)
         OUT = arrays.as_cuda_array(result, "out")
@@ -330,38 +372,24 @@ def gemm_softmax(a, b, *, bias=None, scale=1.0, out=None):
 
     from numbatc.kernels import sm80_gemm_softmax as fused
 
-    if n > fused.MAX_N:
-        _print_config(f"numbatc.gemm_softmax M={m} N={n} K={k}: N > {fused.MAX_N} does not fit "
-                      "the fused kernel's tile: numbatc.gemm (float32) + numbatc.softmax")
+    p = GemmSoftmaxProblem(
+        m=m, n=n, k=k, a=op_a, b=op_b, bias=op_bias, out=op_out, scale=scale, in_dtype=rule.a,
+        out_dtype=OUT.dtype, bias_dtype=None if BIAS is None else BIAS.dtype, device=device,
+        cc=cc,
+        stream_handle=0 if _emulated() else streams.stream_handle(a))
+    why = fused.unsupported(p)
+    if why is not None:  # rows wider than the fused kernel's tile
+        _print_config(f"numbatc.gemm_softmax M={m} N={n} K={k}: {why}: numbatc.gemm (float32) "
+                      "+ numbatc.softmax")
         logits = gemm_api.gemm(a, b, alpha=scale, bias=bias, out_dtype="float32")
         softmax(logits, out=result)
         return result
-
-    from numbatc.kernels.dispatch import _operand
-    from numbatc.kernels.epilogue import GemmVariant
-
-    cfg = fused.choose(m, n)
-    var = GemmVariant(a_layout=op_a.layout, b_layout=op_b.layout, in_dtype=rule.a,
-                      out_dtype=OUT.dtype, c_dtype=None,
-                      bias_dtype=None if BIAS is None else BIAS.dtype, activation=None)
+    cfg = fused.choose(p)
+    _, var = fused.compiled(p, cfg)
     _print_config(f"numbatc.gemm_softmax M={m} N={n} K={k}: sm80_gemm_softmax {cfg.name} "
                   f"a={var.a_layout} b={var.b_layout} {var.in_dtype}->{var.out_dtype}"
                   f"{' +bias' if BIAS is not None else ''} scale={scale:g}")
-    handle = 0 if _emulated() else streams.stream_handle(a)
-    stream = streams.numba_stream(handle, device)
-    keep = []
-    with devices.device_scope(device):
-        out_flat = _flat(OUT, keep)
-        if k == 0:  # a and b are never read
-            pa, lda, pb, ldb = out_flat, 1, out_flat, 1
-        else:
-            pa, lda = _operand(op_a, stream if op_a.alignment != 16 else 0, keep)
-            pb, ldb = _operand(op_b, stream if op_b.alignment != 16 else 0, keep)
-        pbias = _flat(BIAS, keep) if BIAS is not None else out_flat
-        warm = (not _emulated() and k > 0 and op_a.alignment == 16 and op_b.alignment == 16
-                and not os.environ.get("NUMBATC_PRINT_CONFIG"))
-        relaunch = fused.launch(cfg, var, pa, pb, pbias, out_flat, m, n, k, lda, ldb, op_out.ld,
-                                scale, stream=stream if _emulated() else handle, prepare=warm)
+    relaunch = fused.launch(p, cfg)
     if relaunch is not None:
         _remember_gs(a, b, bias, out, A, B, BIAS, OUT, relaunch)
     return result

@@ -2,7 +2,8 @@
 ``unsupported(problem)`` (a reason, str, or None), ``choose(problem)`` (one of its
 configurations), ``launch(problem, config)``, and ``compiled(problem, config)`` (the
 configuration and variant a launch compiles); numbatc.kernels.dispatch's table holds exactly the
-GEMM ones.  CPU only: stand-in problems, nothing is launched."""
+GEMM ones.  CPU only: stand-in problems (GEMM, attention, softmax, GEMM + softmax), nothing is
+launched."""
 
 import importlib
 import pkgutil
@@ -12,20 +13,18 @@ import pytest
 import numbatc.kernels
 from numbatc.gemm_api import BLOCK_SCALED
 from numbatc.kernels import dispatch
-from tests.helpers.problems import attention_problem, gemm_problem
+from tests.helpers.problems import (
+    attention_problem,
+    gemm_problem,
+    gemm_softmax_problem,
+    softmax_problem,
+)
 
 #: modules of numbatc/kernels that are no kernel of their own: the shared machinery, and the TMA
 #: producer halves of sm90_gemm and sm90_attention (their configurations are those modules'
 #: _tma ones, chosen there)
 SHARED = {"build", "dispatch", "epilogue", "operands", "pipeline", "split_k", "sm90_gemm_tma",
           "sm90_attention_tma"}
-#: kernel modules without the face yet, and why
-PENDING = {
-    "row_softmax": "numbatc.softmax has no problem object yet and calls choose(n, dtypes, "
-                   "vec_ok) and launch(cfg, flat x, ...) by those names",
-    "sm80_gemm_softmax": "numbatc.gemm_softmax calls choose(m, n) and launch(cfg, var, flat "
-                         "operands, ...) by those names",
-}
 FACE = ("CONFIGS", "unsupported", "choose", "launch", "compiled")
 
 
@@ -35,6 +34,15 @@ def _kernel_modules():
 
 
 def _problems(name):
+    if name == "row_softmax":
+        return [softmax_problem(4096, 4096), softmax_problem(7, 7, "float16", "float32"),
+                softmax_problem(3, 40000, "float32"), softmax_problem(2, 64, ld=66),
+                softmax_problem(5, 100, "float64"), softmax_problem(2, 8, "bfloat16", "int8")]
+    if name == "sm80_gemm_softmax":
+        return [gemm_softmax_problem(100, 256, 64, bias_dtype="float32"),
+                gemm_softmax_problem(5, 7, 20, dtype="bfloat16", a_layout="col", b_layout="col"),
+                gemm_softmax_problem(64, 64, 0), gemm_softmax_problem(10, 257, 64),
+                gemm_softmax_problem(8, 16, 16, dtype="float32")]
     if "attention" in name:
         return [attention_problem(), attention_problem(head_dim=128, causal=True),
                 attention_problem(head_dim=32, seqlen_k=0), attention_problem(head_dim=256),
@@ -51,7 +59,7 @@ def _configs(module):
     return {**module.CONFIGS, **getattr(module, "FP8_CONFIGS", {})}
 
 
-@pytest.mark.parametrize("name", [n for n in _kernel_modules() if n not in PENDING])
+@pytest.mark.parametrize("name", _kernel_modules())
 def test_kernel_module_has_the_face(name, monkeypatch):
     for var in ("NUMBATC_GEMM_KERNEL", "NUMBATC_SM80_CONFIG", "NUMBATC_SPLIT_K",
                 "NUMBATC_ATTN_CONFIG", "NUMBATC_PRINT_CONFIG"):
@@ -73,18 +81,11 @@ def test_kernel_module_has_the_face(name, monkeypatch):
     assert any(verdicts) and not all(verdicts), (name, verdicts)
 
 
-@pytest.mark.parametrize("name", sorted(PENDING))
-@pytest.mark.xfail(strict=True, reason="the face is pending (see PENDING)")
-def test_pending_kernel_modules(name):
-    module = importlib.import_module(f"numbatc.kernels.{name}")
-    assert all(hasattr(module, f) for f in FACE)
-
-
 def test_the_dispatch_table_holds_the_gemm_kernel_modules():
     """Every family in the table has the face, and every GEMM kernel module is in the table
-    (the attention ones are numbatc.attention's to walk)."""
+    (the attention and softmax ones are numbatc.attention's and numbatc.softmax's to walk)."""
     tabled = {f.module.__name__.rsplit(".", 1)[1] for fams in dispatch.FAMILIES.values()
               for f in fams}
-    gemm = {n for n in _kernel_modules() if "attention" not in n and n not in PENDING}
+    gemm = {n for n in _kernel_modules() if "attention" not in n and "softmax" not in n}
     assert tabled == gemm
     assert dispatch.FAMILIES["dense"][-1].cc == ()  # the portable kernel closes the walk

@@ -15,24 +15,23 @@ from tests.helpers.fake_arrays import FakeCuda, col_major, no_gpu  # noqa: F401 
 @pytest.fixture
 def launched(monkeypatch):
     calls = {"softmax": [], "fused": [], "gemm": []}
-    monkeypatch.setattr(softmax_api, "_launch_softmax",
-                        lambda X, OUT, rows, n, ldx, ldo, device: calls["softmax"].append(
-                            (X, OUT, rows, n, ldx, ldo)))
+    monkeypatch.setattr(softmax_api, "_launch_softmax", calls["softmax"].append)
     from numbatc.kernels import sm80_gemm_softmax
 
-    monkeypatch.setattr(sm80_gemm_softmax, "launch", lambda *a, **k: calls["fused"].append(a))
+    monkeypatch.setattr(sm80_gemm_softmax, "launch_flat",
+                        lambda *a, **k: calls["fused"].append(a))
     monkeypatch.setattr(gemm_api, "gemm", lambda *a, **k: calls["gemm"].append(k) or
                         FakeCuda((a[0].shape[0], a[1].shape[1]), "float32"))
     monkeypatch.setattr(softmax_api, "_emulated", lambda: False)
     # no driver: streams, device scopes and operand packing answered without one
     import contextlib
 
-    from numbatc.kernels import dispatch
+    from numbatc.kernels import operands
 
     monkeypatch.setattr(streams, "stream_handle", lambda t: 0)
     monkeypatch.setattr(streams, "numba_stream", lambda handle, device=None: None)
     monkeypatch.setattr(devices, "device_scope", lambda d: contextlib.nullcontext())
-    monkeypatch.setattr(dispatch, "_operand", lambda op, stream, keep: (op.ptr, op.ld))
+    monkeypatch.setattr(operands, "operand", lambda op, stream, keep: (op.ptr, op.ld))
     return calls
 
 
@@ -68,10 +67,10 @@ def test_softmax_splits_leading_dimensions_that_do_not_flatten(launched):
     out = IndexableFake((2, 3, 5, 8), "float16")
     numbatc.softmax(x, out=out)
     calls = launched["softmax"]
-    assert [(rows, n, ldx, ldo) for _, _, rows, n, ldx, ldo in calls] == [(5, 8, 16, 8)] * 6
-    starts = [(X.ptr - x.ptr) // 2 for X, *_ in calls]
+    assert [(p.rows, p.n, p.ldx, p.ldo) for p in calls] == [(5, 8, 16, 8)] * 6
+    starts = [(p.x.ptr - x.ptr) // 2 for p in calls]
     assert starts == [i * 1000 + j * 100 for i in range(2) for j in range(3)]
-    assert [(O.ptr - out.ptr) // 2 for _, O, *_ in calls] == [k * 40 for k in range(6)]
+    assert [(p.out.ptr - out.ptr) // 2 for p in calls] == [k * 40 for k in range(6)]
 
 
 def test_softmax_out_is_checked():
@@ -89,8 +88,9 @@ def test_softmax_out_is_checked():
 def test_softmax_flattens_rows_and_runs_in_place(launched):
     x = FakeCuda((2, 3, 8), "float16", strides=(48, 16, 1))  # rows of 8 at a stride of 16
     assert numbatc.softmax(x, out=x) is x
-    X, OUT, rows, n, ldx, ldo = launched["softmax"][0]
-    assert (rows, n, ldx, ldo) == (6, 8, 16, 16)
+    p = launched["softmax"][0]
+    assert (p.rows, p.n, p.ldx, p.ldo) == (6, 8, 16, 16)
+    assert (p.x.ptr, p.out.ptr, p.in_dtype, p.out_dtype) == (x.ptr, x.ptr, "float16", "float16")
 
 
 def test_softmax_empty_launches_nothing(launched):
@@ -104,15 +104,21 @@ def test_softmax_result_has_the_input_dtype(no_gpu, launched):
     assert no_gpu[-1][:2] == ((3, 5), "bfloat16")
 
 
-def test_vector_loads_need_8_byte_rows():
-    from numbatc.interop import as_cuda_array
+def test_vector_loads_need_8_byte_rows(launched):
+    from numbatc.kernels.row_softmax import vectors_ok
 
-    ok = as_cuda_array(FakeCuda((4, 8), "float16"))
-    assert softmax_api._vector_ok(ok, 8, 4)
-    assert not softmax_api._vector_ok(ok, 6, 4)  # rows 12 bytes apart
-    assert not softmax_api._vector_ok(as_cuda_array(FakeCuda((4, 8), "float32")), 8, 4)
-    odd = as_cuda_array(FakeCuda((4, 8), "float16").at(0, 1, (4, 7)))
-    assert not softmax_api._vector_ok(odd, 8, 4)
+    def problem(x, out=None):
+        numbatc.softmax(x, out=out)
+        return launched["softmax"][-1]
+
+    assert vectors_ok(problem(FakeCuda((4, 8), "float16")))
+    assert vectors_ok(problem(FakeCuda((4, 8), "float16"), FakeCuda((4, 8), "float32")))
+    assert not vectors_ok(problem(FakeCuda((4, 6), "float16")))  # rows 12 bytes apart
+    assert not vectors_ok(problem(FakeCuda((4, 8), "float32")))
+    odd = FakeCuda((4, 12), "float16").at(0, 1, (4, 8))  # starts 2 bytes past 8
+    assert not vectors_ok(problem(odd))
+    assert not vectors_ok(problem(FakeCuda((4, 8), "float16"), odd))
+    assert vectors_ok(problem(FakeCuda((4, 12), "float16").at(0, 4, (4, 8))))
 
 
 def test_gemm_softmax_validation():
@@ -140,7 +146,7 @@ def test_gemm_softmax_fused_up_to_256_columns(launched, monkeypatch, capsys):
     a = FakeCuda((100, 64), "float16")
     numbatc.gemm_softmax(a, FakeCuda((64, 256), "float16"), scale=0.125,
                          bias=FakeCuda((256,), "float32"))
-    cfg, var = launched["fused"][0][:2]
+    cfg, var = launched["fused"][0][:2]  # launch_flat's arguments
     assert (cfg.bn, var.bias_dtype, var.out_dtype) == (256, "float32", "float16")
     assert launched["fused"][0][-1] == 0.125
     assert "sm80_gemm_softmax 32x256x64_8w_4s" in capsys.readouterr().err
@@ -168,8 +174,8 @@ def warm_rec(monkeypatch):
     """_launch_softmax replaced by a recorder returning a recording relaunch function."""
     rec = {"checked": [], "relaunched": []}
 
-    def launch(X, OUT, rows, n, ldx, ldo, device):
-        rec["checked"].append((X.ptr, OUT.ptr, rows, n, ldx, ldo))
+    def launch(p):
+        rec["checked"].append((p.x.ptr, p.out.ptr, p.rows, p.n, p.ldx, p.ldo))
         return lambda x, out, stream: rec["relaunched"].append((x, out, stream))
 
     monkeypatch.setattr(softmax_api, "_launch_softmax", launch)
@@ -201,7 +207,7 @@ def test_softmax_second_call_is_warm(warm_rec, monkeypatch):
 def test_gemm_softmax_second_call_is_warm(monkeypatch):
     import contextlib
 
-    from numbatc.kernels import dispatch, sm80_gemm_softmax
+    from numbatc.kernels import operands, sm80_gemm_softmax
     from tests.helpers.fake_arrays import T, fake_torch, value_devices
 
     calls = {"checked": [], "relaunched": []}
@@ -210,11 +216,11 @@ def test_gemm_softmax_second_call_is_warm(monkeypatch):
         calls["checked"].append((a, b, bias, out, scale))
         return lambda *args: calls["relaunched"].append(args)
 
-    monkeypatch.setattr(sm80_gemm_softmax, "launch", launch)
+    monkeypatch.setattr(sm80_gemm_softmax, "launch_flat", launch)
     monkeypatch.setattr(softmax_api, "_emulated", lambda: False)
     monkeypatch.setattr(streams, "numba_stream", lambda handle, device=None: None)
     monkeypatch.setattr(devices, "device_scope", lambda d: contextlib.nullcontext())
-    monkeypatch.setattr(dispatch, "_operand", lambda op, stream, keep: (op.ptr, op.ld))
+    monkeypatch.setattr(operands, "operand", lambda op, stream, keep: (op.ptr, op.ld))
     _warm.CACHE.clear()
     torch = value_devices(fake_torch(monkeypatch, current_stream=0x99))
     a, b, out = T(torch, (64, 32)), T(torch, (32, 48)), T(torch, (64, 48))

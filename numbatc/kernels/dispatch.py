@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from numba import config
 
-from numbatc.kernels import operands, sm80_gemm, sm90_gemm, sm100_gemm, sm100_scaled_gemm
+from numbatc.kernels import sm80_gemm, sm90_gemm, sm100_gemm, sm100_scaled_gemm
 from numbatc.kernels.split_k import release_captured
 
 _EMULATED = bool(config.ENABLE_CUDASIM)
@@ -53,11 +53,6 @@ def env_key():
         get = _ENV_DATA.get
         return (get(_ENV_BYTES[0]), get(_ENV_BYTES[1]), get(_ENV_BYTES[2]), get(_ENV_BYTES[3]))
     return tuple(os.environ.get(v) for v in _ENV_VARS)
-
-
-# numbatc.softmax imports these under their old names; they go when it imports
-# numbatc.kernels.operands.flat and .operand instead.
-_flat, _operand = operands.flat, operands.operand
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,8 +20,8 @@ from numbatc.kernels import split_k
 
 _EMULATED = bool(config.ENABLE_CUDASIM)
 
-__all__ = ["aligned_view", "epilogue_args", "flat", "launch_gemm", "launch_stream", "operand",
-           "pointer"]
+__all__ = ["aligned_view", "epilogue_args", "flat", "flat_array", "launch_gemm", "launch_stream",
+           "operand", "pointer"]
 
 
 @cuda.jit
@@ -94,6 +94,21 @@ def flat(view, keep):
         span = sum((d - 1) * st for d, st in zip(host.shape, host.strides)) // itemsize + 1
         return np.lib.stride_tricks.as_strided(host, shape=(span,), strides=(itemsize,))
     return view.device_ctypes_pointer.value
+
+
+def flat_array(ca, keep, words=False):
+    """The kernel's flat operand for a CudaArray that a kernel reads or writes element by element
+    (the softmax kernels' x, out and bias): its device pointer on the GPU; in the emulation
+    :func:`flat` of its Numba view, as 64-bit words where ``words`` (rows that start on 8-byte
+    boundaries and hold multiples of 4 16-bit elements: exact words)."""
+    if not _EMULATED:
+        return ca.ptr
+    from numbatc.interop.views import kernel_view
+
+    view = flat(kernel_view(ca), keep)  # 16-bit data as uint16
+    if words:
+        view = view[: view.shape[0] // 4 * 4].view(np.uint64)
+    return view
 
 
 def pointer(op, keep):

@@ -18,6 +18,11 @@ Loads: ``VEC`` = 4 for 16-bit inputs whose rows start on 8-byte boundaries and w
 multiple of 4 (one 64-bit load per 4 elements; the warp reads 256 contiguous bytes), else 1.
 exp is ``exp2(x * log2(e) - max * log2(e))`` (one FFMA and ex2.approx).
 
+The face every kernel module has (``CONFIGS``, ``unsupported``, ``choose``, ``compiled``,
+``launch``) takes a :class:`numbatc.softmax_api.SoftmaxProblem`; a configuration
+(:class:`RowSoftmaxConfig`: vector width, warps per row, chunks) is compiled for a
+:class:`RowSoftmaxVariant` (the element formats).
+
 NOTE: the kernel carries ``launch_bounds=(threads,)``: a 1024-thread block (32 warps per row) may
 use at most 64 registers a thread, and without the bound ptxas gave the 32-element form 95 (the
 launch then fails with "too many resources requested").
@@ -28,7 +33,9 @@ import math
 from dataclasses import dataclass
 
 
-__all__ = ["RowSoftmaxConfig", "choose", "kernel_for", "kernel_source", "launch", "signature"]
+__all__ = ["CONFIGS", "RowSoftmaxConfig", "RowSoftmaxVariant", "choose", "choose_config",
+           "compiled", "kernel_for", "kernel_source", "launch", "launch_flat", "signature",
+           "unsupported", "vectors_ok"]
 
 # Elements a thread keeps in registers (the register form's limit), by vector width.
 # NOTE: 1024 threads may use 64 registers each; 32 scalar loads (VEC 1) then spilled, 8 64-bit
@@ -39,10 +46,8 @@ _MAX_PER_THREAD = {1: 16, 4: 32}
 @dataclass(frozen=True)
 class RowSoftmaxConfig:
     """``wpr`` warps per row, ``chunks`` vectors of ``vec`` elements per thread (0: the online
-    form), ``in_dtype`` / ``out_dtype`` the element formats."""
+    form)."""
 
-    in_dtype: str
-    out_dtype: str
     vec: int
     wpr: int
     chunks: int
@@ -53,14 +58,9 @@ class RowSoftmaxConfig:
             problems.append(f"wpr must be a power of two in 1..32, got {self.wpr}")
         if self.vec not in (1, 4):
             problems.append(f"vec must be 1 or 4, got {self.vec}")
-        if self.vec == 4 and self.in_dtype == "float32":
-            problems.append("vec 4 needs 16-bit inputs")
         if self.vec in _MAX_PER_THREAD and self.chunks * self.vec > _MAX_PER_THREAD[self.vec]:
             problems.append(f"{self.chunks} chunks of {self.vec} exceed "
                             f"{_MAX_PER_THREAD[self.vec]} elements per thread")
-        for d in (self.in_dtype, self.out_dtype):
-            if d not in ("bfloat16", "float16", "float32"):
-                problems.append(f"dtype {d} is not bfloat16, float16 or float32")
         if problems:
             raise ValueError("invalid row softmax config: " + "; ".join(problems))
 
@@ -75,15 +75,46 @@ class RowSoftmaxConfig:
     @property
     def name(self):
         form = f"{self.chunks}x{self.vec}" if self.chunks else f"online_v{self.vec}"
-        return f"{self.wpr}w_{form}_{self.in_dtype}->{self.out_dtype}"
+        return f"{self.wpr}w_{form}"
 
 
-def choose(n, in_dtype, out_dtype, vec_ok):
-    """The configuration for rows of ``n`` elements: the fewest warps per row that keep at most
-    16 elements per thread (at most 32 in 4-element vectors with a whole 1024-thread block),
-    chunks rounded up to a power of two; the online form beyond 32768 elements (16384 without
-    vectors)."""
-    vec = 4 if vec_ok and in_dtype != "float32" and n % 4 == 0 else 1
+_DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class RowSoftmaxVariant:
+    """The element formats a configuration is compiled for: ``in_dtype`` (x), ``out_dtype``."""
+
+    in_dtype: str
+    out_dtype: str
+
+    def __post_init__(self):
+        bad = [d for d in (self.in_dtype, self.out_dtype) if d not in _DTYPES]
+        if bad:
+            raise ValueError("invalid row softmax variant: " + "; ".join(
+                f"dtype {d} is not bfloat16, float16 or float32" for d in bad))
+
+    @property
+    def name(self):
+        return f"{self.in_dtype}->{self.out_dtype}"
+
+
+#: Every configuration the kernel runs: both vector widths, every warp count, each number of
+#: chunks up to the register form's limit and the online form.
+CONFIGS = {
+    c.name: c
+    for c in (RowSoftmaxConfig(vec, wpr, chunks)
+              for vec in (1, 4) for wpr in (1, 2, 4, 8, 16, 32) for chunks in (1, 2, 4, 8, 16, 0)
+              if chunks * vec <= _MAX_PER_THREAD[vec])
+}
+
+
+def choose_config(n, vec_ok):
+    """The configuration for rows of ``n`` elements (``vec_ok``: 16-bit rows that may be read as
+    64-bit words, :func:`vectors_ok`): the fewest warps per row that keep at most 16 elements
+    per thread (at most 32 in 4-element vectors with a whole 1024-thread block), chunks rounded
+    up to a power of two; the online form beyond 32768 elements (16384 without vectors)."""
+    vec = 4 if vec_ok and n % 4 == 0 else 1
     wpr = 1
     while wpr < 32 and n > wpr * 32 * 16:
         wpr *= 2
@@ -92,8 +123,8 @@ def choose(n, in_dtype, out_dtype, vec_ok):
     while chunks < per_thread:
         chunks *= 2
     if chunks * vec > _MAX_PER_THREAD[vec]:
-        return RowSoftmaxConfig(in_dtype, out_dtype, vec, 8, 0)
-    return RowSoftmaxConfig(in_dtype, out_dtype, vec, wpr, chunks)
+        return RowSoftmaxConfig(vec, 8, 0)
+    return RowSoftmaxConfig(vec, wpr, chunks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,23 +135,23 @@ _UNPACK = {"bfloat16": "nt.unpack_bf16x2", "float16": "nt.unpack_f16x2"}
 _PACK = {"bfloat16": "nt.pack_bf16x2", "float16": "nt.pack_f16x2"}
 
 
-def _load(cfg, dst, index):
+def _load(cfg, var, dst, index):
     """Statements loading vector ``index`` of x into float32 variables ``dst[0..vec-1]``."""
     if cfg.vec == 4:
-        un = _UNPACK[cfg.in_dtype]
+        un = _UNPACK[var.in_dtype]
         return [f"q = x[{index}]",
                 f"{dst[0]}, {dst[1]} = {un}(np.uint32(q & np.uint64(0xFFFFFFFF)))",
                 f"{dst[2]}, {dst[3]} = {un}(np.uint32(q >> np.uint64(32)))"]
-    if cfg.in_dtype == "float32":
+    if var.in_dtype == "float32":
         return [f"{dst[0]} = x[{index}]"]
-    return [f"{dst[0]} = {_UNPACK[cfg.in_dtype]}(np.uint32(x[{index}]))[0]"]
+    return [f"{dst[0]} = {_UNPACK[var.in_dtype]}(np.uint32(x[{index}]))[0]"]
 
 
-def _store(cfg, src, elem):
+def _store(cfg, var, src, elem):
     """Statements storing float32 variables ``src`` at element ``elem`` of the output row."""
-    if cfg.out_dtype == "float32":
+    if var.out_dtype == "float32":
         return [f"out[{elem} + {k}] = {v}" for k, v in enumerate(src)]
-    pack = _PACK[cfg.out_dtype]
+    pack = _PACK[var.out_dtype]
     if cfg.vec == 4:  # out16 is the same memory as 64-bit words when aligned (see launch)
         return [f"lo = np.uint64({pack}({src[0]}, {src[1]}))",
                 f"hi = np.uint64({pack}({src[2]}, {src[3]}))",
@@ -135,12 +166,15 @@ def _store(cfg, src, elem):
 _RECIPROCAL = "inv = np.float32(1) / s if s != np.float32(0) else INF"
 
 
-def kernel_source(cfg: RowSoftmaxConfig) -> str:
+def kernel_source(cfg: RowSoftmaxConfig, var: RowSoftmaxVariant) -> str:
+    if cfg.vec == 4 and var.in_dtype not in _UNPACK:
+        raise ValueError(f"invalid row softmax config: {cfg.name} reads 4-element vectors, "
+                         f"which needs 16-bit inputs, not {var.in_dtype}")
     V, WPR, RPB, C = cfg.vec, cfg.wpr, cfg.rows_per_block, cfg.chunks
     STEP = WPR * 32  # vectors of a row per pass of its threads
     lines = []
     w = lines.append
-    w(f'''"""Generated by numbatc.kernels.row_softmax for {cfg.name}. Do not edit."""
+    w(f'''"""Generated by numbatc.kernels.row_softmax for {cfg.name}_{var.name}. Do not edit."""
 import math
 import numpy as np
 from numba import cuda
@@ -205,7 +239,7 @@ def softmax_kernel(x, out, M, N, ldx, ldo):
             names[c] = [f"v{c}_{k}" for k in range(V)]
             w(f"    e = ({c * STEP} + tr) * {V}")
             w("    if e < n:")
-            for stmt in _load(cfg, names[c], f"(xrow + e) // {V}" if V > 1 else "xrow + e"):
+            for stmt in _load(cfg, var, names[c], f"(xrow + e) // {V}" if V > 1 else "xrow + e"):
                 w(f"        {stmt}")
             w("    else:")
             w(f"        {', '.join(names[c])} = {', '.join(['NEG'] * V)}")
@@ -235,7 +269,7 @@ def softmax_kernel(x, out, M, N, ldx, ldo):
         for c in range(C):
             w(f"    e = ({c * STEP} + tr) * {V}")
             w("    if e < n:")
-            for stmt in _store(cfg, [f"{v} * inv" for v in names[c]], "orow + e"):
+            for stmt in _store(cfg, var, [f"{v} * inv" for v in names[c]], "orow + e"):
                 w(f"        {stmt}")
     else:  # ---- online ----------------------------------------------------------------------
         vs = [f"v{k}" for k in range(V)]
@@ -243,7 +277,7 @@ def softmax_kernel(x, out, M, N, ldx, ldo):
     m = NEG
     s = np.float32(0)
     for e in range(tr * {V}, n, {STEP * V}):""")
-        for stmt in _load(cfg, vs, f"(xrow + e) // {V}" if V > 1 else "xrow + e"):
+        for stmt in _load(cfg, var, vs, f"(xrow + e) // {V}" if V > 1 else "xrow + e"):
             w(f"        {stmt}")
         w(f"        cm = max({', '.join(vs)})" if V > 1 else "        cm = v0")
         w("        mn = max(m, cm)")
@@ -263,9 +297,9 @@ def softmax_kernel(x, out, M, N, ldx, ldo):
     {_RECIPROCAL}
     # Pass 2: read the row again (mostly from L2), normalise and store.
     for e in range(tr * {V}, n, {STEP * V}):""")
-        for stmt in _load(cfg, vs, f"(xrow + e) // {V}" if V > 1 else "xrow + e"):
+        for stmt in _load(cfg, var, vs, f"(xrow + e) // {V}" if V > 1 else "xrow + e"):
             w(f"        {stmt}")
-        for stmt in _store(cfg, [f"math.exp2({v} * L2E - mb) * inv" for v in vs], "orow + e"):
+        for stmt in _store(cfg, var, [f"math.exp2({v} * L2E - mb) * inv" for v in vs], "orow + e"):
             w(f"        {stmt}")
     return "\n".join(lines) + "\n"
 
@@ -276,10 +310,10 @@ def softmax_kernel(x, out, M, N, ldx, ldo):
 
 
 @functools.cache
-def kernel_for(cfg: RowSoftmaxConfig):
+def kernel_for(cfg: RowSoftmaxConfig, var: RowSoftmaxVariant):
     from numbatc.kernels.build import load_generated
 
-    return load_generated("row_softmax", kernel_source(cfg), entry="softmax_kernel")
+    return load_generated("row_softmax", kernel_source(cfg, var), entry="softmax_kernel")
 
 
 _STORAGE = {"bfloat16": "uint16", "float16": "uint16", "float32": "float32"}
@@ -290,16 +324,17 @@ def _word(dtype, vec):
 
 
 @functools.cache
-def signature(cfg: RowSoftmaxConfig):
+def signature(cfg: RowSoftmaxConfig, var: RowSoftmaxVariant):
     """Typed device pointers: 64-bit words for vectorised 16-bit rows, else the elements."""
     from numba import types
 
     i64 = types.int64
-    return (types.CPointer(getattr(types, _word(cfg.in_dtype, cfg.vec))),
-            types.CPointer(getattr(types, _word(cfg.out_dtype, cfg.vec))), i64, i64, i64, i64)
+    return (types.CPointer(getattr(types, _word(var.in_dtype, cfg.vec))),
+            types.CPointer(getattr(types, _word(var.out_dtype, cfg.vec))), i64, i64, i64, i64)
 
 
-def launch(cfg: RowSoftmaxConfig, x, out, m, n, ldx, ldo, stream=0, prepare=False):
+def launch_flat(cfg: RowSoftmaxConfig, var: RowSoftmaxVariant, x, out, m, n, ldx, ldo, stream=0,
+                prepare=False):
     """``x`` and ``out``: device pointers (ints) on the GPU, flat 1-d arrays in the emulation
     (as 64-bit words where ``cfg.vec`` is 4 and the dtype 16-bit).
 
@@ -312,14 +347,83 @@ def launch(cfg: RowSoftmaxConfig, x, out, m, n, ldx, ldo, stream=0, prepare=Fals
 
     grid = -(-m // cfg.rows_per_block)
     if prepare and not config.ENABLE_CUDASIM:
-        prepared = launching.prepare(kernel_for(cfg), grid, cfg.threads, signature(cfg))
+        prepared = launching.prepare(kernel_for(cfg, var), grid, cfg.threads, signature(cfg, var))
         if prepared is not None:
             def relaunch(x, out, stream):
                 prepared(stream, x, out, m, n, ldx, ldo)
 
             relaunch(x, out, stream)
             return relaunch
-    sig = None if config.ENABLE_CUDASIM else signature(cfg)
-    launching.launch(kernel_for(cfg), grid, cfg.threads, (x, out, m, n, ldx, ldo), stream=stream,
-                     signature=sig)
+    sig = None if config.ENABLE_CUDASIM else signature(cfg, var)
+    launching.launch(kernel_for(cfg, var), grid, cfg.threads, (x, out, m, n, ldx, ldo),
+                     stream=stream, signature=sig)
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The face every kernel module has (see numbatc.kernels.dispatch): from a
+# numbatc.softmax_api.SoftmaxProblem to a configuration and a launch
+# ---------------------------------------------------------------------------------------------
+
+
+def unsupported(p):
+    """Why this kernel cannot compute softmax problem ``p``, or None: it runs rows of any length
+    of bfloat16, float16 or float32 into any of those."""
+    for what, dtype in (("x", p.in_dtype), ("out", p.out_dtype)):
+        if dtype not in _DTYPES:
+            return f"row_softmax takes bfloat16, float16 or float32 {what}, not {dtype}"
+    return None
+
+
+def vectors_ok(p):
+    """True when problem ``p``'s rows may be moved as 64-bit words of 4 elements: x 16-bit with
+    rows starting on 8-byte boundaries (its start, and its row stride where there are two rows
+    or more), and out likewise unless it is float32 (stored element by element)."""
+    def rows_aligned(ptr, ld):
+        return ptr % 8 == 0 and (p.rows == 1 or (ld * 2) % 8 == 0)
+
+    return (p.in_dtype in _UNPACK and rows_aligned(p.x.ptr, p.ldx)
+            and (p.out_dtype == "float32" or (p.out_dtype in _PACK
+                                              and rows_aligned(p.out.ptr, p.ldo))))
+
+
+def choose(p, name=None):
+    """The configuration for problem ``p`` (``name``: one of CONFIGS, forced; else
+    :func:`choose_config`'s for its row length and :func:`vectors_ok`)."""
+    if name is None:
+        return choose_config(p.n, vectors_ok(p))
+    if name not in CONFIGS:
+        raise ValueError(f"no row softmax config {name!r}; choose from {sorted(CONFIGS)}")
+    cfg = CONFIGS[name]
+    if cfg.vec == 4 and not (vectors_ok(p) and p.n % 4 == 0):
+        raise ValueError(f"row softmax config {name!r} reads 4-element vectors: the rows must be "
+                         "16-bit, start on 8-byte boundaries and hold a multiple of 4 elements")
+    return cfg
+
+
+def compiled(p, cfg: RowSoftmaxConfig):
+    """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
+    arguments)."""
+    return cfg, RowSoftmaxVariant(p.in_dtype, p.out_dtype)
+
+
+def launch(p, cfg: RowSoftmaxConfig):
+    """Launch ``cfg`` for a :class:`numbatc.softmax_api.SoftmaxProblem` on its stream (rows,
+    n >= 1).  Returns the relaunch function ``fn(x, out, stream)`` of :func:`launch_flat`
+    (numbatc.softmax's warm calls) or None (the emulation, ``NUMBATC_PRINT_CONFIG`` set)."""
+    import os
+
+    from numba import config
+
+    from numbatc.interop import devices
+    from numbatc.kernels import operands
+
+    cfg, var = compiled(p, cfg)
+    keep = []
+    words = cfg.vec == 4
+    x = operands.flat_array(p.x, keep, words)
+    out = operands.flat_array(p.out, keep, words and var.out_dtype != "float32")
+    prepare = not config.ENABLE_CUDASIM and not os.environ.get("NUMBATC_PRINT_CONFIG")
+    with devices.device_scope(p.device):
+        return launch_flat(cfg, var, x, out, p.rows, p.n, p.ldx, p.ldo, stream=p.stream_handle,
+                           prepare=prepare)

@@ -13,6 +13,9 @@ and fragment offsets, imported from it).  The epilogue:
    hold other columns of the row (a [WARPS_N][BM] float32 shared array);
 3. ``e = exp2(v * log2 e - max * log2 e)``, row sums reduced the same way;
 4. ``e / sum`` converted and stored (bounds-checked pairs of columns).
+
+The face every kernel module has (``CONFIGS``, ``unsupported``, ``choose``, ``compiled``,
+``launch``) takes a :class:`numbatc.softmax_api.GemmSoftmaxProblem`.
 """
 
 import functools
@@ -28,7 +31,8 @@ from numbatc.kernels.sm80_gemm import (  # the sm80 kernel's main loop, which th
     tile_row_bytes,
 )
 
-__all__ = ["CONFIGS", "MAX_N", "choose", "kernel_for", "kernel_source", "launch", "signature"]
+__all__ = ["CONFIGS", "MAX_N", "choose", "choose_config", "compiled", "kernel_for",
+           "kernel_source", "launch", "launch_flat", "signature", "unsupported"]
 
 #: The widest row the fused kernel holds in one tile.
 MAX_N = 256
@@ -48,7 +52,7 @@ CONFIGS = {
 _NUM_SMS_GUESS = 132  # H100/H200: only shapes the choice, never correctness
 
 
-def choose(m, n):
+def choose_config(m, n):
     """The narrowest tile that holds a row (BN >= n); 64-row tiles when they still give every SM
     a block, else 32-row tiles (more blocks for the same M)."""
     if n > MAX_N:
@@ -221,7 +225,8 @@ def signature(var: GemmVariant):
             ptr(var.out_dtype), i64, i64, i64, i64, i64, i64, types.float32)
 
 
-def launch(cfg, var, a, b, bias, out, m, n, k, lda, ldb, ldo, scale, stream=0, prepare=False):
+def launch_flat(cfg, var, a, b, bias, out, m, n, k, lda, ldb, ldo, scale, stream=0,
+                prepare=False):
     """Operands flat (device pointers on the GPU, 1-d arrays in the emulation); a and b 16-byte
     aligned with 16-byte aligned leading dimensions (the caller packs them otherwise).
 
@@ -248,3 +253,74 @@ def launch(cfg, var, a, b, bias, out, m, n, k, lda, ldb, ldo, scale, stream=0, p
                      (a, b, bias, out, m, n, k, lda, ldb, ldo, np.float32(scale)),
                      shared_bytes=cfg.shared_bytes, stream=stream, signature=sig)
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The face every kernel module has (see numbatc.kernels.dispatch): from a
+# numbatc.softmax_api.GemmSoftmaxProblem to a configuration and a launch
+# ---------------------------------------------------------------------------------------------
+
+
+def unsupported(p):
+    """Why this kernel cannot compute GEMM + softmax problem ``p``, or None: bfloat16 or
+    float16 inputs, rows that fit one tile (N <= MAX_N), a row-major out."""
+    if p.in_dtype not in ("bfloat16", "float16"):
+        return f"sm80_gemm_softmax takes bfloat16 or float16 inputs, not {p.in_dtype}"
+    if p.n > MAX_N:
+        return f"N > {MAX_N} does not fit the fused kernel's tile"
+    if p.out.layout != "row" and p.n > 1:
+        return "out is not row-major"
+    return None
+
+
+def choose(p, name=None):
+    """The configuration for problem ``p`` (``name``: one of CONFIGS, forced; else
+    :func:`choose_config`'s for its shape)."""
+    if name is None:
+        return choose_config(p.m, p.n)
+    if name not in CONFIGS:
+        raise ValueError(f"no sm80_gemm_softmax config {name!r}; choose from {sorted(CONFIGS)}")
+    cfg = CONFIGS[name]
+    if cfg.bn < p.n:
+        raise ValueError(f"sm80_gemm_softmax config {name!r} holds rows of {cfg.bn} columns, "
+                         f"not {p.n}")
+    return cfg
+
+
+def compiled(p, cfg: Sm80Config):
+    """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
+    arguments)."""
+    return cfg, GemmVariant(a_layout=p.a.layout, b_layout=p.b.layout, in_dtype=p.in_dtype,
+                            out_dtype=p.out_dtype, c_dtype=None, bias_dtype=p.bias_dtype,
+                            activation=None)
+
+
+def launch(p, cfg: Sm80Config):
+    """Launch ``cfg`` for a :class:`numbatc.softmax_api.GemmSoftmaxProblem` on its stream (m,
+    n >= 1; K == 0 reads neither a nor b): a and b packed where not 16-byte aligned.  Returns
+    the relaunch function ``fn(a, b, bias, out, scale, stream)`` of :func:`launch_flat`
+    (numbatc.gemm_softmax's warm calls) or None (the emulation, K == 0, a packed operand,
+    ``NUMBATC_PRINT_CONFIG`` set)."""
+    import os
+
+    from numba import config
+
+    from numbatc.interop import devices
+    from numbatc.kernels import operands
+
+    cfg, var = compiled(p, cfg)
+    emulated = bool(config.ENABLE_CUDASIM)
+    keep = []
+    with devices.device_scope(p.device):
+        out = operands.flat_array(p.out.array, keep)
+        if p.k == 0:  # a and b are never read
+            a, lda, b, ldb = out, 1, out, 1
+        else:
+            a, lda = operands.operand(p.a, p.stream if p.a.alignment != 16 else 0, keep)
+            b, ldb = operands.operand(p.b, p.stream if p.b.alignment != 16 else 0, keep)
+        bias = operands.flat_array(p.bias.array, keep) if p.bias is not None else out
+        warm = (not emulated and p.k > 0 and p.a.alignment == 16 and p.b.alignment == 16
+                and not os.environ.get("NUMBATC_PRINT_CONFIG"))
+        return launch_flat(cfg, var, a, b, bias, out, p.m, p.n, p.k, lda, ldb, p.out.ld,
+                           p.scale, stream=p.stream if emulated else p.stream_handle,
+                           prepare=warm)

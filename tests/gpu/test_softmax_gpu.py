@@ -176,8 +176,8 @@ def test_online_form_emulated(monkeypatch, dtype, vec):
     """The online (two-pass) form, forced on a short row so that the emulation can run it."""
     from numbatc.kernels import row_softmax
 
-    monkeypatch.setattr(row_softmax, "choose",
-                        lambda n, i, o, ok: row_softmax.RowSoftmaxConfig(i, o, 4 if vec else 1, 1, 0))
+    monkeypatch.setattr(row_softmax, "choose_config",
+                        lambda n, ok: row_softmax.RowSoftmaxConfig(4 if vec else 1, 1, 0))
     run_softmax(3, 200, dtype)
 
 

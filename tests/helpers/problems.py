@@ -1,7 +1,7 @@
 """Stand-in problems for the host code that chooses kernels (numbatc.kernels.dispatch and the
-kernel modules' unsupported / choose / variant): real GemmProblem and AttentionProblem objects
-over arrays that hold no memory (the choice reads shapes, layouts, alignments and dtypes, never
-the data)."""
+kernel modules' unsupported / choose / variant): real GemmProblem, AttentionProblem,
+SoftmaxProblem and GemmSoftmaxProblem objects over arrays that hold no memory (the choice reads
+shapes, layouts, alignments and dtypes, never the data)."""
 
 from types import SimpleNamespace
 
@@ -50,3 +50,30 @@ def attention_problem(batch=2, seqlen_q=100, seqlen_k=100, heads_q=4, heads_kv=4
         q=q, k=kv, v=kv, out=q, lse=None, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, causal=causal, scale=0.125,
         dtype=dtype, device=None, cc=cc, stream_handle=0)
+
+
+def softmax_problem(rows, n, dtype="bfloat16", out_dtype=None, *, ptr=4096, ld=None, cc=(9, 0)):
+    """A numbatc.softmax_api.SoftmaxProblem: ``rows`` rows of ``n`` elements ``ld`` apart (n by
+    default) in x at ``ptr`` and out 1 MiB further."""
+    from numbatc.softmax_api import SoftmaxProblem
+
+    ld = n if ld is None else ld
+    return SoftmaxProblem(
+        x=SimpleNamespace(ptr=ptr), out=SimpleNamespace(ptr=ptr + 2**20), rows=rows, n=n, ldx=ld,
+        ldo=ld, in_dtype=dtype, out_dtype=out_dtype or dtype, device=None, cc=cc, stream_handle=0)
+
+
+def gemm_softmax_problem(m, n, k, *, dtype="float16", out_dtype=None, bias_dtype=None,
+                         a_layout="row", b_layout="row", alignment=16, cc=(9, 0)):
+    """A numbatc.softmax_api.GemmSoftmaxProblem of ``a`` (M, K) as ``a_layout`` and ``b``
+    (K, N) as ``b_layout``, both of ``alignment``, a row-major out and a bias where
+    ``bias_dtype``."""
+    from numbatc.softmax_api import GemmSoftmaxProblem
+
+    a = operand("a", a_layout, k if a_layout == "row" else m, alignment)
+    b = operand("b", b_layout, n if b_layout == "row" else k, alignment)
+    bias = operand("bias", "row", n) if bias_dtype else None
+    return GemmSoftmaxProblem(
+        m=m, n=n, k=k, a=a, b=b, bias=bias, out=operand("out", "row", n), scale=0.125,
+        in_dtype=dtype, out_dtype=out_dtype or dtype, bias_dtype=bias_dtype, device=None, cc=cc,
+        stream_handle=0)
