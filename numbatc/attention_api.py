@@ -2,7 +2,8 @@
 FlashAttention-2 style (no S or P matrix in memory; fp32 softmax and accumulation).
 
 This module is the user-facing layer: check -> allocate -> hand an :class:`AttentionProblem` to
-``numbatc.kernels.sm80_attention.launch_attention`` (which picks a configuration and launches).
+``numbatc.kernels.dispatch.launch_attention`` (which picks a kernel and a configuration and
+launches).
 Inputs are read in place: any strides whose last dimension is contiguous.
 
 This module is ``numbatc.attention_api``; ``numbatc.attention`` is its function.
@@ -43,7 +44,8 @@ class AttentionProblem:
     float32 (batch, heads_q, seqlen_q) row-major CudaArray.  ``group`` = heads_q / heads_kv
     (query head h reads key/value head h // group).  ``causal``: query i sees keys
     j <= i + seqlen_k - seqlen_q.  ``scale`` multiplies Q K^T before the softmax.
-    ``launch_attention`` is called with batch, seqlen_q, heads_q >= 1 (seqlen_k may be 0)."""
+    ``dispatch.launch_attention`` is called with batch, seqlen_q, heads_q >= 1 (seqlen_k may be
+    0)."""
 
     q: CudaArray
     k: CudaArray
@@ -222,7 +224,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
 
 
 def _launch(p: AttentionProblem):
-    """Pick the kernel family and launch.
+    """Pick the kernel family and launch: numbatc.kernels.dispatch's attention table.
 
     On compute capability 9.0 the Hopper kernel (sm90_attention: wgmma, warp-specialised,
     FlashAttention-3 style) runs head_dim 64 and 128; every other problem runs the portable
@@ -231,44 +233,7 @@ def _launch(p: AttentionProblem):
     in for sm_90a but runs the portable kernel unless told: 384 Python threads per block are
     slow).  ``NUMBATC_PRINT_CONFIG=1`` prints the choice (and why sm90 was not taken, or why
     a TMA configuration ran its cp.async twin: sm90_attention.resolve).  The Hopper default is
-    sm90_attention.choose_config's (its switch TMA_BY_DEFAULT picks the TMA configurations).
-    NOTE: the Hopper default since it passed its GPU tests on the H200 and measured 0.44-0.64x
-    of torch SDPA against the portable kernel's 0.31-0.42x (docs/PERFORMANCE.md)."""
-    import os
-    import sys
+    sm90_attention.choose_config's (its switch TMA_BY_DEFAULT picks the TMA configurations)."""
+    from numbatc.kernels import dispatch
 
-    from numbatc.kernels import sm80_attention, sm90_attention
-
-    choice = os.environ.get("NUMBATC_ATTN_KERNEL", "")
-    family, _, name = choice.partition(":")
-    if choice and family not in ("sm80", "sm90") or family == "sm80" and name:
-        raise ValueError(f"NUMBATC_ATTN_KERNEL={choice!r}: choose sm80 or sm90[:<config>]")
-    if name and name not in sm90_attention.CONFIGS:
-        raise ValueError(f"NUMBATC_ATTN_KERNEL={choice!r}: no sm90 config {name!r}; choose from "
-                         f"{sorted(sm90_attention.CONFIGS)}")
-    printing = bool(os.environ.get("NUMBATC_PRINT_CONFIG"))
-    hopper = p.cc is not None and tuple(p.cc)[:2] == (9, 0)
-    from numba import config
-
-    if family == "sm80":
-        reason = "NUMBATC_ATTN_KERNEL=sm80"
-    elif config.ENABLE_CUDASIM and family != "sm90":
-        reason = "the CPU emulation runs sm80_attention unless NUMBATC_ATTN_KERNEL=sm90"
-    elif not hopper and not (config.ENABLE_CUDASIM and family == "sm90"):
-        reason = f"compute capability {tuple(p.cc) if p.cc else '?'} is not 9.0"
-    else:
-        reason = sm90_attention.unsupported(p)
-    if reason is None:
-        cfg = sm90_attention.CONFIGS[name] if name else sm90_attention.choose_config(p.head_dim)
-        # a TMA configuration runs its cp.async twin where no tensor map describes q, k, v
-        cfg, fallback = sm90_attention.resolve(p, cfg)
-        if printing:
-            print(f"numbatc.attention B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k} Hq={p.heads_q} "
-                  f"Hkv={p.heads_kv} D={p.head_dim}{' causal' if p.causal else ''}: sm90_attention "
-                  f"{cfg.name} {p.dtype}{' +lse' if p.lse is not None else ''}"
-                  f"{f' ({fallback})' if fallback else ''}", file=sys.stderr)
-        sm90_attention.launch_attention(p, cfg)
-        return
-    if printing and hopper:
-        print(f"numbatc.attention: sm80_attention, not sm90_attention: {reason}", file=sys.stderr)
-    sm80_attention.launch_attention(p)
+    dispatch.launch_attention(p)

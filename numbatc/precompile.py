@@ -22,8 +22,9 @@ the per-tensor-scaled GEMM (bf16 output).  Kernels with a user epilogue are comp
 and never cached, so they cannot be precompiled.
 
 Attention kernels are not precompiled yet: their kernel modules have the same face as the GEMM
-ones (choose, compiled, kernel_for), but the walk over them is numbatc.attention's own, not a
-table this module can ask; a ``plan`` for attention problems belongs beside it.
+ones (choose, compiled, kernel_for) and numbatc.kernels.dispatch walks them
+(``choose_attention``), but there is no ``plan`` for attention problems that this module can
+ask, nor a shape list of them.
 """
 
 import argparse

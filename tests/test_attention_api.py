@@ -1,6 +1,7 @@
 """numbatc.attention's user-facing layer without a GPU: every validation error, empty problems,
-the output and lse allocation, and the AttentionProblem that reaches
-``numbatc.kernels.sm80_attention.launch_attention`` (replaced here by a recorder).
+the output and lse allocation, the AttentionProblem that reaches the kernel modules' ``launch``
+(replaced here by a recorder), and numbatc.kernels.dispatch's walk over the attention table
+(defaults, NUMBATC_ATTN_KERNEL's forcing and errors, NUMBATC_PRINT_CONFIG's lines).
 
 Arrays are the fakes of tests/helpers/fake_arrays.py (made-up device pointers, never
 dereferenced; the pointer encodes the device); its autouse fixture ``no_gpu`` answers the device
@@ -8,6 +9,7 @@ queries."""
 
 import importlib
 import math
+import re
 
 import numpy as np
 import pytest
@@ -15,7 +17,9 @@ import pytest
 import numbatc
 from numbatc import gemm_api
 from numbatc.interop import DTypeView
+from numbatc.kernels import dispatch, sm80_attention, sm90_attention
 from tests.helpers.fake_arrays import FakeCuda, no_gpu  # noqa: F401  (no_gpu: autouse)
+from tests.helpers.problems import attention_problem
 
 
 @pytest.fixture
@@ -25,7 +29,7 @@ def launched(monkeypatch):
     calls = []
     for name in ("sm80_attention", "sm90_attention"):
         kernels = importlib.import_module(f"numbatc.kernels.{name}")
-        monkeypatch.setattr(kernels, "launch_attention", lambda p, cfg=None: calls.append(p))
+        monkeypatch.setattr(kernels, "launch", lambda p, cfg: calls.append(p))
     return calls
 
 
@@ -210,3 +214,103 @@ def test_bad_out():
         numbatc.attention(q, k, v, out=FakeCuda((10, 256), "float16"))
     with pytest.raises(TypeError, match="move it to the GPU first"):
         numbatc.attention(q, k, v, out=np.zeros(q.shape, np.float16))
+
+
+# --- which kernel: numbatc.kernels.dispatch's attention table ----------------------------------
+
+
+@pytest.fixture
+def walk(monkeypatch):
+    """``walk(env=None, **problem)``: (module, configuration) names the walk picks for a
+    stand-in problem (tests/helpers/problems.py) with NUMBATC_ATTN_KERNEL=env."""
+    for var in ("NUMBATC_ATTN_KERNEL", "NUMBATC_ATTN_CONFIG", "NUMBATC_PRINT_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+
+    def choose(env=None, **problem):
+        if env is None:
+            monkeypatch.delenv("NUMBATC_ATTN_KERNEL", raising=False)
+        else:
+            monkeypatch.setenv("NUMBATC_ATTN_KERNEL", env)
+        module, cfg = dispatch.choose_attention(attention_problem(**problem))
+        return module.__name__.rsplit(".", 1)[1], cfg.name
+
+    return choose
+
+
+def test_the_table_tries_hopper_then_the_portable_kernel():
+    assert [(f.name, f.module, f.cc) for f in dispatch.FAMILIES["attention"]] == [
+        ("sm90", sm90_attention, (9, 0)), ("sm80", sm80_attention, ())]
+
+
+def test_default_choice(walk):
+    assert walk(head_dim=64) == ("sm90_attention", sm90_attention.choose_config(64).name)
+    assert walk(head_dim=128) == ("sm90_attention", sm90_attention.choose_config(128).name)
+    assert walk(head_dim=32) == ("sm80_attention", "m128n64_w8_qreg")
+    assert walk(head_dim=256) == ("sm80_attention", "m128n32_w8_qsmem")
+    assert walk(head_dim=64, cc=(8, 0))[0] == "sm80_attention"
+    assert walk(head_dim=64, cc=(10, 0))[0] == "sm80_attention"
+
+
+def test_forcing(walk, monkeypatch):
+    assert walk("sm80", head_dim=64)[0] == "sm80_attention"
+    assert walk("sm90", head_dim=64)[0] == "sm90_attention"
+    assert walk("sm90:n64_2s", head_dim=64) == ("sm90_attention", "n64_2s")
+    # a forced TMA configuration is chosen as asked; its launch runs the cp.async twin where no
+    # tensor map fits (seqlen_k == 0 here), see test_print_config_names_the_tma_fallback
+    assert walk("sm90:n128_2s_tma", head_dim=64, seqlen_k=0) == ("sm90_attention", "n128_2s_tma")
+    # forcing sm90 where it cannot run falls back to the portable kernel, without an error
+    assert walk("sm90", head_dim=32)[0] == "sm80_attention"
+    assert walk("sm90:n64_2s", head_dim=64, cc=(8, 0))[0] == "sm80_attention"
+    monkeypatch.setenv("NUMBATC_ATTN_CONFIG", "m64n64_w4_qreg")  # the portable kernel's own
+    assert walk("sm80", head_dim=64) == ("sm80_attention", "m64n64_w4_qreg")
+
+
+def test_the_emulation_runs_the_portable_kernel_unless_told(walk, monkeypatch):
+    monkeypatch.setattr(dispatch, "_EMULATED", True)
+    assert walk(head_dim=64)[0] == "sm80_attention"
+    assert walk("sm90", head_dim=64)[0] == "sm90_attention"
+
+
+@pytest.mark.parametrize("env", ["sm100", "sm80:m64n64_w4_qreg", ":x", "sm90x"])
+def test_forcing_errors(walk, env):
+    with pytest.raises(ValueError, match=re.escape(
+            f"NUMBATC_ATTN_KERNEL={env!r}: choose sm80 or sm90[:<config>]")):
+        walk(env)
+
+
+def test_unknown_config_is_an_error_on_any_gpu(walk):
+    with pytest.raises(ValueError, match=re.escape(
+            "NUMBATC_ATTN_KERNEL='sm90:nope': no sm90 config 'nope'; choose from "
+            f"{sorted(sm90_attention.CONFIGS)}")):
+        walk("sm90:nope", cc=(8, 0))
+
+
+def test_print_config_says_why_sm90_was_passed_over(walk, monkeypatch, capsys):
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    walk(head_dim=32)
+    assert capsys.readouterr().err == ("numbatc.attention: sm80_attention, not sm90_attention: "
+                                       "head_dim 32 is not one of (64, 128)\n")
+    walk("sm80")
+    assert capsys.readouterr().err == ("numbatc.attention: sm80_attention, not sm90_attention: "
+                                       "NUMBATC_ATTN_KERNEL=sm80\n")
+    walk(head_dim=64, cc=(8, 0))  # a kernel for another GPU: not worth a word
+    walk(head_dim=64)  # sm90 taken: its launch prints the choice
+    assert capsys.readouterr().err == ""
+
+
+def test_print_config_names_the_tma_fallback(monkeypatch, capsys):
+    """numbatc.attention forced onto a TMA configuration with seqlen_k == 0: the cp.async twin
+    is launched, and its line says why (the launches themselves replaced by recorders)."""
+    from numbatc.kernels import sm90_attention_tma
+
+    ran = []
+    monkeypatch.setattr(sm90_attention, "launch_flat", lambda cfg, var, *a, **k: ran.append(cfg))
+    monkeypatch.setattr(sm90_attention_tma, "launch_attention", lambda p, cfg, var: ran.append(cfg))
+    monkeypatch.setattr(sm80_attention, "kernel_arguments", lambda p, keep: ((), 0))
+    monkeypatch.setenv("NUMBATC_ATTN_KERNEL", "sm90:n128_2s_ov_pp_fx_tma")
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    numbatc.attention(*qkv(sk=0))
+    assert [c.name for c in ran] == ["n128_2s_ov_pp_fx"]
+    assert capsys.readouterr().err == (
+        "numbatc.attention B=2 Sq=5 Sk=0 Hq=4 Hkv=2 D=64: sm90_attention n128_2s_ov_pp_fx "
+        "float16 (not n128_2s_ov_pp_fx_tma: seqlen_k is 0 (no key to load))\n")

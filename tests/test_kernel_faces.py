@@ -2,7 +2,7 @@
 ``unsupported(problem)`` (a reason, str, or None), ``choose(problem)`` (one of its
 configurations), ``launch(problem, config)``, and ``compiled(problem, config)`` (the
 configuration and variant a launch compiles); numbatc.kernels.dispatch's table holds exactly the
-GEMM ones.  CPU only: stand-in problems (GEMM, attention, softmax, GEMM + softmax), nothing is
+GEMM and attention ones.  CPU only: stand-in problems (GEMM, attention, softmax, GEMM + softmax), nothing is
 launched."""
 
 import importlib
@@ -81,11 +81,16 @@ def test_kernel_module_has_the_face(name, monkeypatch):
     assert any(verdicts) and not all(verdicts), (name, verdicts)
 
 
-def test_the_dispatch_table_holds_the_gemm_kernel_modules():
-    """Every family in the table has the face, and every GEMM kernel module is in the table
-    (the attention and softmax ones are numbatc.attention's and numbatc.softmax's to walk)."""
-    tabled = {f.module.__name__.rsplit(".", 1)[1] for fams in dispatch.FAMILIES.values()
-              for f in fams}
-    gemm = {n for n in _kernel_modules() if "attention" not in n and "softmax" not in n}
-    assert tabled == gemm
-    assert dispatch.FAMILIES["dense"][-1].cc == ()  # the portable kernel closes the walk
+def test_the_dispatch_table_holds_the_gemm_and_attention_kernel_modules():
+    """Every family in the table has the face; the GEMM kinds hold every GEMM kernel module and
+    the attention kind every attention one (the softmax ones are numbatc.softmax's to walk),
+    each walk closed by a portable kernel."""
+    def tabled(*kinds):
+        return {f.module.__name__.rsplit(".", 1)[1] for kind in kinds
+                for f in dispatch.FAMILIES[kind]}
+
+    assert set(dispatch.FAMILIES) == {"dense", "fp8", "block_scaled", "attention"}
+    assert tabled("dense", "fp8", "block_scaled") == {
+        n for n in _kernel_modules() if "attention" not in n and "softmax" not in n}
+    assert tabled("attention") == {n for n in _kernel_modules() if "attention" in n}
+    assert dispatch.FAMILIES["dense"][-1].cc == () and dispatch.FAMILIES["attention"][-1].cc == ()

@@ -1,5 +1,5 @@
-"""Which kernel runs a :class:`numbatc.gemm_api.GemmProblem`, and its launch: a table over the
-kernel modules.
+"""Which kernel runs a :class:`numbatc.gemm_api.GemmProblem` or a
+:class:`numbatc.attention_api.AttentionProblem`, and its launch: a table over the kernel modules.
 
 Every kernel module has the same face (see STYLE.md): ``CONFIGS``; ``unsupported(problem)``, why
 it cannot compute the problem, or None; ``choose(problem, name=None)``, its configuration for
@@ -13,6 +13,7 @@ forcing and what the default choice passes over:
     dense           sm100_gemm (10.x), sm90_gemm (9.0), sm80_gemm (any: the portable kernel)
     fp8             sm90_gemm (9.0)                      FP8 with per-tensor scales
     block_scaled    sm100_scaled_gemm (10.x)             MXFP8, NVFP4
+    attention       sm90_attention (9.0), sm80_attention (any: the portable kernel)
 
 The first family that runs on the GPU, computes the problem and is not passed over
 (:func:`_passed_over`) gets ``choose`` then ``launch``.
@@ -22,6 +23,12 @@ GPU of another architecture it is an error (the CPU emulation, which stands in f
 GPU, runs any family it is told to).  ``NUMBATC_SM80_CONFIG=<name>`` forces sm80_gemm's
 configuration wherever it runs.  ``NUMBATC_PRINT_CONFIG=1`` prints the choice to stderr, with
 the reason each family for this GPU tried before it was skipped.
+
+Attention (:func:`choose_attention`, :func:`launch_attention`) walks its families the same way
+with its own variable, ``NUMBATC_ATTN_KERNEL=<family>[:<config>]`` (sm80, or sm90 and one of its
+configurations): forcing sm90 falls back to the portable kernel where sm90_attention cannot
+compute the problem or the GPU is not 9.0 (no error); the CPU emulation runs sm80_attention
+unless told sm90.  ``NUMBATC_ATTN_CONFIG=<name>`` forces sm80_attention's configuration.
 """
 
 import os
@@ -30,12 +37,20 @@ from typing import NamedTuple
 
 from numba import config
 
-from numbatc.kernels import sm80_gemm, sm90_gemm, sm100_gemm, sm100_scaled_gemm
+from numbatc.kernels import (
+    sm80_attention,
+    sm80_gemm,
+    sm90_attention,
+    sm90_gemm,
+    sm100_gemm,
+    sm100_scaled_gemm,
+)
 from numbatc.kernels.split_k import release_captured
 
 _EMULATED = bool(config.ENABLE_CUDASIM)
 
-__all__ = ["FAMILIES", "Family", "choose", "env_key", "launch_gemm", "plan", "release_captured"]
+__all__ = ["FAMILIES", "Family", "choose", "choose_attention", "env_key", "launch_attention",
+           "launch_gemm", "plan", "release_captured"]
 
 #: The environment variables that steer the choice of kernel and configuration.
 _ENV_VARS = ("NUMBATC_SM80_CONFIG", "NUMBATC_GEMM_KERNEL", "NUMBATC_PRINT_CONFIG",
@@ -61,8 +76,9 @@ def env_key():
 
 
 class Family(NamedTuple):
-    """A kernel module as dispatch tries it: ``name`` is NUMBATC_GEMM_KERNEL's for it, ``cc``
-    the leading part of the compute capabilities it runs on ((10,): 10.x, (9, 0): 9.0, (): any)."""
+    """A kernel module as dispatch tries it: ``name`` is NUMBATC_GEMM_KERNEL's (or
+    NUMBATC_ATTN_KERNEL's) for it, ``cc`` the leading part of the compute capabilities it runs on
+    ((10,): 10.x, (9, 0): 9.0, (): any)."""
 
     name: str
     module: object
@@ -75,6 +91,7 @@ FAMILIES = {
               Family("sm80", sm80_gemm, ())),
     "fp8": (Family("sm90", sm90_gemm, (9, 0)),),
     "block_scaled": (Family("sm100", sm100_scaled_gemm, (10,)),),
+    "attention": (Family("sm90", sm90_attention, (9, 0)), Family("sm80", sm80_attention, ())),
 }
 
 
@@ -90,6 +107,11 @@ def _runs_on(family, cc):
 
 def _module_name(family):
     return family.module.__name__.rsplit(".", 1)[1]
+
+
+def _cc_name(family):
+    """The compute capabilities a family runs on, as a message names them ('9.0', '10.x')."""
+    return ".".join(map(str, family.cc)) + (".x" if len(family.cc) == 1 else "")
 
 
 def _passed_over(kind, family, p):
@@ -131,7 +153,7 @@ def _needs(kind, family, choice, p):
     if kind == "block_scaled":
         return (f"block-scaled GEMM ({p.block_scaled.name.upper()}) needs sm_100 (Blackwell); "
                 f"this GPU is {gpu}")
-    cc = ".".join(map(str, family.cc)) + (".x" if len(family.cc) == 1 else "")
+    cc = _cc_name(family)
     return (f"NUMBATC_GEMM_KERNEL={choice!r} needs compute capability {cc}, this GPU has "
             f"{tuple(p.cc) if p.cc else '?'}")
 
@@ -236,3 +258,69 @@ def launch_gemm(p):
     if os.environ.get("NUMBATC_PRINT_CONFIG"):
         print(_config_line(p, module, cfg), file=sys.stderr)
     return module.launch(p, cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention: numbatc.attention's walk
+# ---------------------------------------------------------------------------------------------
+
+
+def _attention_passed_over(family, forced, choice, p):
+    """Why the attention walk passes over ``family`` without asking it (NUMBATC_ATTN_KERNEL
+    naming another, the emulation, another GPU), or None."""
+    if forced and family.name != forced and family.cc:  # forcing leaves the portable kernel
+        return f"NUMBATC_ATTN_KERNEL={choice}"
+    if _EMULATED and family.cc and family.name != forced:
+        # 384 Python threads per block are slow: the emulation runs sm90 only when told
+        portable = _module_name(FAMILIES["attention"][-1])
+        return f"the CPU emulation runs {portable} unless NUMBATC_ATTN_KERNEL={family.name}"
+    if not _runs_on(family, p.cc) and not (_EMULATED and family.name == forced):
+        return f"compute capability {tuple(p.cc) if p.cc else '?'} is not {_cc_name(family)}"
+    return None
+
+
+def choose_attention(p):
+    """(kernel module, configuration) that runs attention problem ``p``: the first of
+    FAMILIES["attention"] that is not passed over (:func:`_attention_passed_over`) and whose
+    ``unsupported(p)`` is None, with its ``choose(p, name)`` (``name``: NUMBATC_ATTN_KERNEL's
+    configuration).  NUMBATC_PRINT_CONFIG prints why each family for this GPU was skipped.
+
+    NOTE: sm90_attention is the default on 9.0 since it passed its GPU tests on the H200 and
+    measured 0.44-0.64x of torch SDPA against the portable kernel's 0.31-0.42x
+    (docs/PERFORMANCE.md)."""
+    families = FAMILIES["attention"]
+    by_name = {f.name: f for f in families}
+    choice = os.environ.get("NUMBATC_ATTN_KERNEL", "")
+    forced, _, name = choice.partition(":")
+    if choice and (forced not in by_name or (name and not by_name[forced].cc)):
+        # the portable kernel's configuration is NUMBATC_ATTN_CONFIG's
+        named = " or ".join(f.name + ("[:<config>]" if f.cc else "")
+                            for f in sorted(families, key=lambda f: f.name))
+        raise ValueError(f"NUMBATC_ATTN_KERNEL={choice!r}: choose {named}")
+    if name and name not in by_name[forced].module.CONFIGS:
+        raise ValueError(f"NUMBATC_ATTN_KERNEL={choice!r}: no {forced} config {name!r}; choose "
+                         f"from {sorted(by_name[forced].module.CONFIGS)}")
+    skipped = []
+    for f in families:
+        why = _attention_passed_over(f, forced, choice, p)
+        if why is None:
+            why = f.module.unsupported(p)
+        if why is not None:
+            skipped.append((f, why))
+            continue
+        if os.environ.get("NUMBATC_PRINT_CONFIG"):
+            for other, reason in skipped:
+                if _runs_on(other, p.cc):  # a kernel for another GPU: not worth a word
+                    print(f"numbatc.attention: {_module_name(f)}, not {_module_name(other)}: "
+                          f"{reason}", file=sys.stderr)
+        return f.module, f.module.choose(p, name if f.name == forced and name else None)
+    raise NotImplementedError("numbatc.attention: no kernel computes this problem: " + "; ".join(
+        f"{_module_name(f)}: {why}" for f, why in skipped))
+
+
+def launch_attention(p):
+    """Launch the attention kernel for problem ``p`` (batch, seqlen_q, heads_q >= 1; seqlen_k
+    may be 0) on its stream: :func:`choose_attention`'s module and configuration; the module's
+    launch prints the choice under NUMBATC_PRINT_CONFIG."""
+    module, cfg = choose_attention(p)
+    module.launch(p, cfg)

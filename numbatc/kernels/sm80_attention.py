@@ -44,8 +44,7 @@ from numbatc.kernels.build import load_generated
 from numbatc.kernels.epilogue import QUAD_REDUCTIONS
 
 __all__ = ["AttnConfig", "AttnVariant", "CONFIGS", "unsupported", "choose", "compiled", "launch",
-           "choose_config", "kernel_for", "kernel_source", "launch_attention", "launch_flat",
-           "signature"]
+           "choose_config", "kernel_for", "kernel_source", "launch_flat", "signature"]
 
 LOG2E = 1.4426950408889634
 
@@ -590,11 +589,6 @@ def compiled(p, cfg: AttnConfig):
     """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
     arguments)."""
     return cfg, AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None)
-
-
-def launch_attention(p):
-    """numbatc.attention's entry: :func:`launch` of :func:`choose`'s configuration."""
-    launch(p, choose(p))
 
 
 def launch(p, cfg: AttnConfig):

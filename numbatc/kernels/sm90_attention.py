@@ -77,8 +77,7 @@ from numbatc.kernels.build import load_generated
 
 __all__ = ["Sm90AttnConfig", "CONFIGS", "DEFAULT", "DEFAULT_TMA", "HEAD_DIMS", "TMA_BY_DEFAULT",
            "unsupported", "choose", "compiled", "launch", "choose_config", "kernel_for",
-           "kernel_source", "launch_attention", "launch_flat", "resolve", "shared_bytes",
-           "signature", "twin"]
+           "kernel_source", "launch_flat", "resolve", "shared_bytes", "signature", "twin"]
 
 AttnVariant = sm80_attention.AttnVariant
 LOG2E = sm80_attention.LOG2E
@@ -804,12 +803,13 @@ def unsupported(p):
 
 
 def choose(p, name=None):
-    """The configuration that runs problem ``p`` (``name``: one of CONFIGS, forced; else
-    :func:`choose_config`'s for its head dim), a TMA one as its cp.async twin where no tensor
-    map describes the operands (:func:`resolve`, which also says why)."""
+    """The configuration for problem ``p`` (``name``: one of CONFIGS, forced; else
+    :func:`choose_config`'s for its head dim).  A TMA one runs as its cp.async twin where no
+    tensor map describes the operands: :func:`compiled` names the configuration that runs, and
+    :func:`launch` says why under NUMBATC_PRINT_CONFIG (:func:`resolve`)."""
     if name is not None and name not in CONFIGS:
         raise ValueError(f"no sm90 attention config {name!r}; choose from {sorted(CONFIGS)}")
-    return resolve(p, CONFIGS[name] if name else choose_config(p.head_dim))[0]
+    return CONFIGS[name] if name else choose_config(p.head_dim)
 
 
 def compiled(p, cfg: Sm90AttnConfig):
@@ -818,16 +818,22 @@ def compiled(p, cfg: Sm90AttnConfig):
     return resolve(p, cfg)[0], AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None)
 
 
-def launch_attention(p, cfg=None):
-    """numbatc.attention's entry: :func:`launch` of ``cfg``, by default :func:`choose`'s."""
-    launch(p, cfg or choose(p))
-
-
 def launch(p, cfg: Sm90AttnConfig):
     """Launch ``cfg`` for a :class:`numbatc.attention_api.AttentionProblem` on its stream (the
     caller checked :func:`unsupported`); a TMA configuration whose operands no tensor map
-    describes runs its twin (:func:`resolve`)."""
-    cfg, var = compiled(p, cfg)
+    describes runs its twin (:func:`resolve`; NUMBATC_PRINT_CONFIG prints the configuration
+    that runs and why it is not ``cfg``)."""
+    import os
+
+    cfg, fallback = resolve(p, cfg)
+    _, var = compiled(p, cfg)
+    if os.environ.get("NUMBATC_PRINT_CONFIG"):
+        import sys
+
+        print(f"numbatc.attention B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k} Hq={p.heads_q} "
+              f"Hkv={p.heads_kv} D={p.head_dim}{' causal' if p.causal else ''}: sm90_attention "
+              f"{cfg.name} {p.dtype}{' +lse' if p.lse is not None else ''}"
+              f"{f' ({fallback})' if fallback else ''}", file=sys.stderr)
     if cfg.tma:
         from numbatc.kernels import sm90_attention_tma
 

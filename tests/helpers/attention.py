@@ -122,14 +122,14 @@ def sm90(monkeypatch, device_cc):
         pytest.skip(f"sm90_attention runs on compute capability 9.0 only, have {device_cc}")
     from numbatc.kernels import sm90_attention
 
-    used = []
-    real = sm90_attention.launch_attention
+    used = []  # the configurations launched (a TMA one's cp.async twin where it falls back)
+    real = sm90_attention.launch
 
-    def recording(p, cfg=None):
-        used.append(cfg.name)
+    def recording(p, cfg):
+        used.append(sm90_attention.compiled(p, cfg)[0].name)
         return real(p, cfg)
 
-    monkeypatch.setattr(sm90_attention, "launch_attention", recording)
+    monkeypatch.setattr(sm90_attention, "launch", recording)
 
     def force(name=None):
         monkeypatch.setenv("NUMBATC_ATTN_KERNEL", "sm90" + (f":{name}" if name else ""))
