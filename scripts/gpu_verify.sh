@@ -11,9 +11,12 @@
 #   api        numbatc.gemm / attention / softmax suites on the default paths, CUDA graphs,
 #              torch ops and torch.compile, the transformers example, compute-sanitizer on the
 #              default Hopper GEMM, and the default against the cp.async producer (bench.txt)
+#   store      issue 21's TMA store epilogue: its GPU tests, then sweep_gemm.py of the _ts configs
+#              against their direct-store twins and cuBLAS (bf16 and FP8)
 #   table      the GEMM shape table (bench gemm --shapes table, b col): text, CSV, heatmap PNG
 #   sanitize   compute-sanitizer memcheck / racecheck / synccheck on scripts/sanitize_cases.py
-#   profile    one Nsight Compute report of a Hopper GEMM (PROFILE_CODE picks the problem)
+#   profile    one Nsight Compute report of a Hopper GEMM (PROFILE_CODE picks the problem,
+#              PROFILE_TAG suffixes its files)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -64,6 +67,29 @@ if [[ $what == api ]]; then
   } > "$out/bench.txt"
 fi
 
+if [[ $what == store ]]; then
+  # issue 21's TMA store epilogue (the _ts configs): its GPU tests in shards while the sweep's
+  # kernels compile into the disk cache, then scripts/sweep_gemm.py (one process: cuBLAS and
+  # every candidate timed in the same run, each result checked) on the quick, Llama-3-8B and
+  # hidden-1024 shapes at M = 4096, bf16 then FP8
+  bf=${STORE_BF16:-default,128x256x64_4s_pt_tma_s1,128x256x64_3s_pt_tma_s1,128x256x64_3s_pt_tma_ts_s1,128x256x64_3s_w1_pt_tma_ts_s1,128x128x64_4s_w1_pt_tma_s1,128x128x64_4s_w1_pt_tma_ts_s1}
+  f8=${STORE_FP8:-default,fp8_128x256x128_4s_pt_tma_s1,fp8_128x256x128_3s_pt_tma_s1,fp8_128x256x128_3s_pt_tma_ts_s1}
+  $py scripts/pytest_shards.py --shards 4 --timeout 240 --out /tmp/shards_store \
+    tests/gpu/test_sm90_gemm_gpu.py -- -k "tma_store" --tb=short > /tmp/store_tests.txt 2>&1 &
+  ( t 200 $py scripts/sweep_gemm.py --shapes quick --m 4096 --reps 3 --only $bf > /dev/null
+    t 100 $py scripts/sweep_gemm.py --shapes quick --m 4096 --reps 3 --dtype float8_e4m3 \
+      --only $f8 > /dev/null ) > /tmp/store_warm.txt 2>&1 &
+  wait
+  { cat /tmp/store_tests.txt; for f in /tmp/shards_store/*.log; do echo "=== $f"; tail -30 "$f"; done
+    cat /tmp/store_warm.txt; } > "$out/store_tests.txt"
+  {
+    for shapes in quick llama8b table-small; do
+      t 150 $py scripts/sweep_gemm.py --shapes $shapes --m 4096,8192 --only $bf
+    done
+    t 100 $py scripts/sweep_gemm.py --shapes quick --m 4096,8192 --dtype float8_e4m3 --only $f8
+  } > "$out/store_sweep.txt"
+fi
+
 if [[ $what == table ]]; then
   # issue 16's shape table: M in {1 .. 4096} x the model layers, x @ W.T (b col), TABLE_DTYPE
   dt=${TABLE_DTYPE:-bfloat16}
@@ -103,11 +129,12 @@ if [[ $what == sanitize ]]; then
 fi
 
 if [[ $what == profile ]]; then
+  tag=${PROFILE_TAG:-}  # a suffix for the two files, so that one call can profile several problems
   : "${PROFILE_CODE:=a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16); numbatc.gemm(a, a)}"
   t 200 ncu --clock-control none -k regex:"gemm_kernel|attention_kernel" -c 1 \
     --section SpeedOfLight --section WarpStateStats --section SourceCounters \
     --section MemoryWorkloadAnalysis --import-source no -o /tmp/prof -f \
-    $py -c "import torch, numbatc; $PROFILE_CODE; torch.cuda.synchronize()" | tail -5 > "$out/profile.txt"
-  t 60 ncu -i /tmp/prof.ncu-rep --print-details all | grep -vE "^\s*$" | head -250 >> "$out/profile.txt"
-  t 60 ncu -i /tmp/prof.ncu-rep --page source --csv --print-source sass > "$out/profile_sass.csv"
+    $py -c "import torch, numbatc; $PROFILE_CODE; torch.cuda.synchronize()" | tail -5 > "$out/profile$tag.txt"
+  t 60 ncu -i /tmp/prof.ncu-rep --print-details all | grep -vE "^\s*$" | head -250 >> "$out/profile$tag.txt"
+  t 60 ncu -i /tmp/prof.ncu-rep --page source --csv --print-source sass > "$out/profile_sass$tag.csv"
 fi

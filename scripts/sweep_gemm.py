@@ -28,7 +28,11 @@ CANDIDATES = [("default", None, None), ("sm80", "sm80", None)] + [
                          ("64x256x64_4s_w1_tma", (1, 2, 4, 8)),
                          ("64x128x64_6s_w1_tma", (1, 2, 4, 8, 16)),
                          ("128x256x64_4s_pt_tma", (1,)), ("128x256x64_4s_w1_pt_tma", (1,)),
-                         ("128x256x64_4s_tma", (1,)))
+                         ("128x256x64_4s_tma", (1,)),
+                         # the TMA store epilogue (_ts) and its 3-stage direct-store twins
+                         ("128x256x64_3s_pt_tma", (1,)), ("128x256x64_3s_pt_tma_ts", (1,)),
+                         ("128x256x64_3s_w1_pt_tma", (1,)), ("128x256x64_3s_w1_pt_tma_ts", (1,)),
+                         ("128x128x64_4s_w1_pt_tma", (1,)), ("128x128x64_4s_w1_pt_tma_ts", (1,)))
     for s in splits]
 
 #: FP8 (e4m3, per-tensor scales) candidates, against torch._scaled_mm
@@ -38,7 +42,8 @@ FP8_CANDIDATES = [("default", None, None)] + [
                          ("fp8_128x128x128_4s_w1_tma", (1, 2, 4)),
                          ("fp8_128x128x128_6s_w1_tma", (1, 2, 4)),
                          ("fp8_64x256x128_4s_w1_tma", (1, 2, 4)),
-                         ("fp8_64x128x128_6s_w1_tma", (1, 2, 4, 8)))
+                         ("fp8_64x128x128_6s_w1_tma", (1, 2, 4, 8)),
+                         ("fp8_128x256x128_3s_pt_tma", (1,)), ("fp8_128x256x128_3s_pt_tma_ts", (1,)))
     for s in splits]
 
 

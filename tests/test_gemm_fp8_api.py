@@ -139,7 +139,7 @@ def kernel(monkeypatch):
 
 @pytest.mark.parametrize("m, n, name", [(8, 48, "fp8_64x128x128_6s_w1_tma"),
                                         (300, 129, "fp8_128x128x128_6s_w1_tma"),
-                                        (2048, 4096, "fp8_128x256x128_4s_pt_tma")])
+                                        (2048, 4096, "fp8_128x256x128_3s_pt_tma_ts")])
 def test_dispatch_runs_the_fp8_form_with_scales_in_alpha(kernel, m, n, name):
     a, b = fp8(m=m, n=n, kinds=("e5m2", "e4m3"))  # small, middle and persistent tiles
     gemm(a, b, alpha=3.0, scale_a=0.25, scale_b=2.0)

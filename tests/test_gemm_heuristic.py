@@ -47,14 +47,34 @@ def test_kernel_family_takes_the_small_tiles_on_hopper():
     assert family.__name__.endswith("sm90_gemm") and cfg.name == "64x128x64_6s_w1_tma"
     family, cfg = dispatch.choose(_problem(8, 4096, 4096))
     assert family.__name__.endswith("sm80_gemm")
-    for shape, name in (((4096, 4096, 4096), "128x256x64_4s_pt_tma"),
+    for shape, name in (((4096, 4096, 4096), "128x256x64_3s_pt_tma_ts"),
                         # tests/gpu/test_sm90_gemm_gpu.py::test_sm90_tma_default_switch's cases
                         ((1000, 1000, 1000), "64x128x64_6s_w1_tma"),
                         ((520, 128, 136), "64x128x64_6s_w1_tma"),
                         ((64, 4096, 14336), "64x128x64_6s_w1_tma"),
-                        ((4096, 4096, 512), "128x256x64_4s_pt_tma")):
+                        ((4096, 4096, 512), "128x256x64_3s_pt_tma_ts")):
         family, cfg = dispatch.choose(_problem(*shape))
         assert family.__name__.endswith("sm90_gemm") and cfg.name == name, (shape, cfg.name)
+
+
+def test_the_tma_store_epilogue_where_out_allows_it():
+    """The persistent 128 x 256 tiles take their TMA store form (sm90_gemm.TMA_STORE_FORM) for
+    a bf16 / f16 row-major out with 16-byte rows; otherwise the 4-stage direct-store form, not
+    the 3-stage twin a forced _ts configuration falls back to."""
+    import dataclasses
+
+    from tests.helpers.problems import operand
+
+    p = _problem(4096, 4096, 4096)
+    assert dispatch.choose(p)[1].name == "128x256x64_3s_pt_tma_ts"
+    for q in (_problem(4096, 4096, 4096, out_dtype="float32"),
+              dataclasses.replace(p, out=operand("out", "col", 4096)),
+              dataclasses.replace(p, out=operand("out", "row", 4096, alignment=8))):
+        assert dispatch.choose(q)[1].name == "128x256x64_4s_pt_tma", q.out
+    fp8 = _problem(4096, 4096, 4096, dtype="float8_e4m3fn", fp8_scales=(1.0, 1.0))
+    assert dispatch.choose(fp8)[1].name == "fp8_128x256x128_3s_pt_tma_ts"
+    # operands a tensor map cannot describe: the cp.async form (direct stores)
+    assert dispatch.choose(_problem(300, 300, 301, alignment=2))[1].name == "128x256x64_4s_pt"
 
 
 def test_forced_tma_only_config_with_unaligned_operands_is_an_error(monkeypatch):
@@ -125,7 +145,7 @@ def test_forcing(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90")
     module, cfg = dispatch.choose(_problem(8, 4096, 4096))  # no small-M rule when forced
-    assert module is sm90_gemm and cfg.name == "128x256x64_4s_pt_tma"
+    assert module is sm90_gemm and cfg.name == "128x256x64_3s_pt_tma_ts"
     module, cfg = dispatch.choose(_problem(8, 4096, 0))  # K == 0: the portable kernel
     assert module is sm80_gemm
     with pytest.raises(ValueError, match=r"NUMBATC_GEMM_KERNEL='sm90' needs compute capability "
@@ -156,12 +176,12 @@ def test_plan_is_what_launches(monkeypatch):
     assert module is sm80_gemm and cfg.name == "16x128x64_4w_6s" and var.split_k
     monkeypatch.setattr(sm90_gemm, "small_tile", lambda p: None)
     p = _problem(130, 264, 512)
-    assert dispatch.choose(p)[1].name == "128x256x64_4s_pt_tma"
+    assert dispatch.choose(p)[1].name == "128x256x64_3s_pt_tma_ts"
     module, cfg, var = dispatch.plan(p)
     assert cfg.name == "128x256x64_4s_w1_tma" and var.split_k
-    assert sm90_gemm.split(p, sm90_gemm.CONFIGS["128x256x64_4s_pt_tma"]) == (2, 256)
+    assert sm90_gemm.split(p, sm90_gemm.CONFIGS["128x256x64_3s_pt_tma_ts"]) == (2, 256)
     module, cfg, var = dispatch.plan(_problem(4096, 4096, 4096))
-    assert cfg.name == "128x256x64_4s_pt_tma" and not var.split_k
+    assert cfg.name == "128x256x64_3s_pt_tma_ts" and not var.split_k
 
 
 @pytest.mark.parametrize("m, n, k, name, slices", [
@@ -170,8 +190,8 @@ def test_plan_is_what_launches(monkeypatch):
     (64, 8192, 8192, "fp8_64x128x128_6s_w1_tma", 1),    # 128 tiles: one wave
     (8, 57344, 8192, "fp8_64x256x128_4s_w1_tma", 1),    # 64 x 128 would take two waves
     (256, 8192, 8192, "fp8_128x128x128_6s_w1_tma", 1),  # M > 64: 128 x 128 under one wave
-    (256, 57344, 8192, "fp8_128x256x128_4s_pt_tma", 1),  # 448 tiles of 128 x 256: persistent
-    (4096, 4096, 4096, "fp8_128x256x128_4s_pt_tma", 1),
+    (256, 57344, 8192, "fp8_128x256x128_3s_pt_tma_ts", 1),  # 448 tiles: persistent
+    (4096, 4096, 4096, "fp8_128x256x128_3s_pt_tma_ts", 1),
 ])
 def test_fp8_small_tiles(m, n, k, name, slices):
     p = _problem(m, n, k, dtype="float8_e4m3fn", fp8_scales=(1.0, 1.0))

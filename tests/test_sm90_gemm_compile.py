@@ -246,7 +246,11 @@ def test_fp8_split_k_variant_assembles(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 TMA_NAMES = sorted(n for n, c in {**sm90_gemm.CONFIGS, **sm90_gemm.FP8_CONFIGS}.items()
-                   if c.producer == "tma")
+                   if c.producer == "tma" and c.store == "direct")
+#: the TMA store epilogue's configurations (bf16 / f16 row-major outs only: see
+#: test_tma_store_epilogue_assembles)
+TS_NAMES = sorted(n for n, c in {**sm90_gemm.CONFIGS, **sm90_gemm.FP8_CONFIGS}.items()
+                  if c.store == "tma")
 SPLIT = sm90_gemm.Sm90Variant("col", "row", "bfloat16", "bfloat16", None, "float32", "gelu",
                               split_k=True)
 FP8_SPLIT = sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e4m3fn", "bfloat16", None, None, None,
@@ -312,6 +316,67 @@ def test_tma_producer_assembles_without_spills(name, var, tmp_path):
     assert not re.search(r"\b(LDL|STL)\b", sass)
 
 
+TS_BF16 = sm90_gemm.Sm90Variant("row", "col", "bfloat16", "bfloat16", None, None, None,
+                                out_pairs=True)
+TS_FUSED = sm90_gemm.Sm90Variant("col", "row", "float16", "float16", "float16", "float16", "gelu")
+TS_FP8 = sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e4m3fn", "bfloat16", None, None, None,
+                                  b_dtype="float8_e4m3fn", out_pairs=True)
+TS_CASES = ([(n, TS_FP8 if n.startswith("fp8") else TS_BF16) for n in TS_NAMES]
+            + [("128x256x64_3s_pt_tma_ts", TS_FUSED)])
+
+
+@pytest.mark.parametrize("name, var", TS_CASES,
+                         ids=[f"{n}-{v.out_dtype}{'-' + v.activation if v.activation else ''}"
+                              for n, v in TS_CASES])
+def test_tma_store_epilogue_assembles(name, var, tmp_path):
+    """The TMA store epilogue: per consumer warpgroup BN / 16 stmatrix.x4 into the staging tile
+    and BN / 64 tensor stores from shared memory, the writers' proxy fence before them, the
+    staging tile's wait for the previous stores' reads and the final wait; no spills, no local
+    memory, no serialised wgmma (whole-program ptxas, as the driver builds it)."""
+    cfg = sm90_gemm.CONFIGS.get(name) or sm90_gemm.FP8_CONFIGS[name]
+    ptx = _ptx(name, var)
+    lines = ptx.splitlines()
+    stores = [x for x in lines if "cp.async.bulk.tensor" in x and ".global.shared::cta" in x]
+    assert len(stores) == cfg.bn // 64, stores
+    assert sum("stmatrix.sync.aligned.m8n8.x4.shared.b16" in x for x in lines) == cfg.bn // 16
+    for text in ("fence.proxy.async.shared::cta", "cp.async.bulk.commit_group",
+                 "cp.async.bulk.wait_group.read 0", "cp.async.bulk.wait_group 0",
+                 "barrier.sync.aligned 2, ", "barrier.sync.aligned 3, "):
+        assert text in ptx, text
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    log = whole_program_ptxas(ptx, tmp_path)
+    assert "C7504" not in log and "C7508" not in log and "C7509" not in log, log
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+    disasm = shutil.which("nvdisasm")
+    if disasm is None:
+        return
+    sass = subprocess.run([disasm, str(tmp_path / "kernel.cubin")], capture_output=True,
+                          text=True, check=True).stdout
+    assert len(re.findall(r"\bUTMASTG\b", sass)) == cfg.bn // 64
+    assert len(re.findall(r"\bSTSM\b", sass)) == cfg.bn // 16
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
+def test_tma_store_configs_and_twins():
+    """Every _ts configuration has its direct-store twin (the fallback for outs a tensor map
+    cannot describe) and a split twin; a TMA store needs the TMA producer; the staging tile
+    comes after the stages, 1024-byte aligned."""
+    for name in TS_NAMES:
+        cfg = sm90_gemm.CONFIGS.get(name) or sm90_gemm.FP8_CONFIGS[name]
+        twin = sm90_gemm.with_store(cfg, "direct")
+        assert twin.store == "direct" and twin.name == name.removesuffix("_ts"), name
+        assert sm90_gemm.with_store(twin, "tma") is cfg
+        assert (twin.bm, twin.bn, twin.stages, twin.inflight, twin.persistent) == (
+            cfg.bm, cfg.bn, cfg.stages, cfg.inflight, cfg.persistent)
+        assert name in sm90_gemm.SPLIT_TWIN and twin.name in sm90_gemm.SPLIT_TWIN
+        assert cfg.shared_bytes == cfg.stages * cfg.stage_bytes + cfg.bm * cfg.bn * 2
+        assert cfg.stages * cfg.stage_bytes % 1024 == 0
+    with pytest.raises(ValueError, match="TMA store epilogue is implemented with the TMA"):
+        sm90_gemm.Sm90Config("ts", 128, 3, store="tma")
+    with pytest.raises(ValueError, match="store must be 'direct' or 'tma'"):
+        sm90_gemm.Sm90Config("ts", 128, 3, store="stmatrix")
+
+
 def test_tma_layouts_match_the_descriptors():
     """What the boxes write is what the consumers' descriptors read: for every element of an
     MN-major tile, the K-first layout's offset (the (BK, 64) boxes' images) equals wgmma's
@@ -346,8 +411,11 @@ def test_tma_twins_and_the_default_switch():
     from dataclasses import replace
 
     assert sm90_gemm.DEFAULT_PRODUCER in ("cp.async", "tma")
+    # ... and the direct-store twins of the TMA store configurations (a forced _ts
+    # configuration's fallback for an out a tensor map cannot describe: they load by TMA only)
     tma_only = {"64x128x64_6s_w1_tma", "64x256x64_4s_w1_tma",
-                *(name for name, _ in sm90_gemm.FP8_SMALL_TILES), sm90_gemm.FP8_MID_TILE}
+                *(name for name, _ in sm90_gemm.FP8_SMALL_TILES), sm90_gemm.FP8_MID_TILE,
+                *(name.removesuffix("_ts") for name in TS_NAMES)}
     for name in TMA_NAMES:
         cfg = sm90_gemm.CONFIGS.get(name) or sm90_gemm.FP8_CONFIGS[name]
         twin = sm90_gemm.with_producer(cfg, "cp.async")

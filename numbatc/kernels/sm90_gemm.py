@@ -71,6 +71,7 @@ __all__ = ["Sm90Config", "Sm90Variant", "Sm90Fp8Variant", "CONFIGS", "FP8_CONFIG
            "choose", "compiled", "split", "launch", "small_tile", "fp8_small_tile",
            "small_tiles_skip", "small_split", "tensor_maps_unsupported", "kernel_for", "kernel_source",
            "kernel_signature", "launch_flat", "signature", "grid_for", "with_producer",
+           "with_store", "tma_store_unsupported", "TMA_STORE_FORM",
            "tma_unsupported"]
 
 # The variant (layouts, dtypes, epilogue) is every GEMM kernel's: the same problem description,
@@ -143,11 +144,22 @@ class Sm90Config:
     # "cp.async": the producer warpgroup's 128 threads copy 16 bytes each (this module);
     # "tma": one thread issues tensor copies (numbatc.kernels.sm90_gemm_tma, the _tma names)
     producer: str = "cp.async"
+    # How the epilogue writes out: "direct", each thread stores its values from registers
+    # (st.global, bounds-checked on edge tiles); "tma" (the ``_ts`` names, TMA producer only):
+    # on tiles inside the matrix each consumer warpgroup writes its bf16 / f16 values into a
+    # staging tile of shared memory (stmatrix, 128B swizzle) and one thread stores it with TMA
+    # stores, which drain while the consumers run the next tile's main loop (see
+    # sm90_gemm_tma's docstring); edge tiles store directly.
+    store: str = "direct"
 
     def __post_init__(self):
         problems = []
         if self.producer not in ("cp.async", "tma"):
             problems.append(f"producer must be 'cp.async' or 'tma', got {self.producer!r}")
+        if self.store not in ("direct", "tma"):
+            problems.append(f"store must be 'direct' or 'tma', got {self.store!r}")
+        elif self.store == "tma" and self.producer != "tma":
+            problems.append("the TMA store epilogue is implemented with the TMA producer only")
         elif self.producer == "tma" and (self.cluster_m > 1 or self.pfence):
             problems.append("the TMA producer is implemented for cluster_m = 1 without pfence")
         if self.elem_bytes not in (1, 2):
@@ -217,9 +229,16 @@ class Sm90Config:
         return self.bn * self.bk * self.elem_bytes // self.cluster_m
 
     @property
+    def staging_bytes(self):
+        """The TMA store's staging tile (BM x BN two-byte values), 0 for direct stores."""
+        return self.bm * self.bn * 2 if self.store == "tma" else 0
+
+    @property
     def shared_bytes(self):
-        """Dynamic shared memory: the stages (the mbarriers are a small static array)."""
-        return self.stages * self.stage_bytes
+        """Dynamic shared memory: the stages, then the TMA store's staging tile (1024-byte
+        aligned: every stage is a multiple of 1024 bytes); the mbarriers are a small static
+        array."""
+        return self.stages * self.stage_bytes + self.staging_bytes
 
 
 #: setmaxnreg of the TMA configurations: 24 x 128 + 240 x 256 = 64512, the whole pool.
@@ -272,6 +291,20 @@ CONFIGS = {
         Sm90Config("64x128x64_6s_w1_tma", 128, 6, bm=64, consumers=1, inflight=1,
                    producer="tma", producer_regs=56, consumer_regs=240),
         Sm90Config("128x128x64_6s_w1_tma", 128, 6, inflight=1, producer="tma", **_TMA_REGS),
+        # the TMA store epilogue (store="tma"): its 64 KB staging tile leaves room for 3 stages
+        # of 48 KB (3 x 48 + 64 + 1 static = 209 KB of 227); the 3-stage direct-store twin
+        # measures what the stage costs alone
+        Sm90Config("128x256x64_3s_pt_tma", 256, 3, persistent=True, producer="tma", **_TMA_REGS),
+        Sm90Config("128x256x64_3s_pt_tma_ts", 256, 3, persistent=True, producer="tma",
+                   store="tma", **_TMA_REGS),
+        Sm90Config("128x256x64_3s_w1_pt_tma", 256, 3, inflight=1, persistent=True,
+                   producer="tma", **_TMA_REGS),
+        Sm90Config("128x256x64_3s_w1_pt_tma_ts", 256, 3, inflight=1, persistent=True,
+                   producer="tma", store="tma", **_TMA_REGS),
+        Sm90Config("128x128x64_4s_w1_pt_tma", 128, 4, inflight=1, persistent=True,
+                   producer="tma", **_TMA_REGS),
+        Sm90Config("128x128x64_4s_w1_pt_tma_ts", 128, 4, inflight=1, persistent=True,
+                   producer="tma", store="tma", **_TMA_REGS),
     )
 }
 
@@ -300,6 +333,11 @@ FP8_CONFIGS = {
                    elem_bytes=1, producer="tma", producer_regs=56, consumer_regs=240),
         Sm90Config("fp8_128x128x128_6s_w1_tma", 128, 6, bk=128, inflight=1, elem_bytes=1,
                    producer="tma", **_TMA_REGS),
+        # the TMA store epilogue (bf16 / f16 out), as bf16's _3s_pt_tma_ts
+        Sm90Config("fp8_128x256x128_3s_pt_tma", 256, 3, bk=128, elem_bytes=1, persistent=True,
+                   producer="tma", **_TMA_REGS),
+        Sm90Config("fp8_128x256x128_3s_pt_tma_ts", 256, 3, bk=128, elem_bytes=1,
+                   persistent=True, producer="tma", store="tma", **_TMA_REGS),
     )
 }
 
@@ -307,12 +345,33 @@ FP8_CONFIGS = {
 def with_producer(cfg: Sm90Config, producer: str) -> Sm90Config:
     """The configuration with the same tile, stages and schedule and the given producer
     ("cp.async" or "tma"): the ``_tma`` name's twin and back; ``cfg`` itself where it has no
-    twin (clusters, pfence)."""
+    twin (clusters, pfence, the TMA store epilogue)."""
     if cfg.producer == producer:
         return cfg
     table = FP8_CONFIGS if cfg.elem_bytes == 1 else CONFIGS
     name = cfg.name + "_tma" if producer == "tma" else cfg.name.removesuffix("_tma")
     return table.get(name, cfg)
+
+
+def with_store(cfg: Sm90Config, store: str) -> Sm90Config:
+    """The configuration with the same tile, stages, schedule and producer and the given
+    epilogue store ("direct" or "tma"): the ``_ts`` name's twin and back; ``cfg`` itself where
+    it has none."""
+    if cfg.store == store:
+        return cfg
+    table = FP8_CONFIGS if cfg.elem_bytes == 1 else CONFIGS
+    name = cfg.name + "_ts" if store == "tma" else cfg.name.removesuffix("_ts")
+    return table.get(name, cfg)
+
+
+def tma_store_unsupported(p):
+    """Why the TMA store epilogue cannot write problem ``p``'s out, or None: it stores bf16 /
+    f16 row-major tiles through a tensor map of out (16-byte aligned start and row pitch)."""
+    if p.out_dtype not in ("bfloat16", "float16"):
+        return f"out is {p.out_dtype} (the TMA store epilogue writes bf16 / f16)"
+    if p.out.layout != "row":
+        return "out is column-major (the TMA store epilogue writes row-major tiles)"
+    return tma_unsupported((("out", p.out.alignment),))
 
 
 def tma_unsupported(operands):
@@ -814,7 +873,7 @@ def kernel_signature(cfg: Sm90Config, var: Sm90Variant):
     if cfg.producer == "tma":
         from numbatc.kernels import sm90_gemm_tma
 
-        return sm90_gemm_tma.signature(var)
+        return sm90_gemm_tma.signature(var, tma_store=cfg.store == "tma")
     return signature(var)
 
 
@@ -905,7 +964,16 @@ SPLIT_TWIN = {"128x256x64_4s_pt": "128x256x64_4s_w1", "128x256x64_4s_w1_pt": "12
               "128x256x64_4s_pt_tma": "128x256x64_4s_w1_tma",
               "128x256x64_4s_w1_pt_tma": "128x256x64_4s_w1_tma",
               "fp8_128x256x128_4s_pt": "fp8_128x256x128_4s_w1",
-              "fp8_128x256x128_4s_pt_tma": "fp8_128x256x128_4s_w1_tma"}
+              "fp8_128x256x128_4s_pt_tma": "fp8_128x256x128_4s_w1_tma",
+              # the TMA store epilogue stores whole tiles: a K slice's partial sums run direct
+              "128x256x64_3s_pt_tma": "128x256x64_4s_w1_tma",
+              "128x256x64_3s_pt_tma_ts": "128x256x64_4s_w1_tma",
+              "128x256x64_3s_w1_pt_tma": "128x256x64_4s_w1_tma",
+              "128x256x64_3s_w1_pt_tma_ts": "128x256x64_4s_w1_tma",
+              "128x128x64_4s_w1_pt_tma": "128x128x64_4s_w1_tma",
+              "128x128x64_4s_w1_pt_tma_ts": "128x128x64_4s_w1_tma",
+              "fp8_128x256x128_3s_pt_tma": "fp8_128x256x128_4s_w1_tma",
+              "fp8_128x256x128_3s_pt_tma_ts": "fp8_128x256x128_4s_w1_tma"}
 
 
 def unsupported(p):
@@ -1041,8 +1109,9 @@ def choose(p, name=None):
     its :data:`SPLIT_TWIN`: see :func:`compiled`.)
 
     The heuristic, on :data:`DEFAULT_PRODUCER`: bf16 / f16 the :data:`SMALL_TILES` where they
-    take the problem, else the persistent 128 x 256 tiles for N > 128 and 128 x 128 ones (one
-    wgmma group in flight) for the rest; FP8 the same without small tiles."""
+    take the problem, else the persistent 128 x 256 tiles for N > 128 (with the TMA store
+    epilogue where out allows it: :data:`TMA_STORE_FORM`) and 128 x 128 ones (one wgmma group in
+    flight) for the rest; FP8 the same without small tiles."""
     fp8 = p.tensor_scales is not None
     table = FP8_CONFIGS if fp8 else CONFIGS
     if name is not None:
@@ -1061,18 +1130,45 @@ def choose(p, name=None):
         # for one block per tile (128x256x64_4s), itself 1-4 % ahead of _w1; the two-CTA
         # cluster form (_c2, half of B's L2 traffic) 378 / 435: L2 is not the limit.
         name = small_tile(p) or ("128x256x64_4s_pt" if p.n > 128 else "128x128x64_4s_w1")
-    return _producer_for(p, with_producer(table[name], DEFAULT_PRODUCER))
+    cfg = _producer_for(p, with_producer(table[name], DEFAULT_PRODUCER))
+    store = TMA_STORE_FORM.get(cfg.name)
+    if store is not None and tma_store_unsupported(p) is None:
+        return table[store]
+    return cfg
+
+
+#: The persistent 128 x 256 TMA tiles' TMA store epilogue form, which the heuristic takes where
+#: out allows it (bf16 / f16, row-major, 16-byte aligned; else it keeps the 4-stage direct-store
+#: form, which measured 1-2 % ahead of the 3-stage one).  Measured on the H200 (sweep_gemm.py,
+#: 2026-12-02, same-run ratios to cuBLAS / torch._scaled_mm, b = w.T): bf16 4096^3 0.90 ->
+#: 0.98x, Llama-3-8B qkv / gate_up / down at M = 4096 0.86 / 0.90 / 0.95 -> 0.95 / 0.99 / 0.96x,
+#: the hidden-1024 up and lm_head layers (4096 x 2816 / 32000 x 1024) 0.63 / 0.76 -> 0.87 /
+#: 0.99x; FP8 4096^3 / 8192^3 0.98 / 0.94 -> 1.15 / 0.98x.  The epilogue's global stores, from
+#: registers, stalled the consumers (LG throttle) before the next tile's main loop; the TMA
+#: stores drain under it.
+TMA_STORE_FORM = {"128x256x64_4s_pt_tma": "128x256x64_3s_pt_tma_ts",
+                  "fp8_128x256x128_4s_pt_tma": "fp8_128x256x128_3s_pt_tma_ts"}
 
 
 def _producer_for(p, cfg: Sm90Config) -> Sm90Config:
     """``cfg``, or where it loads by TMA and a tensor map cannot describe ``p``'s operands its
-    cp.async twin (printed under NUMBATC_PRINT_CONFIG); a ValueError for a TMA-only one."""
+    cp.async twin, where it stores by TMA and a tensor map cannot describe ``p``'s out its
+    direct-store twin (each printed under NUMBATC_PRINT_CONFIG); a ValueError for a TMA-only
+    one."""
     if cfg.producer != "tma":
         return cfg
+    if cfg.store == "tma":
+        reason = tma_store_unsupported(p)
+        if reason is not None:
+            twin = with_store(cfg, "direct")
+            if os.environ.get("NUMBATC_PRINT_CONFIG"):
+                print(f"numbatc.gemm: sm90_gemm {twin.name}, not {cfg.name}: {reason}",
+                      file=sys.stderr)
+            cfg = twin
     reason = tensor_maps_unsupported(p)
     if reason is None:
         return cfg
-    twin = with_producer(cfg, "cp.async")
+    twin = with_producer(with_store(cfg, "direct"), "cp.async")
     if twin.producer == "tma":  # a forced TMA-only configuration
         raise ValueError(f"sm90 config {cfg.name} loads by TMA only, and {reason}; force "
                          "another configuration or pass operands a tensor map can describe")

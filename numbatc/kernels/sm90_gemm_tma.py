@@ -45,6 +45,28 @@ under NUMBATC_PRINT_CONFIG=1).  The maps are cached per (pointer, shape, strides
 warm numbatc.gemm call on operands seen before builds none (new pointers cost one driver encode
 and one 128-byte copy to the device each).
 
+The TMA store epilogue (``store="tma"``, the ``_ts`` configurations; sm90_gemm.choose takes it
+for the persistent 128 x 256 tiles where out is bf16 / f16, row-major and 16-byte aligned).
+Behind the stages lies a staging tile of BM x BN two-byte values, one (64, BN) part per
+consumer warpgroup, as BN / 64 boxes of (64 rows, 64 columns) 128B-swizzled (8 KB each,
+1024-byte aligned).  On a tile inside the matrix each consumer warpgroup:
+
+    values      value_tile per 8-column fragment (alpha, beta * c, bias, activation, the user
+                epilogue), every load in flight together, as the direct epilogue does
+    free?       its thread 0: bulk_wait_group_read(0) -- the previous tile's stores have read
+                the staging part -- then the warpgroup's named barrier (2 + cw, 128 threads)
+    write       BN / 16 stmatrix.x4, each two fragments' bf16 / f16 pairs into the swizzled rows
+    publish     fence.proxy.async.shared::cta (generic-proxy writes, read by the async proxy),
+                the named barrier again
+    store       its thread 0: BN / 64 tensor stores (cp.async.bulk.tensor shared -> global,
+                rows and columns outside out dropped by the hardware) and one commit_group
+
+and goes on to the next tile's main loop while the stores drain (the direct epilogue's
+register stores had stalled the consumers on the LSU queue, "LG throttle", before it).  Edge
+tiles store directly (c and bias must not be read past the matrix); thread 0 waits for its
+last stores before the block exits.  The 64 KB staging tile leaves room for three 48 KB stages
+(209 KB of 227).  Out's tensor map is the kernel's third argument, cached like a and b's.
+
 Print a kernel as it is compiled::
 
     python -c "from numbatc.kernels import sm90_gemm as g; print(g.kernel_source(
@@ -73,7 +95,7 @@ import intrinsics as nt
 from intrinsics.layout import SmemLayout
 from numbatc.kernels.pipeline import tma_pipeline
 
-__all__ = ["MnKFirstLayout", "kernel_source", "launch", "make_producer", "make_tile_coords",
+__all__ = ["MnKFirstLayout", "kernel_source", "launch", "make_producer", "make_tile_coords", "out_map",
            "operand_layout", "operand_map", "signature", "tensor_maps"]
 
 _SWIZZLE = 128
@@ -210,15 +232,16 @@ def make_producer(bm, bn, bk, stages, a_kmajor, b_kmajor, persistent, elem_bytes
 
 
 @functools.cache
-def signature(var):
+def signature(var, tma_store=False):
     """The kernel's argument types: sm90_gemm.signature's with the tensor maps of a and b
-    (``uint64[:]``, TensorMap.device) in place of the operand pointers."""
+    (``uint64[:]``, TensorMap.device) in place of the operand pointers, and with ``tma_store``
+    (the TMA store epilogue) out's tensor map after them."""
     from numba import types
 
     from numbatc.kernels import sm90_gemm
 
     tmap = types.Array(types.uint64, 1, "C")
-    return (tmap, tmap) + tuple(sm90_gemm.signature(var)[2:])
+    return (tmap,) * (3 if tma_store else 2) + tuple(sm90_gemm.signature(var)[2:])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,6 +254,9 @@ def kernel_source(cfg, var) -> str:
     from numbatc.kernels import epilogue, sm90_gemm
 
     assert cfg.producer == "tma" and cfg.cluster_m == 1, cfg
+    tma_store = cfg.store == "tma"
+    assert not (tma_store and var.split_k), "a K slice's partial sums are not stored by TMA"
+    assert not tma_store or (var.out_dtype in _TMA_DTYPE and var.out_layout == "row"), var
     BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages
     kinst = 32 // cfg.elem_bytes  # K of one wgmma: 16 (bf16/f16), 32 (fp8)
     a_kmajor, b_kmajor = var.a_layout == "row", var.b_layout == "col"
@@ -264,6 +290,17 @@ tile_coords = make_tile_coords({BM}, {BN})
 # K-major A, K-major B, persistent, element bytes
 PRODUCE = make_producer({BM}, {BN}, {BK}, {S}, {a_kmajor}, {b_kmajor}, {pers}, {cfg.elem_bytes})
 ''')
+    if tma_store:
+        w('''
+
+@cuda.jit(device=True, forceinline=True)
+def wg_sync(cw):
+    # consumer warpgroup cw's 128 threads (named barriers 2 and 3: the id is an immediate)
+    if cw == 0:
+        nt.named_barrier_sync(2, 128)
+    else:
+        nt.named_barrier_sync(3, 128)
+''')
     w(epilogue.epilogue_source(var))
     if pers:
         head = f"    n_tiles = np.int64((M + {BM - 1}) // {BM}) * np.int64((N + {BN - 1}) // {BN})\n"
@@ -279,7 +316,7 @@ PRODUCE = make_producer({BM}, {BN}, {BK}, {S}, {a_kmajor}, {b_kmajor}, {pers}, {
     w(f'''
 
 @cuda.jit(cache={var.epilogue is None}, launch_bounds=({cfg.threads}, 1))
-def gemm_kernel(tma_a, tma_b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m{split_args}{ea}):
+def gemm_kernel(tma_a, tma_b, {"tma_out, " if tma_store else ""}c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m{split_args}{ea}):
     # {S} stages of [A {BM} x {BK} | B {BN} x {BK}] ({"K" if a_kmajor else "MN"}-major A, {"K" if b_kmajor else "MN"}-major B), {cfg.stage_bytes} bytes each
     smem = cuda.shared.array(0, np.uint8, alignment=1024)
     # full[s] = bars[s]: the producer's expect_tx arrival + {cfg.stage_bytes} bytes;
@@ -361,12 +398,68 @@ def gemm_kernel(tma_a, tma_b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, 
                                        f"nt.named_barrier_sync(1, {128 * cfg.consumers})",
                                        "t == 128", indent=x)
         w(epilogue.SPLIT_HELPERS)
+    elif tma_store:
+        _tma_store_epilogue(w, tiles, cfg, var, f"m0 + cw * 64 + 64 <= M and n0 + {BN} <= N",
+                            indent=x)
+        if pers:
+            w(x + "tile += cuda.gridDim.x")
+        w(" " * 8 + "if t % 128 == 0:")
+        w(" " * 8 + "    nt.bulk_wait_group(0)  # the last stores have read the staging tile")
     else:
         epilogue.full_tile_epilogue(w, tiles, var, f"m0 + cw * 64 + 64 <= M and n0 + {BN} <= N",
                                     indent=x)
         if pers:
             w(x + "tile += cuda.gridDim.x")
     return "\n".join(lines) + "\n"
+
+
+def _tma_store_epilogue(w, tiles, cfg, var, inside, indent):
+    """Emit the TMA store epilogue (``cfg.store == 'tma'``) of the fragments ``tiles`` (as
+    full_tile_epilogue takes them).  Inside the matrix: every fragment's values (value_tile:
+    alpha, beta * c, bias, activation, the user epilogue), then the warpgroup's staging tile --
+    free once its thread 0's previous stores have read it (bulk_wait_group_read) -- gets them
+    through stmatrix, and thread 0 issues one TMA store per 64 columns.  Edge tiles store
+    directly (store_tile, bounds-checked: c and bias must not be read past the matrix).
+
+    Staging: warpgroup cw's (64, BN) tile at STAGE0 + cw * 64 * BN * 2, as BN / 64 boxes of
+    (64 rows, 64 columns) = 64 rows of 128 bytes, 8 KB each, 128B-swizzled as out's tensor map
+    reads them: row r's 16-byte chunk c lies at r * 128 + (c ^ (r % 8)) * 16.  stmatrix.x4
+    call jj writes fragments 2jj and 2jj + 1 (columns 16jj .. 16jj + 15): lane l gives the row
+    address of matrix q = l // 8 (q % 2: rows 0-7 or 8-15 of the warp's 16; q // 2: which
+    fragment), and register q holds its (row l // 4, columns 2 (l % 4), + 1) pair, which is
+    acc[4j], acc[4j + 1] (rows + 8: acc[4j + 2], acc[4j + 3]) of the wgmma accumulator."""
+    ea = ", eargs" if var.epilogue is not None else ""
+    pack = "nt.pack_bf16x2" if var.out_dtype == "bfloat16" else "nt.pack_f16x2"
+    BN = cfg.bn
+    wg_bytes = 64 * BN * 2
+    stage0 = cfg.stages * cfg.stage_bytes
+    x = indent
+    w(f"{x}if {inside}:")
+    for i, (acc, row, col) in enumerate(tiles):
+        w(f"{x}    ev_{i} = value_tile(c, bias, {acc}, {row}, {col}, ldc, alpha, beta{ea})")
+    w(f"{x}    lt = t % 128")
+    w(f"{x}    if lt == 0:")
+    w(f"{x}        nt.bulk_wait_group_read(0)  # the previous tile's stores have read the staging")
+    w(f"{x}    wg_sync(cw)")
+    w(f"{x}    sq = lane // 8")
+    w(f"{x}    sr = lane % 8")
+    w(f"{x}    sx = (sq // 2) ^ sr")
+    w(f"{x}    sbase = {stage0} + cw * {wg_bytes} + ((lt // 32) * 16 + (sq % 2) * 8 + sr) * 128")
+    for jj in range(BN // 16):
+        a, b = f"ev_{2 * jj}", f"ev_{2 * jj + 1}"
+        w(f"{x}    nt.stmatrix_x4(smem, sbase + {(jj // 4) * 8192} + (({2 * (jj % 4)} ^ sx) << 4), "
+          f"({pack}({a}[0], {a}[1]), {pack}({a}[2], {a}[3]), {pack}({b}[0], {b}[1]), "
+          f"{pack}({b}[2], {b}[3])))")
+    w(f"{x}    nt.fence_proxy_async_shared()  # generic-proxy writes, read by the TMA store")
+    w(f"{x}    wg_sync(cw)")
+    w(f"{x}    if lt == 0:")
+    for box in range(BN // 64):
+        w(f"{x}        nt.tma_store(tma_out, (n0 + {64 * box}, m0 + cw * 64), smem, "
+          f"{stage0} + cw * {wg_bytes} + {box * 8192})")
+    w(f"{x}        nt.bulk_commit_group()")
+    w(f"{x}else:")
+    for acc, row, col in tiles:
+        w(f"{x}    store_tile(out, c, bias, {acc}, {row}, {col}, M, N, ldc, ldo, alpha, beta{ea})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,14 +548,28 @@ def _map_writer():
 
 def operand_map(cfg, var, op, src, m, n, k, ld, stream=0):
     """The TensorMap of operand ``op`` ('a' or 'b'): ``src`` a device pointer (int) on the GPU,
-    a flat array in the emulation.  On the GPU the maps are cached per (pointer, geometry): the
-    map describes memory, not an allocation, so a recycled pointer reuses it correctly.  A new
-    pointer while ``stream`` captures a CUDA graph gets its map written by a recorded kernel
-    (:class:`_MapSlots`)."""
-    from intrinsics.tensormap import TensorMap
-
+    a flat array in the emulation (see :func:`_tensor_map`)."""
     shape, strides, box = _map_geometry(cfg, var, op, m, n, k, ld)
     dtype = _TMA_DTYPE[var.in_dtype if op == "a" else getattr(var, "b_dtype", var.in_dtype)]
+    return _tensor_map(src, dtype, shape, strides, box, stream)
+
+
+def out_map(var, src, m, n, ldo, stream=0):
+    """The TensorMap the TMA store epilogue writes out (bf16 / f16, row-major, (m, n) with row
+    pitch ``ldo``) through: boxes of (64 rows, 64 columns), 128B swizzle, as the staging tile
+    lies (see _tma_store_epilogue)."""
+    eb = 2
+    stride = ldo * eb if m > 1 else -(-max(ldo * eb, 16) // 16) * 16
+    return _tensor_map(src, _TMA_DTYPE[var.out_dtype], (m, n), (stride, eb), (64, 64), stream)
+
+
+def _tensor_map(src, dtype, shape, strides, box, stream):
+    """A 128B-swizzled tiled TensorMap of ``src`` (natural order shape, byte strides, box).  On
+    the GPU the maps are cached per (pointer, geometry): the map describes memory, not an
+    allocation, so a recycled pointer reuses it correctly.  A new pointer while ``stream``
+    captures a CUDA graph gets its map written by a recorded kernel (:class:`_MapSlots`)."""
+    from intrinsics.tensormap import TensorMap
+
     if not isinstance(src, (int, np.integer)):  # the emulation: a view of the flat array
         host = getattr(src, "_ary", src)
         view = np.lib.stride_tricks.as_strided(host, shape=shape, strides=strides)
@@ -520,12 +627,15 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
     """sm90_gemm.launch_flat for a TMA configuration (``a``, ``b`` flat as there: device pointers
     or emulated arrays).  With ``prepare`` (GPU only) returns the relaunch function of
     sm80_gemm.launch_flat's contract (epilogue.launch_gemm_kernel's), which looks up (or builds)
-    the maps of its a and b pointers."""
+    the maps of its a and b pointers (and of out for the TMA store epilogue)."""
     from numba import config
 
     from intrinsics import launch as launching
     from numbatc.kernels import epilogue
 
+    if cfg.store == "tma":
+        return _launch_tma_store(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb,
+                                 ldc, ldo, alpha, beta, stream, group_m, epilogue_args, prepare)
     sig = signature(var)
     if prepare and not config.ENABLE_CUDASIM:
         eflat = ()
@@ -559,3 +669,53 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
         kernel, var, grid, cfg.threads, cfg.shared_bytes, None, ta.device, tb.device, c, bias,
         out, m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m, epilogue_args, False,
         split=split, kernel_signature=sig)
+
+
+def _launch_tma_store(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
+                      alpha, beta, stream, group_m, epilogue_args, prepare):
+    """:func:`launch` for the TMA store epilogue: out's tensor map is a third leading argument
+    (no split-K: sm90_gemm runs a K slice on the direct-store SPLIT_TWIN)."""
+    from numba import config
+
+    from intrinsics import launch as launching
+    from numbatc.kernels import epilogue
+
+    sig = signature(var, tma_store=True)
+    sizes = (m, n, k, lda, ldb, ldc, ldo)
+    if prepare and not config.ENABLE_CUDASIM:
+        eflat = ()
+        if var.epilogue is not None:
+            _, sig = epilogue.with_epilogue_args(kernel, var, (), sig, epilogue_args)
+            eflat = epilogue.flat_epilogue_args(epilogue_args)
+        prepared = launching.prepare(kernel, grid, cfg.threads, sig,
+                                     shared_bytes=cfg.shared_bytes)
+        if prepared is not None:
+            last = [(None, None, None, None)]  # as launch's: the last (a, b, out) maps' params
+
+            def relaunch(a, b, c, bias, out, alpha, beta, stream, eflat=()):
+                pa, pb, po, params = last[0]
+                if pa != a or pb != b or po != out:
+                    ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream)
+                    to = out_map(var, out, m, n, ldo, stream)
+                    params = (*_map_params(ta), *_map_params(tb), *_map_params(to))
+                    last[0] = (a, b, out, params)
+                prepared(stream, *params, c, bias, out, *sizes, alpha, beta, group_m, *eflat)
+
+            relaunch(a, b, c, bias, out, alpha, beta, stream, eflat)
+            return relaunch
+    if config.ENABLE_CUDASIM:
+        # numba's simulator copies a NumPy argument in, and back after the kernel: the copies
+        # of out (and of c or bias, which may be out itself) would overwrite what the TMA
+        # stores wrote into out's own memory.  Simulator arrays are passed as they are.
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        c, bias, out = (FakeCUDAArray(x) if isinstance(x, np.ndarray) else x
+                        for x in (c, bias, out))
+    ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream)
+    to = out_map(var, out, m, n, ldo, stream)
+    args = (ta.device, tb.device, to.device, c, bias, out, *sizes, np.float32(alpha),
+            np.float32(beta), group_m)
+    args, sig = epilogue.with_epilogue_args(kernel, var, args, sig, epilogue_args)
+    launching.launch(kernel, grid, cfg.threads, args, shared_bytes=cfg.shared_bytes,
+                     stream=stream, signature=sig)
+    return None

@@ -118,12 +118,13 @@ def test_split_workspace_per_stream_and_per_thread_default_stream():
 
 
 @pytest.mark.parametrize("m, k, want", [
-    (260, 136, "K=136: sm90_gemm 128x256x64_4s_pt_tma"),                     # persistent, 6 tiles
+    (260, 136, "K=136: sm90_gemm 128x256x64_3s_pt_tma_ts"),                  # persistent, 6 tiles
     (130, 512, "split-K, 2 slices of 256 (128x256x64_4s_w1_tma)"),          # its split-K twin
 ])
 def test_hopper_heuristic_in_the_emulation(m, k, want, monkeypatch, capsys):
     """The Hopper family's own choice (NUMBATC_GEMM_KERNEL=sm90 without a configuration): the
-    persistent configuration on the TMA producer (sm90_gemm.DEFAULT_PRODUCER), whose 2 emulated
+    persistent configuration on the TMA producer (sm90_gemm.DEFAULT_PRODUCER) with the TMA store
+    epilogue (sm90_gemm.TMA_STORE_FORM), whose 2 emulated
     blocks walk the tiles; split-K (M <= 256) runs as
     the configuration whose split form was measured on the H200 (sm90_gemm.SPLIT_TWIN).  These
     shapes are small enough for the small-M tiles (sm90_gemm.small_tile, run in

@@ -159,6 +159,63 @@ def test_sm90_gemm_in_the_emulation(m, n, k, cfg, a_layout, b_layout, dtype, epi
     assert np.all(err <= rounding * np.abs(ref) + 1e-5 * scale), np.nanmax(err)
 
 
+# The TMA store epilogue (store="tma", the _ts names): tiles inside the matrix go through each
+# consumer warpgroup's staging tile (stmatrix, 128B swizzle) and TMA stores; edge tiles store
+# directly.  Persistent with two stages: each block reuses its staging tile for several tiles,
+# so a staging write before the previous tile's stores have read it is an EmulationError.
+WRAP_TMA_TS = sm90_gemm.Sm90Config("128x128x64_2s_pt_tma_ts", 128, 2, persistent=True,
+                                   store="tma", **_TMA)
+WRAP_TMA_W1_TS = sm90_gemm.Sm90Config("128x128x64_3s_w1_pt_tma_ts", 128, 3, inflight=1,
+                                      persistent=True, store="tma", **_TMA)
+
+TS_CASES = [
+    # m,   n,   k,  config, A, B, dtype (in and out), epilogue
+    (260, 264, 200, WRAP_TMA_TS, "row", "col", "bfloat16", None),   # 4 inside tiles, 5 edge
+    (256, 256, 136, WRAP_TMA_TS, "col", "row", "float16", "gelu"),  # every tile inside
+    (200, 136, 72, WRAP_TMA_W1_TS, "row", "row", "bfloat16", "silu"),
+    (256, 512, 72, "128x256x64_3s_pt_tma_ts", "row", "col", "bfloat16", None),
+]
+
+
+@pytest.mark.parametrize("m, n, k, cfg, a_layout, b_layout, dtype, epilogue", TS_CASES)
+def test_sm90_gemm_tma_store_in_the_emulation(m, n, k, cfg, a_layout, b_layout, dtype,
+                                              epilogue):
+    cfg = sm90_gemm.CONFIGS[cfg] if isinstance(cfg, str) else cfg
+    gen = np.random.default_rng()
+    a = gen.standard_normal((m, k)).astype(_np_dtype(dtype))
+    b = gen.standard_normal((k, n)).astype(_np_dtype(dtype))
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    var = sm90_gemm.Sm90Variant(a_layout, b_layout, dtype, dtype, dtype if epilogue else None,
+                                dtype if epilogue else None, epilogue, out_pairs=True)
+    da, lda = _flat(a, a_layout, NAN16[dtype])
+    db, ldb = _flat(b, b_layout, NAN16[dtype])
+    ldo = (n + 7) // 8 * 8 + 8  # a pitch past N: a box stored past the matrix would show
+    dout = cuda.to_device(np.full(m * ldo, NAN16[dtype], dtype=np.uint16))
+    alpha, beta, dc, ldc, dbias = 1.0, 0.0, dout, 0, dout
+    if epilogue:
+        alpha, beta = 1.5, 0.5
+        cmat = gen.standard_normal((m, n)).astype(_np_dtype(dtype))
+        bias = gen.standard_normal(n).astype(_np_dtype(dtype))
+        dc, ldc = _flat(cmat, "row", NAN16[dtype])
+        dbias = cuda.to_device(bias.view(np.uint16))
+        ref = alpha * ref + beta * cmat.astype(np.float64) + bias.astype(np.float64)
+        if epilogue == "gelu":
+            ref = 0.5 * ref * (1 + np.tanh(math.sqrt(2 / math.pi) * (ref + 0.044715 * ref**3)))
+        else:
+            ref = ref / (1 + np.exp(-ref))
+
+    sm90_gemm.launch_flat(cfg, var, _host(da), _host(db), _host(dc), _host(dbias), _host(dout),
+                          m, n, k, lda, ldb, ldc, ldo, alpha, beta)
+
+    stored = dout.copy_to_host().reshape(m, ldo).view(_np_dtype(dtype)).astype(np.float64)
+    assert np.all(np.isnan(stored[:, n:])), "the kernel stored past N"
+    got = stored[:, :n]
+    rounding = {"bfloat16": 2.0**-8, "float16": 2.0**-11}[dtype]
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + 1
+    err = np.abs(got - ref)
+    assert np.all(err <= rounding * np.abs(ref) + 1e-5 * scale), np.nanmax(err)
+
+
 def test_bad_config_is_named():
     with pytest.raises(ValueError, match="bn must be"):
         sm90_gemm.Sm90Config("bad", 100, 3)
@@ -172,6 +229,8 @@ def test_bad_config_is_named():
         sm90_gemm.Sm90Config("regs", 128, 4, producer_regs=64, consumer_regs=224)
     with pytest.raises(ValueError, match="exceed 227 KB"):
         sm90_gemm.Sm90Config("big", 256, 5)
+    with pytest.raises(ValueError, match="TMA store epilogue is implemented with the TMA"):
+        sm90_gemm.Sm90Config("ts", 128, 3, store="tma")
     with pytest.raises(ValueError, match="TMA producer is implemented for cluster_m = 1"):
         sm90_gemm.Sm90Config("tma_c2", 128, 4, cluster_m=2, producer="tma", producer_regs=24,
                              consumer_regs=240)
@@ -253,3 +312,59 @@ def test_fp8_tma_and_the_cp_async_fallback(monkeypatch, capsys):
         else:
             assert ("sm90_gemm fp8_128x128x128_4s_w1, not fp8_128x128x128_4s_w1_tma: a and b not "
                     "16-byte aligned") in err, err
+
+
+def test_tma_store_through_numbatc_gemm_and_its_fallbacks(monkeypatch, capsys):
+    """numbatc.gemm forced to the TMA store epilogue (128x128x64_4s_w1_pt_tma_ts): a bf16 out
+    with c and bias goes through the staging tile (c read before the tile's stores); a float32
+    out, a column-major out and an out whose rows are not 16-byte multiples run the
+    direct-store twin 128x128x64_4s_w1_pt_tma, and NUMBATC_PRINT_CONFIG names the reason;
+    K split runs the split twin (direct stores of partial sums)."""
+    import numbatc
+    from numbatc.interop import transpose_view
+
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:128x128x64_4s_w1_pt_tma_ts")
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    gen = np.random.default_rng()
+    m, n, k = 136, 264, 72
+    a = gen.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    b = gen.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
+    av, bv = a.astype(np.float64), b.astype(np.float64)
+    mag = np.abs(av) @ np.abs(bv) + 1
+    cmat = gen.standard_normal((m, n)).astype(ml_dtypes.bfloat16)
+    bias = gen.standard_normal(n).astype(ml_dtypes.bfloat16)
+    out = numbatc.gemm(_device(a, "row"), _device(b, "col"), c=_device(cmat, "row"), beta=0.5,
+                       bias=_device(bias, "row"))
+    ref = av @ bv + 0.5 * cmat.astype(np.float64) + bias.astype(np.float64)
+    got = out.copy_to_host().view(ml_dtypes.bfloat16).astype(np.float64)
+    _close(got, ref, mag, 2.0**-8)
+    err = capsys.readouterr().err
+    assert "sm90_gemm 128x128x64_4s_w1_pt_tma_ts" in err and ", not" not in err, err
+
+    twin = "sm90_gemm 128x128x64_4s_w1_pt_tma, not 128x128x64_4s_w1_pt_tma_ts"
+    out = numbatc.gemm(_device(a, "row"), _device(b, "col"), out_dtype="float32")
+    _close(out.copy_to_host().astype(np.float64), av @ bv, mag, 2.0**-20)
+    assert f"{twin}: out is float32" in capsys.readouterr().err
+
+    col = transpose_view(cuda.to_device(np.full((n, m), 0x7FC0, dtype=np.uint16)))
+    out = numbatc.gemm(_device(a, "row"), _device(b, "col"), out=numbatc.bfloat16(col))
+    got = out.copy_to_host().view(ml_dtypes.bfloat16).astype(np.float64)
+    _close(got, av @ bv, mag, 2.0**-8)
+    assert f"{twin}: out is column-major" in capsys.readouterr().err
+
+    ragged = cuda.to_device(np.full((m, n + 4), 0x7FC0, dtype=np.uint16))[:, :n]
+    out = numbatc.gemm(_device(a, "row"), _device(b, "col"), out=numbatc.bfloat16(ragged))
+    got = out.copy_to_host().view(ml_dtypes.bfloat16).astype(np.float64)
+    _close(got, av @ bv, mag, 2.0**-8)
+    assert f"{twin}: out not 16-byte aligned" in capsys.readouterr().err
+
+    monkeypatch.setenv("NUMBATC_SPLIT_K", "2")
+    k2 = 200
+    a2 = gen.standard_normal((m, k2)).astype(ml_dtypes.bfloat16)
+    b2 = gen.standard_normal((k2, n)).astype(ml_dtypes.bfloat16)
+    out = numbatc.gemm(_device(a2, "row"), _device(b2, "col"))
+    a2v, b2v = a2.astype(np.float64), b2.astype(np.float64)
+    got = out.copy_to_host().view(ml_dtypes.bfloat16).astype(np.float64)
+    _close(got, a2v @ b2v, np.abs(a2v) @ np.abs(b2v) + 1, 2.0**-8)
+    err = capsys.readouterr().err
+    assert "split-K, 2 slices of 128 (128x128x64_4s_w1_tma)" in err, err

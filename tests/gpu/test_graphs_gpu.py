@@ -108,7 +108,8 @@ def test_gemm_graph(m, n, k, extra, dtype):
                         dtype, f"gemm {m}x{n}x{k}")
 
 
-@pytest.mark.parametrize("config", ["", "sm90:128x256x64_4s_pt_tma", "sm90:128x128x64_4s_w1_tma"])
+@pytest.mark.parametrize("config", ["", "sm90:128x256x64_4s_pt_tma", "sm90:128x128x64_4s_w1_tma",
+                                    "sm90:128x256x64_3s_pt_tma_ts"])
 def test_gemm_graph_operands_made_inside_the_capture(config, monkeypatch):
     """A model's activations are allocated inside the capture (torch's graph pool), at
     addresses no eager call has seen: the TMA kernels' tensor maps for them are written by a

@@ -161,6 +161,80 @@ def test_sm90_tma_persistent_walks_tiles(config, monkeypatch):
           activation="gelu")
 
 
+# The TMA store epilogue (store="tma", the _ts names): bf16 / f16 row-major outs through the
+# staging tile and TMA stores on inside tiles, direct stores on edge tiles.
+TMA_STORE = ["sm90:128x256x64_3s_pt_tma_ts", "sm90:128x256x64_3s_w1_pt_tma_ts",
+             "sm90:128x128x64_4s_w1_pt_tma_ts"]
+
+
+@pytest.mark.parametrize("config", TMA_STORE)
+def test_sm90_tma_store(config, monkeypatch, capsys):
+    """Every layout pair and both 16-bit dtypes (out = the input dtype), the fused epilogue
+    (c read before the tile's stores), 306 persistent tiles ragged on every side (inside tiles
+    reuse the staging tile, edge tiles store directly); then outs the TMA store cannot write
+    (float32, a row pitch not a multiple of 16 bytes) run the direct-store twin and say so."""
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", config)
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    for layouts in LAYOUTS:
+        for m, n, k in tma_shapes(*layouts):
+            n = _up8(n)  # out's rows: 16-byte multiples
+            check(m, n, k, "bfloat16", *layouts)
+            check(m, n, k, "float16", *layouts)
+    for activation in (None, "gelu"):
+        check(300, 520, 200, "bfloat16", alpha=0.5, beta=1.5, with_c=True, with_bias=True,
+              activation=activation)
+    check(2053, 4360, 136, "bfloat16", "row", "col")
+    check(2056, 4352, 264, "float16", "col", "row", with_bias=True, activation="silu")
+    _ran_tma(capsys, config)
+    name = config.partition(":")[2]
+    check(257, 520, 136, "bfloat16", "row", "col", out_dtype="float32")
+    check(257, 517, 136, "bfloat16", "row", "col")
+    err = capsys.readouterr().err
+    assert f"not {name}: out is float32" in err and f"not {name}: out not 16-byte" in err, err
+
+
+def test_sm90_tma_store_user_epilogue_and_fp8(monkeypatch):
+    """A user epilogue (residual add and per-column scale after bias + GELU) into a bf16 out
+    through the TMA store epilogue, and FP8 e4m3 (per-tensor scales) on its _ts config."""
+    from numba import cuda
+
+    import numbatc
+    from tests.helpers.gemm import reference, residual_scale, rng, to_device, to_host, values
+    from tests.helpers.gemm_fp8 import FP8, torch
+    from tests.helpers.gemm_fp8 import check as fp8_check
+
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:128x256x64_3s_pt_tma_ts")
+    gen = rng()
+    for m, n, k in [(256, 512, 96), (129, 264, 64)]:
+        a, b = values((m, k), "bfloat16"), values((k, n), "bfloat16")
+        bias = values((n,), "bfloat16")
+        res = gen.standard_normal((m, n)).astype(np.float32)
+        scale = gen.standard_normal(n).astype(np.float32)
+        out = to_device(np.full((m, n), np.nan), "bfloat16", "row", "numba")
+        numbatc.gemm(to_device(a, "bfloat16", "row", "numba"),
+                     to_device(b, "bfloat16", "col", "numba"),
+                     bias=to_device(bias[None, :], "bfloat16", "row", "numba")[0], out=out,
+                     activation="gelu", epilogue=residual_scale,
+                     epilogue_args=(cuda.to_device(res), cuda.to_device(scale)))
+        cuda.synchronize()
+        got = to_host(out, "bfloat16")
+        ref, scale_ref = reference(a, b, 1.0, 0.0, None, bias, "gelu")
+        ref = ref * scale + res
+        tol = 2.0**-8 * np.abs(ref) + (k * 2.0**-22 + 2.0**-20) * scale_ref * np.abs(scale) + 1e-5
+        assert np.all(np.abs(got - ref) <= tol), np.nanmax(np.abs(got - ref))
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:fp8_128x256x128_3s_pt_tma_ts")
+    g = torch.Generator(device="cuda")
+    g.seed()
+    for m, n, k in [(1000, 520, 1040), (2056, 4360, 272)]:
+        a = (torch.randn(m, k, generator=g, device="cuda") * 2).to(FP8["e4m3"])
+        w = (torch.randn(n, k, generator=g, device="cuda") * 2).to(FP8["e4m3"])
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        numbatc.gemm(a, w.T, out=out, scale_a=0.5, scale_b=0.25)
+        torch.cuda.synchronize()
+        av, wv = a.double(), w.double()
+        fp8_check(out, av @ wv.T * 0.125, av.abs() @ wv.abs().T * 0.125, "bfloat16")
+
+
 FP8_TMA = ["sm90:fp8_128x256x128_4s_w1_tma", "sm90:fp8_128x128x128_4s_w1_tma",
            "sm90:fp8_128x256x128_4s_pt_tma"]
 
@@ -258,7 +332,7 @@ def test_sm90_tma_default_switch(monkeypatch, capsys):
             (1000, 1000, 1000, ("row", "row"), "sm90_gemm 64x128x64_6s_w1_tma a="),
             (520, 128, 136, ("col", "col"), "sm90_gemm 64x128x64_6s_w1_tma a="),
             (64, 4096, 14336, ("row", "col"), "slices of 7168 (64x128x64_6s_w1_tma)"),
-            (4096, 4096, 512, ("row", "col"), "sm90_gemm 128x256x64_4s_pt_tma a="),
+            (4096, 4096, 512, ("row", "col"), "sm90_gemm 128x256x64_3s_pt_tma_ts a="),
             (300, 300, 301, ("row", "row"), "sm90_gemm 128x256x64_4s_pt, not 128x256x64_4s_pt_tma")]:
         check(m, n, k, "bfloat16", *layouts)
         err = capsys.readouterr().err
