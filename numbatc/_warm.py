@@ -1,12 +1,15 @@
 """Warm calls: what a checked call decided, reused by later calls that differ from it only in
-their arrays' pointers.  One cache for numbatc.gemm, numbatc.softmax and numbatc.gemm_softmax.
+their arrays' pointers.  One cache for numbatc.gemm, numbatc.softmax, numbatc.gemm_softmax and
+numbatc.attention.
 
 A checked call validates its arguments, picks a configuration and launches; the launch hands
 back a relaunch function (``intrinsics.launch.PreparedLaunch``: the parameter buffer made once,
-one ``cuLaunchKernel`` per call).  The front end stores it in :data:`CACHE` as an
+one ``cuLaunchKernel`` per call; numbatc.attention's is still its kernel module's own launch of
+the chosen configuration, for a problem built without the checks).  The front end stores it in
+:data:`CACHE` as an
 :class:`Entry` under a key holding everything its checks read besides pointer values:
 
-- the front end's name ('gemm', 'softmax', 'gemm_softmax');
+- the front end's name ('gemm', 'softmax', 'gemm_softmax', 'attention');
 - each array's probe key (``numbatc.interop.probes``: library, shape, strides, dtype, device
   ...; :data:`ABSENT`'s None for an array the call does not pass);
 - the pointer bits the checks read (alignment: the pointer modulo 16);

@@ -12,14 +12,17 @@ This module is ``numbatc.attention_api``; ``numbatc.attention`` is its function.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from numbatc import gemm_api
+from numbatc._warm import ABSENT, CACHE, MISS, Entry, remember, span
 from numbatc.interop import alloc, arrays, streams
 from numbatc.interop.arrays import CudaArray
+from numbatc.interop.probes import allocate_probed, probe
 
 __all__ = ["attention", "AttentionProblem", "DTYPES", "HEAD_DIMS"]
 
@@ -139,6 +142,31 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
     caller's current stream (torch's or CuPy's, else Numba's default).  Empty batch, heads or
     seqlen_q give empty results.
     """
+    if (CACHE and _env_key is not None and type(causal) is bool and type(return_lse) is bool
+            and (scale is None or type(scale) in (int, float))):
+        try:
+            key, ptrs = _warm_key(q, k, v, out, causal, scale, return_lse)
+            warm = None if key is None else CACHE.get(key)
+            if warm is not None and scale is not None:
+                scale_f = float(scale)
+                if not 0.0 < scale_f < math.inf:
+                    warm = None  # the checks say what
+        except Exception:  # anything odd (an unhashable argument ...): the checks say what
+            warm = None
+        if warm is not None:
+            result = warm(ptrs, q, k, v, out, causal, warm.default_scale if scale is None
+                          else scale_f)
+            if result is not MISS:
+                return result
+    done, problem, relaunch = _attention_checked(q, k, v, causal, scale, out, return_lse)
+    if relaunch is not None:
+        _remember(q, k, v, out, causal, scale, return_lse, problem, relaunch)
+    return done
+
+
+def _attention_checked(q, k, v, causal, scale, out, return_lse):
+    """The whole call: check -> allocate -> launch; (the result, the AttentionProblem or None
+    for an empty one, the relaunch function dispatch.launch_attention returned or None)."""
     # --- operands: library, rank, dtype, shapes --------------------------------------------
     Q = arrays.as_cuda_array(q, "q")
     K = arrays.as_cuda_array(k, "k")
@@ -211,7 +239,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
         LSE = arrays.as_cuda_array(lse_result, "lse")
     done = (result, lse_result) if return_lse else result
     if batch == 0 or seqlen_q == 0 or heads_q == 0:
-        return done
+        return done, None, None
 
     problem = AttentionProblem(
         q=Q, k=K, v=V, out=OUT, lse=LSE, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
@@ -219,8 +247,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
         dtype=Q.dtype, device=device if device is not None else OUT.device, cc=cc,
         stream_handle=streams.stream_handle(q),
     )
-    _launch(problem)
-    return done
+    return done, problem, _launch(problem)
 
 
 def _launch(p: AttentionProblem):
@@ -233,7 +260,91 @@ def _launch(p: AttentionProblem):
     in for sm_90a but runs the portable kernel unless told: 384 Python threads per block are
     slow).  ``NUMBATC_PRINT_CONFIG=1`` prints the choice (and why sm90 was not taken, or why
     a TMA configuration ran its cp.async twin: sm90_attention.resolve).  The Hopper default is
-    sm90_attention.choose_config's (its switch TMA_BY_DEFAULT picks the TMA configurations)."""
+    sm90_attention.choose_config's (its switch TMA_BY_DEFAULT picks the TMA configurations).
+    Returns dispatch.launch_attention's relaunch function or None."""
     from numbatc.kernels import dispatch
 
-    dispatch.launch_attention(p)
+    return dispatch.launch_attention(p)
+
+
+# ---------------------------------------------------------------------------------------------
+# the warm call (numbatc._warm, as numbatc.gemm's): a call whose arrays differ from a checked
+# one only in their pointers skips the checks and the walk over the kernels.  The key holds
+# everything those read: each array's probe key (library, shape, strides, dtype, device ...;
+# ABSENT's None for no out), causal and return_lse (bools), whether scale is None (the default
+# follows head_dim), the attention environment variables (dispatch.attention_env_key) and the
+# thread.  A hit checks what depends on pointers and values: out against q's, k's and v's byte
+# ranges (where they meet, the checks decide, exactly) and scale > 0 and finite; it builds the
+# AttentionProblem from the arrays and launches the checked call's kernel and configuration,
+# whose launch still decides what pointers decide (packing q, k and v; a TMA configuration's
+# cp.async twin).
+# ---------------------------------------------------------------------------------------------
+
+_env_key = None  # numbatc.kernels.dispatch.attention_env_key, bound by the first _remember
+
+
+def _warm_key(q, k, v, out, causal, scale, return_lse):
+    """(key, (q, k, v, out pointers)), or (None, None) when an array has no warm path."""
+    pq, pk, pv = probe(q), probe(k), probe(v)
+    po = ABSENT if out is None else probe(out)
+    if pq is None or pk is None or pv is None or po is None:
+        return None, None
+    key = ("attention", pq[1], pk[1], pv[1], po[1], causal, return_lse, scale is None,
+           _env_key(), threading.get_ident())
+    return key, (pq[0], pk[0], pv[0], po[0])
+
+
+class _AttentionWarm(Entry):
+    """numbatc.attention's entry: relaunch(problem) (dispatch.launch_attention's) for the
+    AttentionProblem of a call like the checked one; ``fields`` the problem's fields that the
+    key fixes, ``default_scale`` 1 / sqrt(head_dim), ``lse_alloc`` lse's allocator (None
+    without return_lse)."""
+
+    __slots__ = ("spans", "lse_alloc", "fields", "default_scale")
+
+    def __init__(self, p: AttentionProblem, relaunch, allocate: bool):
+        super().__init__(relaunch, p.q, p.out, allocate)
+        self.spans = (span(p.q), span(p.k), span(p.v))
+        self.lse_alloc = None if p.lse is None else alloc.allocator(p.q, p.lse.shape, "float32")
+        self.fields = dict(batch=p.batch, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
+                           heads_q=p.heads_q, heads_kv=p.heads_kv, head_dim=p.head_dim,
+                           dtype=p.dtype, device=p.device, cc=p.cc)
+        self.default_scale = 1.0 / math.sqrt(p.head_dim)
+
+    def __call__(self, ptrs, q, k, v, out, causal, scale):
+        q_ptr, k_ptr, v_ptr, out_ptr = ptrs
+        if out is None:
+            result, out_ptr = allocate_probed(self.alloc, q)
+            if result is None:
+                return MISS
+        else:
+            result = out
+            hi = out_ptr + self.out_span
+            for ptr, size in zip((q_ptr, k_ptr, v_ptr), self.spans):
+                if size and ptr < hi and out_ptr < ptr + size:
+                    return MISS  # overlap: the checked path names it
+        lse = None if self.lse_alloc is None else self.lse_alloc(q)
+        as_cuda = arrays.as_cuda_array
+        self.relaunch(AttentionProblem(
+            q=as_cuda(q, "q"), k=as_cuda(k, "k"), v=as_cuda(v, "v"), out=as_cuda(result, "out"),
+            lse=None if lse is None else as_cuda(lse, "lse"), causal=causal, scale=scale,
+            stream_handle=self.stream(), **self.fields))
+        return result if lse is None else (result, lse)
+
+
+def _remember(q, k, v, out, causal, scale, return_lse, p, relaunch):
+    """Cache ``relaunch`` for calls like this checked one (see _warm_key)."""
+    global _env_key
+    if _env_key is None:
+        from numbatc.kernels.dispatch import attention_env_key
+
+        _env_key = attention_env_key
+    if not (type(causal) is bool and type(return_lse) is bool
+            and (scale is None or type(scale) in (int, float))):
+        return
+    try:
+        key, _ = _warm_key(q, k, v, out, causal, scale, return_lse)
+    except Exception:
+        return
+    if key is not None:
+        remember(key, _AttentionWarm(p, relaunch, allocate=out is None))

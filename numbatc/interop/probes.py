@@ -34,6 +34,13 @@ def _probe_numba(t):
     return int(gpu_data.device_pointer), ("numba", t.shape, t.strides, t.dtype, ctx.device.id)
 
 
+def _probe_simulator(t):
+    # NUMBA_ENABLE_CUDASIM: the NumPy memory stands in for device 0 (arrays._from_simulator)
+    host = t._ary
+    return host.__array_interface__["data"][0], ("simulator", host.shape, host.strides,
+                                                 host.dtype)
+
+
 def _probe_marked(t):
     inner = probe(t.data)
     if inner is None:
@@ -51,14 +58,17 @@ PROBES: dict = {DTypeView: _probe_marked}
 
 def probe(t):
     """(pointer, key) for ``t``, or None where numbatc has no warm path for its kind of array
-    (bare __cuda_array_interface__ and DLPack exporters, whose device is a driver query, and the
-    simulator's arrays).  Two arrays with equal keys normalise to CudaArrays that differ at most
-    in ``ptr`` (and ``obj``)."""
+    (bare __cuda_array_interface__ and DLPack exporters, whose device is a driver query).  Two
+    arrays with equal keys normalise to CudaArrays that differ at most in ``ptr`` (and ``obj``).
+    The simulator's arrays (NUMBA_ENABLE_CUDASIM) have a probe: numbatc.attention's warm calls
+    run in the CPU emulation (the GEMM and softmax kernels hand back no relaunch function
+    there, so their calls are never cached)."""
     ty = type(t)
     fn = PROBES.get(ty)
     if fn is None:
-        lib = None if ty.__name__ == "FakeCUDAArray" else library_of(t)
-        fn = {"torch": _probe_torch, "cupy": _probe_cupy, "numba": _probe_numba}.get(lib, _no_probe)
+        lib = "simulator" if ty.__name__ == "FakeCUDAArray" else library_of(t)
+        fn = {"torch": _probe_torch, "cupy": _probe_cupy, "numba": _probe_numba,
+              "simulator": _probe_simulator}.get(lib, _no_probe)
         if len(PROBES) < 256:
             PROBES[ty] = fn
     return fn(t)

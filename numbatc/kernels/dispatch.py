@@ -49,8 +49,8 @@ from numbatc.kernels.split_k import release_captured
 
 _EMULATED = bool(config.ENABLE_CUDASIM)
 
-__all__ = ["FAMILIES", "Family", "choose", "choose_attention", "env_key", "launch_attention",
-           "launch_gemm", "plan", "release_captured"]
+__all__ = ["FAMILIES", "Family", "attention_env_key", "choose", "choose_attention", "env_key",
+           "launch_attention", "launch_gemm", "plan", "release_captured"]
 
 #: The environment variables that steer the choice of kernel and configuration.
 _ENV_VARS = ("NUMBATC_SM80_CONFIG", "NUMBATC_GEMM_KERNEL", "NUMBATC_PRINT_CONFIG",
@@ -68,6 +68,21 @@ def env_key():
         get = _ENV_DATA.get
         return (get(_ENV_BYTES[0]), get(_ENV_BYTES[1]), get(_ENV_BYTES[2]), get(_ENV_BYTES[3]))
     return tuple(os.environ.get(v) for v in _ENV_VARS)
+
+
+#: The environment variables that steer numbatc.attention's walk.
+_ATTN_ENV_VARS = ("NUMBATC_ATTN_KERNEL", "NUMBATC_ATTN_CONFIG", "NUMBATC_PRINT_CONFIG")
+_ATTN_ENV_BYTES = ([os.environ.encodekey(v) for v in _ATTN_ENV_VARS] if _ENV_DATA is not None
+                   else None)
+
+
+def attention_env_key():
+    """The values of the variables that steer the attention walk (_ATTN_ENV_VARS), as cheaply as
+    :func:`env_key`: part of numbatc.attention's warm-call key."""
+    if _ATTN_ENV_BYTES is not None:
+        get = _ENV_DATA.get
+        return (get(_ATTN_ENV_BYTES[0]), get(_ATTN_ENV_BYTES[1]), get(_ATTN_ENV_BYTES[2]))
+    return tuple(os.environ.get(v) for v in _ATTN_ENV_VARS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,6 +336,20 @@ def choose_attention(p):
 def launch_attention(p):
     """Launch the attention kernel for problem ``p`` (batch, seqlen_q, heads_q >= 1; seqlen_k
     may be 0) on its stream: :func:`choose_attention`'s module and configuration; the module's
-    launch prints the choice under NUMBATC_PRINT_CONFIG."""
+    launch prints the choice under NUMBATC_PRINT_CONFIG.
+
+    Returns a relaunch function ``fn(problem)``: the same module's launch of the same
+    configuration for a problem equal to ``p`` but in its arrays' pointers, its scale and its
+    stream (what the walk reads is then the same; the launch itself still decides what depends
+    on pointers: packing q, k, v and a TMA configuration's cp.async twin), or None with
+    ``NUMBATC_PRINT_CONFIG`` set (each call prints).  numbatc.attention keeps it for its warm
+    calls."""
     module, cfg = choose_attention(p)
     module.launch(p, cfg)
+    if os.environ.get("NUMBATC_PRINT_CONFIG"):
+        return None
+
+    def relaunch(problem):
+        module.launch(problem, cfg)
+
+    return relaunch

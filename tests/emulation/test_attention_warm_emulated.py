@@ -1,0 +1,99 @@
+"""numbatc.attention's warm call in the CPU emulation: the second call of a signature skips the
+checks and the walk over the kernels (numbatc.attention_api._attention_checked, counted here,
+runs once) and still gives the float64 reference's answer -- for new values in the same
+arrays, for fresh arrays, with ``out=`` and the lse, on the portable kernel (the emulation's
+default) and on sm90_attention (forced).  The key and the refusals: tests/test_attention_fast_path.py."""
+
+import math
+
+import numpy as np
+import pytest
+from numba import config
+
+import numbatc
+from numbatc import _warm, attention_api
+from numbatc.interop import DTypeView
+from tests.helpers.attention import NP_DTYPE, ROUNDING, reference, to_device, to_host, values
+
+pytestmark = [pytest.mark.emulation,
+              pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="needs NUMBA_ENABLE_CUDASIM=1")]
+
+
+@pytest.fixture
+def checked(monkeypatch):
+    """The calls that went through the checks (a list of their arguments)."""
+    calls = []
+    real = attention_api._attention_checked
+
+    def counting(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(attention_api, "_attention_checked", counting)
+    for var in ("NUMBATC_ATTN_KERNEL", "NUMBATC_ATTN_CONFIG", "NUMBATC_PRINT_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    _warm.CACHE.clear()
+    yield calls
+    _warm.CACHE.clear()
+
+
+def _check(got, q, k, v, causal, scale, dtype, lse=None):
+    ref, ref_lse, wabs, sbound = reference(q, k, v, causal, scale)
+    got = to_host(got, dtype)
+    tol = 2 * ROUNDING[dtype] * (np.abs(ref) + wabs) + 1e-6
+    assert (np.abs(got - ref) <= tol).all(), np.abs(got - ref).max()  # NaN counts as bad
+    if lse is not None:
+        lse = lse.copy_to_host().astype(np.float64)
+        assert np.array_equal(np.isneginf(lse), np.isinf(ref_lse))
+        fin = np.isfinite(ref_lse)
+        assert (np.abs(lse[fin] - ref_lse[fin]) <= 1e-5 * (1 + sbound[fin])).all()
+
+
+def _fill(dev, x64, dtype):
+    """New values into a device array made by to_device (numbatc.bfloat16 views included)."""
+    host = np.ascontiguousarray(x64).astype(NP_DTYPE[dtype])
+    if isinstance(dev, DTypeView):
+        dev.data.copy_to_device(host.view(np.uint16))
+    else:
+        dev.copy_to_device(host)
+
+
+def test_second_call_is_warm_and_right(checked):
+    b, sq, sk, hq, hkv, d, dtype = 1, 9, 13, 2, 1, 16, "float16"
+    shapes = ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, d))
+    dq, dk, dv = (to_device(np.zeros(s), dtype) for s in shapes)
+    for _ in range(2):  # the same arrays, new values: the second call is warm
+        q, k, v = (values(s, dtype) for s in shapes)
+        for dev, x in zip((dq, dk, dv), (q, k, v)):
+            _fill(dev, x, dtype)
+        out = numbatc.attention(dq, dk, dv, causal=True)
+        _check(out, q, k, v, True, 1 / math.sqrt(d), dtype)
+    # fresh arrays (other pointers), scale given: still the one checked call
+    q, k, v = (values(s, dtype) for s in shapes)
+    out = numbatc.attention(*(to_device(x, dtype) for x in (q, k, v)), causal=True, scale=0.3)
+    _check(out, q, k, v, True, 0.3, dtype)
+    assert len(checked) == 2  # scale=None and scale=0.3 are two signatures
+    out = numbatc.attention(*(to_device(x, dtype) for x in (q, k, v)), causal=True, scale=0.7)
+    _check(out, q, k, v, True, 0.7, dtype)
+    assert len(checked) == 2
+
+
+def test_warm_sm90_with_out_and_lse(checked, monkeypatch):
+    """sm90_attention (forced, as the emulation runs the portable kernel unless told), bf16,
+    out= and the lse: the second call is warm, runs sm90_attention again and is right."""
+    from numbatc.kernels import sm90_attention
+
+    ran = []
+    real = sm90_attention.launch
+    monkeypatch.setattr(sm90_attention, "launch", lambda p, cfg: ran.append(cfg) or real(p, cfg))
+    monkeypatch.setenv("NUMBATC_ATTN_KERNEL", "sm90")
+    b, sq, sk, hq, hkv, d, dtype = 1, 5, 7, 2, 1, 64, "bfloat16"
+    for _ in range(2):
+        q, k, v = values((b, sq, hq, d), dtype), values((b, sk, hkv, d), dtype), values(
+            (b, sk, hkv, d), dtype)
+        out = to_device(np.full(q.shape, np.nan), dtype)
+        got, lse = numbatc.attention(*(to_device(x, dtype) for x in (q, k, v)), out=out,
+                                     scale=0.2, return_lse=True)
+        assert got is out
+        _check(got, q, k, v, False, 0.2, dtype, lse)
+    assert len(checked) == 1 and len(ran) == 2 and ran[0] == ran[1]
