@@ -1,13 +1,24 @@
 """The GEMM kernels without a GPU: the heuristic picks an existing configuration for every kind
 of shape, every configuration and variant compiles and assembles for sm_80 and sm_90a without
-local memory, and configurations are validated."""
+local memory, the SASS of the main ones has no division subroutine, and configurations are
+validated."""
+
+import re
 
 import pytest
 
 from intrinsics.toolchain import assemble, compile_ptx
 from numbatc.kernels import sm80_gemm
 from numbatc.kernels.epilogue import GemmVariant
+from tests.helpers.assemblers import disassemble, whole_program_ptxas
 from tests.helpers.problems import gemm_problem
+
+#: what numbatc.bench gemm runs (bf16, row-major a, b and out), a fused column-major-B variant and
+#: the decode tiles' split-K form
+BENCH = GemmVariant("row", "row", "bfloat16", "bfloat16", None, None, None, out_pairs=True)
+FUSED = GemmVariant("row", "col", "bfloat16", "float32", "float32", "bfloat16", "gelu")
+SPLIT = GemmVariant("row", "row", "bfloat16", "bfloat16", None, None, None, out_pairs=True,
+                    split_k=True)
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (64, 4096, 4096), (65, 128, 64), (4096, 4096, 4096),
@@ -96,3 +107,24 @@ def test_bad_split_k_is_named(value, monkeypatch):
     with pytest.raises(ValueError, match="NUMBATC_SPLIT_K=.*a positive number of K slices"):
         p = gemm_problem(1, 4096, 4096)
         sm80_gemm.split(p, sm80_gemm.choose(p))
+
+
+@pytest.mark.parametrize("name, var", [("128x256x64_8w_3s", BENCH), ("128x128x64_4w_4s", FUSED),
+                                       ("64x64x64_4w_3s", BENCH), ("16x128x64_4w_6s", SPLIT)],
+                         ids=["128x256-bench", "128x128-fused", "64x64-bench", "16x128-split"])
+def test_no_64_bit_division_and_hmma_in_sass(name, var, tmp_path):
+    """The rasterisation, the stage counters and split-K's slices divide in 32 bits: no 64-bit
+    div/rem in the PTX, no CALL to the division subroutines (__cuda_sm20_div_s64 / rem_s64) in
+    whole-program SASS for sm_80, every mma.sync an HMMA.16816 (a warp's (BM / WARPS_M) x
+    (BN / WARPS_N) x BK / (16 x 8 x 16) per k tile), no spills, no local memory."""
+    cfg = sm80_gemm.CONFIGS[name]
+    ptx = compile_ptx(sm80_gemm.kernel_for(cfg, var), sm80_gemm.signature(var), "sm_80")
+    assert not re.search(r"\b(div|rem)\.[su]64\b", ptx)
+    log = whole_program_ptxas(ptx, tmp_path, "sm_80")
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+    sass = disassemble(tmp_path / "kernel.cubin")
+    assert not re.search(r"CALL\.\S+\s+`\(\$__internal\w*__cuda_sm\d+_(div|rem)", sass)
+    assert "__cuda_sm20_div" not in sass and "__cuda_sm20_rem" not in sass
+    per_tile = cfg.warp_m * cfg.warp_n * cfg.bk // (16 * 8 * 16)
+    assert len(re.findall(r"\bHMMA\.16816\.F32\.BF16\b", sass)) == per_tile
+    assert not re.search(r"\b(LDL|STL)\b", sass)

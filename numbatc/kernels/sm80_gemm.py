@@ -208,6 +208,31 @@ def load_{op}(smem, stage, src, start, ld, r0, c0, mn_lim, k0, k_lim):
     return per_row
 
 
+def tile_coords_source(bm, bn):
+    """Source of ``tile_coords(pid, M, N, group_m) -> (tm, tn)``: GROUP_M rasterisation (blocks
+    walk group_m tile-rows at a time so that neighbours share B in L2) for (bm, bn) tiles.
+
+    NOTE: in 32-bit unsigned arithmetic, every step truncated (as sm90_gemm's): a 64-bit
+    division by a run-time value is a subroutine call in SASS (CALL.REL to
+    __cuda_sm20_div_s64 / rem_s64: five of them here, with LLVM's 32-bit fast path beside each);
+    numba widens uint32 arithmetic to 64 bits, and the truncations let LLVM narrow the divisions
+    back to div.u32."""
+    return f'''
+
+@cuda.jit(device=True, forceinline=True)
+def tile_coords(pid, M, N, group_m):
+    gm = np.uint32(group_m)
+    tiles_m = np.uint32((M + {bm - 1}) // {bm})
+    tiles_n = np.uint32((N + {bn - 1}) // {bn})
+    in_group = np.uint32(gm * tiles_n)
+    first_m = np.uint32(np.uint32(pid // in_group) * gm)
+    size_m = min(np.uint32(tiles_m - first_m), gm)
+    in_pos = np.uint32(pid % in_group)
+    tm = np.uint32(first_m + np.uint32(in_pos % size_m))
+    tn = np.uint32(in_pos // size_m)
+    return tm, tn'''
+
+
 def mainloop_source(w, cfg: Sm80Config, var: GemmVariant):
     """Emit (through ``w``) the main loop that sm80 kernels share, inside a kernel whose
     ``smem``, ``t``, ``wm``/``wn``, ``m0``/``n0`` limits, ``k_tiles``, the copy starts
@@ -231,25 +256,30 @@ def mainloop_source(w, cfg: Sm80Config, var: GemmVariant):
             load_b(smem, s, b, b_start, ldb, b_r0, b_c0, n_lim, s * {BK}, K - s * {BK})
         nt.cp_async_commit_group()
 
-    # Main loop: wait for tile kt, refill the stage tile kt-1 used, compute on tile kt.
+    # Main loop: wait for tile kt, refill the stage tile kt-1 used, compute on tile kt.  The
+    # stages of tile kt (st) and of tile kt + STAGES-1 (st_next) are counters that wrap: no
+    # 64-bit kt % STAGES (a multiply-high sequence of ~15 instructions per k tile).
+    st = np.int32(0)
+    st_next = np.int32({S - 1})
     for kt in range(k_tiles):
         nt.cp_async_wait_group({S - 2})
         cuda.syncthreads()
         nxt = kt + {S - 1}
         if nxt < k_tiles:
-            st_next = nxt % {S}
             load_a(smem, st_next, a, a_start, lda, a_r0, a_c0, m_lim, nxt * {BK}, K - nxt * {BK})
             load_b(smem, st_next, b, b_start, ldb, b_r0, b_c0, n_lim, nxt * {BK}, K - nxt * {BK})
         nt.cp_async_commit_group()
-        st = np.int32((kt % {S}) * {cfg.stage_elems})''')
+        st_next = np.int32(0) if st_next == {S - 1} else np.int32(st_next + 1)
+        so = np.int32(st * {cfg.stage_elems})
+        st = np.int32(0) if st == {S - 1} else np.int32(st + 1)''')
     for ks in range(BK // 16):
         w(f"        # k step {ks}")
         for i in range(MI):
             op = "ldmatrix_x4" if a_kmajor else "ldmatrix_x4_trans"
-            w(f"        fa_{i} = nt.{op}(smem, st + a_off_{ks}_{i})")
+            w(f"        fa_{i} = nt.{op}(smem, so + a_off_{ks}_{i})")
         for j in range(0, NJ, 2):
             op = "ldmatrix_x4" if b_kmajor else "ldmatrix_x4_trans"
-            w(f"        fb = nt.{op}(smem, st + b_off_{ks}_{j})")
+            w(f"        fb = nt.{op}(smem, so + b_off_{ks}_{j})")
             w(f"        fb_{j} = (fb[0], fb[1])")
             w(f"        fb_{j + 1} = (fb[2], fb[3])")
         for i in range(MI):
@@ -300,6 +330,7 @@ def kernel_source(cfg: Sm80Config, var: GemmVariant) -> str:
     w(CONVERSIONS)
     a_per_row = loader_source(w, cfg, "a", var.a_layout, a_rowb, 0)
     b_per_row = loader_source(w, cfg, "b", var.b_layout, b_rowb, a_elems)
+    w(tile_coords_source(BM, BN))
 
     # --- the kernel ---------------------------------------------------------------------------
     # Operands are flat: element (i, j) of a 'row' matrix is x[i * ld + j], of a 'col' one
@@ -318,17 +349,10 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     wm = warp // {cfg.warps_n}
     wn = warp % {cfg.warps_n}
 
-    # Rasterisation: blocks walk GROUP_M tile-rows at a time so that neighbours share B in L2.
-    pid = cuda.blockIdx.x
-    tiles_m = (M + {BM - 1}) // {BM}
-    tiles_n = (N + {BN - 1}) // {BN}
-    in_group = group_m * tiles_n
-    first_m = (pid // in_group) * group_m
-    size_m = min(tiles_m - first_m, group_m)
-    tm = first_m + (pid % in_group) % size_m
-    tn = (pid % in_group) // size_m
-    m0 = tm * {BM}
-    n0 = tn * {BN}
+    # Rasterisation: GROUP_M tile-rows at a time, in 32-bit arithmetic (tile_coords_source)
+    tm, tn = tile_coords(np.uint32(cuda.blockIdx.x), M, N, group_m)
+    m0 = np.int64(tm) * {BM}
+    n0 = np.int64(tn) * {BN}
 {split_range}    k_tiles = (K + {BK - 1}) // {BK}
     m_lim = M - m0
     n_lim = N - n0

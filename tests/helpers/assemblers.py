@@ -1,6 +1,7 @@
 """What the assemblers make of a kernel's PTX, shared by the compile tests: nvJitLink's info log
-(the project toolchain's path, which compiles relocatable code) and whole-program ``ptxas -v``
-(as the driver's JIT compiles a module; skips without a ``ptxas`` binary on PATH)."""
+(the project toolchain's path, which compiles relocatable code), whole-program ``ptxas -v``
+(as the driver's JIT compiles a module; skips without a ``ptxas`` binary on PATH) and the SASS
+of its cubin (``nvdisasm``; skips without one on PATH)."""
 
 import re
 import shutil
@@ -28,10 +29,10 @@ def nvjitlink_info_log(ptx, arch="sm_90a", options=("-O3",)):
         nvjitlink.destroy(handle)
 
 
-def whole_program_ptxas(ptx, tmp_path):
-    """Run ``ptxas -v`` (whole-program, as the driver's JIT compiles a module) on ``ptx``;
-    returns its log.  An older ptxas gets the PTX with its own ``.version`` (the kernel uses
-    nothing newer than PTX 8.0)."""
+def whole_program_ptxas(ptx, tmp_path, arch="sm_90a"):
+    """Run ``ptxas -v -arch=<arch>`` (whole-program, as the driver's JIT compiles a module) on
+    ``ptx``, writing ``tmp_path / "kernel.cubin"``; returns its log.  An older ptxas gets the PTX
+    with its own ``.version`` (the kernels use nothing newer than PTX 8.0)."""
     exe = shutil.which("ptxas")
     if exe is None:
         pytest.skip("no ptxas binary on PATH")
@@ -39,7 +40,7 @@ def whole_program_ptxas(ptx, tmp_path):
     for _ in range(2):
         src.write_text(ptx)
         run = subprocess.run(
-            [exe, "-v", "-arch=sm_90a", str(src), "-o", str(tmp_path / "kernel.cubin")],
+            [exe, "-v", f"-arch={arch}", str(src), "-o", str(tmp_path / "kernel.cubin")],
             capture_output=True, text=True,
         )
         log = run.stdout + run.stderr
@@ -50,3 +51,11 @@ def whole_program_ptxas(ptx, tmp_path):
             break
         ptx = re.sub(r"^\.version \S+", f".version {newest.group(1)}", ptx, flags=re.M)
     pytest.fail(f"ptxas failed:\n{log}")
+
+
+def disassemble(cubin):
+    """The SASS text of ``cubin`` (a path) from ``nvdisasm``; skips without one on PATH."""
+    exe = shutil.which("nvdisasm")
+    if exe is None:
+        pytest.skip("no nvdisasm binary on PATH")
+    return subprocess.run([exe, str(cubin)], capture_output=True, text=True, check=True).stdout
