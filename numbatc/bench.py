@@ -55,6 +55,11 @@ LLAMA8B = [(4096, 6144, 4096), (4096, 4096, 4096), (4096, 28672, 4096), (4096, 4
 SHAPES = {"squares": SQUARES, "llm": LLM, "all": SQUARES + LLM, "decode": DECODE,
           "quick": [(4096, 4096, 4096), (8192, 8192, 8192)], "llama8b": LLAMA8B}
 SHAPES["quick+llama8b"] = SHAPES["quick"] + LLAMA8B
+#: DeepSeek-V3's dense layers as DeepGEMM benchmarks them (N, K), at M = 64, 128, 4096: for
+#: ``--dtype float8_e4m3 --fp8-scales block`` (DeepGEMM's recipe)
+DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168),
+               (7168, 2048))
+SHAPES["deepseek"] = [(m, n, k) for (n, k) in DEEPSEEK_NK for m in (64, 128, 4096)]
 #: The layers of issue 16's shape table, (name, N, K) as x @ W.T: Llama-3-8B (hidden 4096, GQA
 #: 32/8, intermediate 14336), Llama-3-70B (hidden 8192, GQA 64/8, intermediate 28672) and a small
 #: model (hidden 1024, GQA 16/4, intermediate 2816, a 32000 vocabulary).
@@ -114,7 +119,7 @@ def _time_gpu(fn, torch, reps, warmup=3):
     return statistics.median(times)
 
 
-def bench_gemm(shapes, dtype="bfloat16", reps=20, b_layout="row"):
+def bench_gemm(shapes, dtype="bfloat16", reps=20, b_layout="row", fp8_scales="tensor"):
     import torch
 
     import numbatc
@@ -134,7 +139,17 @@ def bench_gemm(shapes, dtype="bfloat16", reps=20, b_layout="row"):
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             sa, sb = 0.5, 0.25
             ta, tb = (torch.tensor(x, device="cuda") for x in (sa, sb))
-            ours_fn = lambda: numbatc.gemm(a, b, out=out, scale_a=sa, scale_b=sb)  # noqa: E731
+            if fp8_scales == "block":
+                # DeepGEMM's recipe: scale_a (m, ceil(k/128)) M-major, scale_b per 128 x 128;
+                # the reference stays the per-tensor _scaled_mm (the same products)
+                kb, nb = -(-k // 128), -(-n // 128)
+                bsa = (torch.rand(kb, m, device="cuda") + 0.5).T
+                bsb = torch.rand(nb, kb, device="cuda") + 0.5
+                ours_fn = lambda: numbatc.gemm(a, b, out=out, scale_a=bsa,  # noqa: E731
+                                               scale_b=bsb)
+            else:
+                ours_fn = lambda: numbatc.gemm(a, b, out=out, scale_a=sa,  # noqa: E731
+                                               scale_b=sb)
             ref_fn = lambda: torch._scaled_mm(a, b, scale_a=ta, scale_b=tb,  # noqa: E731
                                               out_dtype=torch.bfloat16, out=out)
         else:
@@ -153,7 +168,12 @@ def bench_gemm(shapes, dtype="bfloat16", reps=20, b_layout="row"):
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
         chosen = _chosen_config(ours_fn)
-        ref = (a.float() @ b.float()) * (sa * sb)
+        if fp8 and fp8_scales == "block":
+            fa = bsa.repeat_interleave(128, 1)[:, :k]
+            fb = bsb.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+            ref = (a.float() * fa) @ (b.float() * fb.T)
+        else:
+            ref = (a.float() @ b.float()) * (sa * sb)
         err = ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
         # host overhead of a warm call: enqueue only
         calls = 50
@@ -173,7 +193,9 @@ def bench_gemm(shapes, dtype="bfloat16", reps=20, b_layout="row"):
         # bytes that must move at least once: a, b read, out written (decode shapes: b's)
         moved = (m * k * a.element_size() + k * n * b.element_size()
                  + m * n * out.element_size())
-        rows.append(dict(m=m, n=n, k=k, dtype=dtype, numbatc_ms=ours, cublas_ms=theirs,
+        rows.append(dict(m=m, n=n, k=k, dtype=dtype + ("/block" if fp8 and fp8_scales == "block"
+                                                       else ""),
+                         numbatc_ms=ours, cublas_ms=theirs,
                          numbatc_gbs=moved / ours / 1e6, cublas_gbs=moved / theirs / 1e6,
                          numbatc_tflops=flops / ours / 1e9, cublas_tflops=flops / theirs / 1e9,
                          ratio=theirs / ours, first_call_s=first, host_overhead_us=host_us,
@@ -697,12 +719,19 @@ def _parser():
                            "at 4096 tokens; table: M in {1 .. 4096} x the Llama-3-8B / -70B / "
                            "hidden-1024 layers, with a ratio grid and a heatmap PNG (--png, "
                            "default gemm_table_<dtype>.png; use --b-layout col for x @ W.T); "
-                           "table-small: the hidden-1024 rows only")
+                           "table-small: the hidden-1024 rows only; deepseek: DeepSeek-V3's "
+                           "layers at M = 64 / 128 / 4096 (DeepGEMM's set, for --fp8-scales "
+                           "block)")
     gemm.add_argument("--png", metavar="FILE", help="write a bar plot to FILE (needs "
                       "matplotlib: pip install numbatc[plots])")
     gemm.add_argument("--b-layout", default="row", choices=("row", "col"),
                       help="b row-major (k, n) (default), or col: b = w.T of a row-major (n, k) "
                            "weight, as a Linear layer's x @ W.T (bf16/f16; float8 is always col)")
+    gemm.add_argument("--fp8-scales", default="tensor", choices=("tensor", "block"),
+                      help="float8 only: per-tensor scales (default), or block: DeepGEMM's "
+                           "blockwise recipe (float32 scale_a per row and 128 K values, scale_b "
+                           "per 128 x 128 block); the reference stays the per-tensor "
+                           "torch._scaled_mm")
     gemm.add_argument("--configs", action="store_true",
                       help="also time every sm80 tile configuration on the shapes (forced "
                            "through NUMBATC_SM80_CONFIG), to tune the heuristic")
@@ -750,7 +779,8 @@ def main(argv=None):
     if args.shapes in ("decode", "table", "table-small"):
         print(f"device copy bandwidth: {copy_bandwidth(torch):.0f} GB/s (read + write of 1 GiB)",
               flush=True)
-    rows = bench_gemm(SHAPES[args.shapes], args.dtype, args.reps, args.b_layout)
+    rows = bench_gemm(SHAPES[args.shapes], args.dtype, args.reps, args.b_layout,
+                      args.fp8_scales)
     if args.configs:
         import os
 

@@ -201,7 +201,9 @@ class GemmProblem:
 
     FP8 with per-tensor scales (``tensor_scales`` = (scale_a, scale_b), Python floats; see
     :data:`FP8_RULES`): a row-major, b column-major (both K-major); the kernel computes
-    ``alpha * scale_a * scale_b * (a @ b)`` (the dispatcher folds the scales into alpha)."""
+    ``alpha * scale_a * scale_b * (a @ b)`` (the dispatcher folds the scales into alpha).
+    FP8 with blockwise scales (``blockwise``, :data:`FP8_BLOCK`): ``scale_a`` and ``scale_b``
+    hold them and ``tensor_scales`` is (1.0, 1.0)."""
 
     m: int
     n: int
@@ -228,6 +230,9 @@ class GemmProblem:
     scale_a: Operand | None = None
     scale_b: Operand | None = None
     tensor_scales: tuple | None = None
+    # FP8 with blockwise scales (DeepGEMM's recipe, see FP8_BLOCK): scale_a (m, ceil(k / 128))
+    # and scale_b (ceil(n / 128), ceil(k / 128)) float32, tensor_scales (1.0, 1.0)
+    blockwise: bool = False
 
     @cached_property
     def stream(self):
@@ -354,6 +359,53 @@ def _tensor_scales(A, B, scale_a, scale_b):
             f"numbatc.float8_e5m2(<uint8 array>)); a is {A.dtype} and b is {B.dtype}"
         )
     return float(scale_a), float(scale_b)
+
+
+#: FP8 with blockwise scales (DeepGEMM's fine-grained recipe; sm_90a): a (M, K) and b (K, N)
+#: float8_e4m3fn / float8_e5m2, both K-major; scale_a float32 (M, ceil(K / 128)), one scale per
+#: row and 128 values of K; scale_b float32 (ceil(N / 128), ceil(K / 128)), one per block of 128
+#: columns x 128 values of K (either layout each).  out = alpha * sum over K blocks kb of
+#: scale_a[:, kb, None] * scale_b[None, n // 128, kb] * (a[:, kb] @ b[kb, :]), in float32.
+FP8_BLOCK = 128
+
+
+def _fp8_blockwise(A, B, scale_a, scale_b):
+    """Whether (a, b, scale_a, scale_b) is FP8 with blockwise (float32 array) scales."""
+    if A.dtype not in _FP8 or B.dtype not in _FP8 or scale_a is None or scale_b is None:
+        return False
+    kinds = []
+    for nm, x in (("scale_a", scale_a), ("scale_b", scale_b)):
+        try:
+            kinds.append(arrays.as_cuda_array(x, nm).dtype == "float32")
+        except TypeError:
+            return False
+    if kinds[0] != kinds[1]:
+        raise TypeError(
+            "scale_a and scale_b must both be float32 device arrays for FP8 with blockwise "
+            "scales (scale_a (M, ceil(K/128)), scale_b (ceil(N/128), ceil(K/128))), or both "
+            "ue8m0 block scales for MXFP8 (sm_100)"
+        )
+    return kinds[0]
+
+
+def _check_blockwise_scales(SA, SB, m, n, k):
+    kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
+    for nm, ca, want, what in (("scale_a", SA, (m, kb), "(M, ceil(K/128))"),
+                               ("scale_b", SB, (nb, kb), "(ceil(N/128), ceil(K/128))")):
+        if ca.ndim != 2 or tuple(ca.shape) != want:
+            per = "row and 128 values of K" if nm == "scale_a" else "128 x 128 block of b"
+            extra = (" (per-tensor scales are Python or NumPy numbers, e.g. "
+                     f"{nm}=float(s.item()), not device arrays)"
+                     if ca.ndim == 0 or ca.size == 1 else "")
+            raise ValueError(
+                f"{nm} must have shape {what} = {want} for FP8 with blockwise scales (one "
+                f"float32 scale per {per}), got {tuple(ca.shape)}{extra}"
+            )
+    if k % 16:
+        raise ValueError(
+            f"FP8 with blockwise scales needs K to be a multiple of 16 (a and b are loaded by "
+            f"TMA: 16-byte rows); K = {k}"
+        )
 
 
 def _block_scaled_format(A, B, scale_a, scale_b):
@@ -527,6 +579,13 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
     dtypes; the scales are folded into alpha (one float32) and the product accumulates in
     float32 (wgmma m64nNk32).
 
+    FP8 with blockwise scales (DeepGEMM's fine-grained recipe, sm_90a): the same a and b (K a
+    multiple of 16, 16-byte aligned), ``scale_a`` a float32 device array (M, ceil(K/128)) -- one
+    scale per row and 128 values of K -- and ``scale_b`` float32 (ceil(N/128), ceil(K/128)) --
+    one per 128 x 128 block of b -- each row- or column-major.  Each k block's product is scaled
+    as it is added into the float32 accumulator: a @ b = sum over kb of scale_a[m, kb] *
+    scale_b[n // 128, kb] * (a[m, kb-block] @ b[kb-block, n]); then the epilogue as above.
+
     Returns an array of a's library (a ``numbatc.bfloat16`` view for marked inputs) of dtype
     ``out_dtype`` (default: the input dtype; 'float32' on request), or ``out`` written in place
     (it must not overlap a, b or bias; it may be c itself). Runs on the caller's current stream
@@ -563,7 +622,8 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, activation=None, out=N
         a, b, c, alpha, beta, bias, activation, out, out_dtype, epilogue, epilogue_args,
         scale_a, scale_b)
     _release_captured()
-    if relaunch is not None and (not scaled or problem.tensor_scales is not None):
+    if relaunch is not None and (not scaled or problem.tensor_scales is not None) and not (
+            problem.blockwise):  # blockwise launches are never prepared: no warm path
         _remember(a, b, c, bias, out, alpha, beta, activation, out_dtype, problem, relaunch,
                   scaled, epilogue_args)
     return result
@@ -591,9 +651,18 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
             "a.shape[1] must equal b.shape[0]"
         )
     scales = _tensor_scales(A, B, scale_a, scale_b)
-    fmt = None if scales is not None else _block_scaled_format(A, B, scale_a, scale_b)
+    blockwise = scales is None and _fp8_blockwise(A, B, scale_a, scale_b)
+    fmt = None
+    if scales is None and not blockwise:
+        fmt = _block_scaled_format(A, B, scale_a, scale_b)
     SA = SB = None
-    if scales is not None:
+    if blockwise:
+        rule = FP8_RULES[(A.dtype, B.dtype)]
+        SA = arrays.as_cuda_array(scale_a, "scale_a")
+        SB = arrays.as_cuda_array(scale_b, "scale_b")
+        _check_blockwise_scales(SA, SB, m, n, k)
+        scales = (1.0, 1.0)
+    elif scales is not None:
         rule = FP8_RULES[(A.dtype, B.dtype)]
     elif fmt is None:
         rule = _rule_for(A, B)
@@ -677,6 +746,9 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
         op_sb = _matrix("scale_b", SB, n, SB.shape[1])
     if scales is not None:
         _check_k_major("FP8", op_a, op_b)
+    if blockwise:
+        op_sa = _matrix("scale_a", SA, *SA.shape)
+        op_sb = _matrix("scale_b", SB, *SB.shape)
     op_c = _matrix("c", C, m, n) if C is not None else None
     op_bias = _vector("bias", BIAS) if BIAS is not None else None
     if OUT is not None:
@@ -710,6 +782,7 @@ def _gemm_checked(a, b, c, alpha, beta, bias, activation, out, out_dtype, epilog
         acc_dtype=rule.acc, device=device if device is not None else OUT.device, cc=cc,
         stream_handle=streams.stream_handle(A), epilogue=epilogue, epilogue_args=eargs,
         block_scaled=fmt, scale_a=op_sa, scale_b=op_sb, tensor_scales=scales,
+        blockwise=blockwise,
     )
     if k == 0 and epilogue is None:
         _epilogue_without_product(problem)

@@ -13,6 +13,8 @@
 #              default Hopper GEMM, and the default against the cp.async producer (bench.txt)
 #   store      issue 21's TMA store epilogue: its GPU tests, then sweep_gemm.py of the _ts configs
 #              against their direct-store twins and cuBLAS (bf16 and FP8)
+#   fp8block   issue 21's FP8 blockwise scales: their GPU tests, bench --fp8-scales block on the
+#              DeepSeek-V3 shapes, and the quick rows of the defaults
 #   table      the GEMM shape table (bench gemm --shapes table, b col): text, CSV, heatmap PNG
 #   sanitize   compute-sanitizer memcheck / racecheck / synccheck on scripts/sanitize_cases.py
 #   profile    one Nsight Compute report of a Hopper GEMM (PROFILE_CODE picks the problem,
@@ -88,6 +90,20 @@ if [[ $what == store ]]; then
     done
     t 100 $py scripts/sweep_gemm.py --shapes quick --m 4096,8192 --dtype float8_e4m3 --only $f8
   } > "$out/store_sweep.txt"
+fi
+
+if [[ $what == fp8block ]]; then
+  # issue 21's FP8 blockwise scales (DeepGEMM's recipe): its GPU tests in shards, then the
+  # DeepSeek-V3 shapes against the per-tensor torch._scaled_mm, and the new defaults' quick rows
+  $py scripts/pytest_shards.py --shards 3 --timeout 200 --out /tmp/shards_bw \
+    tests/gpu/test_sm90_gemm_gpu.py -- -k "blockwise" --tb=short > /tmp/bw_tests.txt 2>&1
+  { cat /tmp/bw_tests.txt; for f in /tmp/shards_bw/*.log; do echo "=== $f"; tail -30 "$f"; done
+  } > "$out/fp8block_tests.txt"
+  {
+    t 200 $py -m numbatc.bench gemm --dtype float8_e4m3 --fp8-scales block --shapes deepseek
+    t 100 $py -m numbatc.bench gemm --dtype float8_e4m3 --shapes quick
+    t 100 $py -m numbatc.bench gemm --shapes quick+llama8b --b-layout col
+  } 2>&1 | grep -vE "^gemm \[" > "$out/fp8block_bench.txt"
 fi
 
 if [[ $what == table ]]; then

@@ -213,3 +213,71 @@ def test_warm_calls_fold_the_scales_into_alpha(kernel, torch):
     with pytest.raises(ValueError, match="must be finite"):
         gemm(a2, b2, out=out2, scale_a=float("inf"), scale_b=1.0)
     assert len(kernel.calls) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 with blockwise scales (DeepGEMM's recipe): float32 scale_a (M, ceil(K/128)) and scale_b
+# (ceil(N/128), ceil(K/128))
+# ---------------------------------------------------------------------------------------------
+
+def _block_scales(m, n, k, a_col=False):
+    kb, nb = -(-k // 128), -(-n // 128)
+    sa = col_major(m, kb, "float32") if a_col else FakeCuda((m, kb), "float32")
+    return sa, FakeCuda((nb, kb), "float32")
+
+
+def test_blockwise_reaches_launch_gemm(launched):
+    a, b = fp8(m=64, n=300, k=272)
+    sa, sb = _block_scales(64, 300, 272, a_col=True)  # DeepGEMM keeps scale_a M-major
+    gemm(a, b, scale_a=sa, scale_b=sb, alpha=2.0)
+    (p,) = launched.launches
+    assert p.blockwise and p.tensor_scales == (1.0, 1.0) and p.block_scaled is None
+    assert (p.scale_a.layout, p.scale_a.ld, p.scale_b.layout, p.scale_b.ld) == (
+        "col", 64, "row", 3)
+    assert p.alpha == 2.0 and p.out_dtype == "bfloat16"
+
+
+def test_blockwise_refusals(launched):
+    a, b = fp8(m=64, n=300, k=272)
+    sa, sb = _block_scales(64, 300, 272)
+    for kwargs, exc, msg in (
+            (dict(scale_a=FakeCuda((64, 2), "float32"), scale_b=sb), ValueError,
+             r"scale_a must have shape \(M, ceil\(K/128\)\) = \(64, 3\) for FP8 with blockwise "
+             r"scales \(one float32 scale per row and 128 values of K\), got \(64, 2\)$"),
+            (dict(scale_a=sa, scale_b=FakeCuda((2, 3), "float32")), ValueError,
+             r"scale_b must have shape \(ceil\(N/128\), ceil\(K/128\)\) = \(3, 3\)"),
+            (dict(scale_a=sa, scale_b=FakeCuda((3, 3), "uint8")), TypeError,
+             r"scale_a and scale_b must both be float32 device arrays"),
+            (dict(scale_a=sa, scale_b=1.0), TypeError, r"scale_a = .*real numbers")):
+        with pytest.raises(exc, match=msg):
+            gemm(a, b, **kwargs)
+    a40, b40 = fp8(m=64, n=300, k=40)
+    sa40, sb40 = _block_scales(64, 300, 40)
+    with pytest.raises(ValueError, match=r"K to be a multiple of 16 .*K = 40"):
+        gemm(a40, b40, scale_a=sa40, scale_b=sb40)
+    assert not launched.launches
+
+
+@pytest.mark.parametrize("m, n, name", [(64, 300, "fp8_64x128x128_8s_pt_tma"),
+                                        (4096, 4096, "fp8_128x128x128_6s_pt_tma_ts")])
+def test_dispatch_runs_the_blockwise_form(kernel, monkeypatch, m, n, name):
+    """sm90_gemm.blockwise_config: 64-row tiles where 128-row ones leave half the SMs idle; the
+    scales and their element strides reach the launch, which is never prepared (no warm path:
+    the relaunch function has no place for the scales); forcing takes only the blockwise
+    configurations."""
+    a, b = fp8(m=m, n=n, k=272)
+    sa, sb = _block_scales(m, n, 272, a_col=True)
+    for _ in range(2):
+        gemm(a, b, scale_a=sa, scale_b=sb)
+    assert len(kernel.calls) == 2 and not any(c[0] == "relaunch" for c in kernel.calls)
+    ((cfg, var, pa, pb, out, *dims, alpha, beta, kw), _) = kernel.calls
+    assert cfg is sm90_gemm.FP8_CONFIGS[name] and var.blockwise and alpha == 1.0
+    assert "prepare" not in kw
+    assert kw["block_scales"] == (sa.ptr, sb.ptr, 1, m, 3, 1)
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:fp8_128x256x128_3s_pt_tma_ts")
+    with pytest.raises(ValueError, match=r"does not take blockwise FP8 scales; choose from "
+                                         r"\['fp8_128x128x128_6s_pt_tma_ts'"):
+        gemm(a, b, scale_a=sa, scale_b=sb)
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", "sm90:fp8_128x128x128_6s_pt_tma")
+    gemm(a, b, scale_a=sa, scale_b=sb)
+    assert kernel.calls[-1][0] is sm90_gemm.FP8_CONFIGS["fp8_128x128x128_6s_pt_tma"]

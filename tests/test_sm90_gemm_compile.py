@@ -8,6 +8,7 @@ import functools
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 
 import pytest
 
@@ -412,10 +413,11 @@ def test_tma_twins_and_the_default_switch():
 
     assert sm90_gemm.DEFAULT_PRODUCER in ("cp.async", "tma")
     # ... and the direct-store twins of the TMA store configurations (a forced _ts
-    # configuration's fallback for an out a tensor map cannot describe: they load by TMA only)
+    # configuration's fallback for an out a tensor map cannot describe: they load by TMA only),
+    # and the blockwise FP8 configurations
     tma_only = {"64x128x64_6s_w1_tma", "64x256x64_4s_w1_tma",
                 *(name for name, _ in sm90_gemm.FP8_SMALL_TILES), sm90_gemm.FP8_MID_TILE,
-                *(name.removesuffix("_ts") for name in TS_NAMES)}
+                *(name.removesuffix("_ts") for name in TS_NAMES), *sm90_gemm.BLOCKWISE_CONFIGS}
     for name in TMA_NAMES:
         cfg = sm90_gemm.CONFIGS.get(name) or sm90_gemm.FP8_CONFIGS[name]
         twin = sm90_gemm.with_producer(cfg, "cp.async")
@@ -429,3 +431,34 @@ def test_tma_twins_and_the_default_switch():
         assert sm90_gemm.with_producer(twin, "tma") is cfg
     assert sm90_gemm.tma_unsupported((("a", 16), ("b", 16))) is None
     assert "b not 16-byte aligned" in sm90_gemm.tma_unsupported((("a", 16), ("b", 8)))
+
+
+BW = sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e4m3fn", "bfloat16", None, None, None,
+                              b_dtype="float8_e4m3fn", out_pairs=True, blockwise=True)
+BW_CASES = [(n, BW) for n in sm90_gemm.BLOCKWISE_CONFIGS] + [
+    ("fp8_64x128x128_8s_pt_tma", replace(BW, split_k=True, b_dtype="float8_e5m2",
+                                         out_dtype="float32", out_pairs=False))]
+
+
+@pytest.mark.parametrize("name, var", BW_CASES,
+                         ids=[f"{n}{'-split' if v.split_k else ''}" for n, v in BW_CASES])
+def test_fp8_blockwise_assembles_without_spills(name, var, tmp_path):
+    """FP8 with blockwise scales: per k tile 4 wgmma into the tile's product (the first with
+    scale-d 0), its wait, and BN / 2 fused multiply-adds into the accumulator per thread; 64 +
+    64 accumulator registers and no spills, no local memory, no serialised wgmma."""
+    cfg = sm90_gemm.FP8_CONFIGS[name]
+    ptx = _ptx(name, var)
+    assert len([x for x in ptx.splitlines() if "wgmma.mma_async" in x]) == 4
+    assert ptx.count("fma.rn.f32") >= cfg.bn // 2
+    assert "wgmma.wait_group.sync.aligned 0;" in ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    log = whole_program_ptxas(ptx, tmp_path)
+    assert "C7504" not in log and "C7508" not in log and "C7509" not in log, log
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+    disasm = shutil.which("nvdisasm")
+    if disasm is None:
+        return
+    sass = subprocess.run([disasm, str(tmp_path / "kernel.cubin")], capture_output=True,
+                          text=True, check=True).stdout
+    assert len(re.findall(rf"QGMMA\.64x{cfg.bn}x32", sass)) == 4
+    assert not re.search(r"\b(LDL|STL)\b", sass)

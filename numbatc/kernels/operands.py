@@ -160,6 +160,13 @@ def launch_gemm(launch_flat, p, cfg, var, split, tiles, alpha):
     if (not _EMULATED and not printing and p.k >= 1 and p.a.alignment == 16
             and p.b.alignment == 16):
         extra["prepare"] = True
+    if getattr(p, "blockwise", False):
+        # FP8 blockwise scales: (scale_a, scale_b, each's row and column element strides)
+        strides = [(op.ld, 1) if op.layout == "row" else (1, op.ld)
+                   for op in (p.scale_a, p.scale_b)]
+        extra["block_scales"] = (pointer(p.scale_a, keep), pointer(p.scale_b, keep),
+                                 *strides[0], *strides[1])
+        extra.pop("prepare", None)  # the relaunch contract has no place for the scales
     splits, k_chunk = split
     if splits > 1:
         buffers = split_k.split_workspace(p.device, splits * p.m * p.n, tiles,

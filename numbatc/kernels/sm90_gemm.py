@@ -72,6 +72,7 @@ __all__ = ["Sm90Config", "Sm90Variant", "Sm90Fp8Variant", "CONFIGS", "FP8_CONFIG
            "small_tiles_skip", "small_split", "tensor_maps_unsupported", "kernel_for", "kernel_source",
            "kernel_signature", "launch_flat", "signature", "grid_for", "with_producer",
            "with_store", "tma_store_unsupported", "TMA_STORE_FORM",
+           "BLOCKWISE_CONFIGS", "blockwise_config",
            "tma_unsupported"]
 
 # The variant (layouts, dtypes, epilogue) is every GEMM kernel's: the same problem description,
@@ -85,9 +86,15 @@ FP8_DTYPES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 @dataclass(frozen=True)
 class Sm90Fp8Variant(epilogue.GemmVariant):
     """An fp8 problem: ``in_dtype`` is a's dtype and ``b_dtype`` b's (float8_e4m3fn or
-    float8_e5m2 each); a_layout must be 'row' and b_layout 'col' (both K-major)."""
+    float8_e5m2 each); a_layout must be 'row' and b_layout 'col' (both K-major).
+
+    ``blockwise``: DeepGEMM's fine-grained scaling -- float32 scales of a per (row, 128 values
+    of K) and of b per (128 columns, 128 values of K), applied to each k tile's partial product
+    as it is added into the float32 accumulator (:data:`BLOCKWISE_CONFIGS`; the kernel takes
+    the two scale arrays and their element strides after ``group_m``)."""
 
     b_dtype: str = "float8_e4m3fn"
+    blockwise: bool = False
 
 
 def signature(var):
@@ -105,7 +112,12 @@ def _byte_signature(var):
 
     u8 = types.CPointer(types.uint8)
     as_bf16 = replace(var, in_dtype="bfloat16") if var.in_dtype in FP8_DTYPES else var
-    return (u8, u8) + tuple(epilogue.signature(as_bf16)[2:])
+    sig = (u8, u8) + tuple(epilogue.signature(as_bf16)[2:])
+    if getattr(var, "blockwise", False):
+        # after group_m (epilogue.signature's 15th argument): the scales and their strides
+        f32 = types.CPointer(types.float32)
+        sig = sig[:15] + (f32, f32) + (types.int64,) * 4 + sig[15:]
+    return sig
 
 _THREADS_PER_WG = 128
 _SWIZZLE = 128  # bytes: BK = 64 two-byte elements fill one 128-byte swizzle row
@@ -336,6 +348,14 @@ FP8_CONFIGS = {
         # the TMA store epilogue (bf16 / f16 out), as bf16's _3s_pt_tma_ts
         Sm90Config("fp8_128x256x128_3s_pt_tma", 256, 3, bk=128, elem_bytes=1, persistent=True,
                    producer="tma", **_TMA_REGS),
+        # blockwise scaling (Sm90Fp8Variant.blockwise): 128-column tiles (the scaled partial
+        # sum needs a second accumulator: 64 + 64 registers a thread), no group in flight
+        Sm90Config("fp8_128x128x128_6s_pt_tma", 128, 6, bk=128, elem_bytes=1, persistent=True,
+                   producer="tma", **_TMA_REGS),
+        Sm90Config("fp8_128x128x128_6s_pt_tma_ts", 128, 6, bk=128, elem_bytes=1,
+                   persistent=True, producer="tma", store="tma", **_TMA_REGS),
+        Sm90Config("fp8_64x128x128_8s_pt_tma", 128, 8, bm=64, consumers=1, bk=128, elem_bytes=1,
+                   persistent=True, producer="tma", producer_regs=56, consumer_regs=240),
         Sm90Config("fp8_128x256x128_3s_pt_tma_ts", 256, 3, bk=128, elem_bytes=1,
                    persistent=True, producer="tma", store="tma", **_TMA_REGS),
     )
@@ -879,13 +899,15 @@ def kernel_signature(cfg: Sm90Config, var: Sm90Variant):
 
 def launch_flat(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, ldb, ldc,
                 ldo, alpha, beta, stream=0, group_m=8, epilogue_args=(), prepare=False,
-                split=None):
+                split=None, block_scales=()):
     """Launch the kernel (arguments as sm80_gemm.launch_flat, ``prepare`` too).  Operands are
     flat: device pointers (ints) on the GPU, 1-d arrays in the emulation; A's and B's start and
     leading dimension must be 16-byte aligned (a TMA configuration builds their tensor maps,
     see sm90_gemm_tma).  The kernel uses setmaxnreg, so intrinsics.launch loads it through the
     driver's whole-program JIT (nvJitLink's relocatable compilation would drop the
-    instruction)."""
+    instruction).  ``block_scales``: a blockwise variant's (scale_a, scale_b, their row and
+    column element strides) -- flat as the operands; such a launch is never prepared (the
+    relaunch contract has no place for the scales)."""
     cluster = (cfg.cluster_m, 1, 1) if cfg.cluster_m > 1 else None
     grid = grid_for(cfg, m, n)
     if cfg.persistent and split is None:
@@ -897,7 +919,8 @@ def launch_flat(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, 
 
         return sm90_gemm_tma.launch(cfg, var, kernel_for(cfg, var), grid, a, b, c, bias, out,
                                     m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m,
-                                    epilogue_args, prepare, split)
+                                    epilogue_args, prepare and not block_scales, split,
+                                    block_scales)
     # the kernel reads a and b through byte pointers (see signature): the emulation's flat
     # arrays are viewed as bytes; on the GPU they are device pointers already
     a, b = (x if isinstance(x, (int, np.integer)) else _byte_view(x) for x in (a, b))
@@ -973,7 +996,11 @@ SPLIT_TWIN = {"128x256x64_4s_pt": "128x256x64_4s_w1", "128x256x64_4s_w1_pt": "12
               "128x128x64_4s_w1_pt_tma": "128x128x64_4s_w1_tma",
               "128x128x64_4s_w1_pt_tma_ts": "128x128x64_4s_w1_tma",
               "fp8_128x256x128_3s_pt_tma": "fp8_128x256x128_4s_w1_tma",
-              "fp8_128x256x128_3s_pt_tma_ts": "fp8_128x256x128_4s_w1_tma"}
+              "fp8_128x256x128_3s_pt_tma_ts": "fp8_128x256x128_4s_w1_tma",
+              # blockwise scaling: split K as the configuration itself (no group in flight)
+              "fp8_128x128x128_6s_pt_tma": "fp8_128x128x128_6s_pt_tma",
+              "fp8_128x128x128_6s_pt_tma_ts": "fp8_128x128x128_6s_pt_tma",
+              "fp8_64x128x128_8s_pt_tma": "fp8_64x128x128_8s_pt_tma",}
 
 
 def unsupported(p):
@@ -1118,7 +1145,12 @@ def choose(p, name=None):
         if name not in table:
             raise ValueError(f"no sm90 {'FP8 ' if fp8 else ''}config {name!r}; choose from "
                              f"{sorted(table)}")
+        if getattr(p, "blockwise", False) and name not in BLOCKWISE_CONFIGS:
+            raise ValueError(f"sm90 config {name} does not take blockwise FP8 scales; choose "
+                             f"from {list(BLOCKWISE_CONFIGS)}")
         return _producer_for(p, table[name])
+    if fp8 and getattr(p, "blockwise", False):
+        return blockwise_config(p)
     if fp8:
         # persistent for N > 128: with the TMA producer 1156 / 1342 TFLOP/s at 4096^3 / 8192^3
         # against 1087 / 1159 for _w1 (H200, docs/PERFORMANCE.md)
@@ -1150,6 +1182,26 @@ TMA_STORE_FORM = {"128x256x64_4s_pt_tma": "128x256x64_3s_pt_tma_ts",
                   "fp8_128x256x128_4s_pt_tma": "fp8_128x256x128_3s_pt_tma_ts"}
 
 
+#: The configurations that run FP8 with blockwise scales (Sm90Fp8Variant.blockwise): 128-column
+#: tiles, no wgmma group in flight, TMA only.
+BLOCKWISE_CONFIGS = ("fp8_128x128x128_6s_pt_tma_ts", "fp8_128x128x128_6s_pt_tma",
+                     "fp8_64x128x128_8s_pt_tma")
+
+
+def blockwise_config(p):
+    """The configuration for FP8 problem ``p`` with blockwise scales: the 64-row tiles where the
+    128-row ones would leave more than half the SMs idle, else the 128-row ones, with the TMA
+    store epilogue where out allows it.  (Not yet tuned on a GPU.)"""
+    reason = tensor_maps_unsupported(p)
+    if reason is not None:
+        raise ValueError(f"FP8 with blockwise scales loads a and b by TMA only, and {reason}")
+    if grid_for(FP8_CONFIGS["fp8_128x128x128_6s_pt_tma"], p.m, p.n) * 2 < split_k.NUM_SMS_GUESS:
+        return FP8_CONFIGS["fp8_64x128x128_8s_pt_tma"]
+    if tma_store_unsupported(p) is None:
+        return FP8_CONFIGS["fp8_128x128x128_6s_pt_tma_ts"]
+    return FP8_CONFIGS["fp8_128x128x128_6s_pt_tma"]
+
+
 def _producer_for(p, cfg: Sm90Config) -> Sm90Config:
     """``cfg``, or where it loads by TMA and a tensor map cannot describe ``p``'s operands its
     cp.async twin, where it stores by TMA and a tensor map cannot describe ``p``'s out its
@@ -1179,7 +1231,8 @@ def _producer_for(p, cfg: Sm90Config) -> Sm90Config:
 
 def _problem_variant(p, **fields):
     if p.tensor_scales is not None:
-        return epilogue.variant_for(p, Sm90Fp8Variant, b_dtype=p.b_dtype, **fields)
+        return epilogue.variant_for(p, Sm90Fp8Variant, b_dtype=p.b_dtype,
+                                    blockwise=getattr(p, "blockwise", False), **fields)
     return epilogue.variant_for(p, **fields)
 
 

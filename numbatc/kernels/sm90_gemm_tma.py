@@ -257,6 +257,11 @@ def kernel_source(cfg, var) -> str:
     tma_store = cfg.store == "tma"
     assert not (tma_store and var.split_k), "a K slice's partial sums are not stored by TMA"
     assert not tma_store or (var.out_dtype in _TMA_DTYPE and var.out_layout == "row"), var
+    blockwise = getattr(var, "blockwise", False)
+    # blockwise scaling: one scale of b per 128 columns covers the tile, one k tile is one
+    # 128-value scale block, and each k tile's product is read back before the next one
+    assert not blockwise or (cfg.bk == 128 and cfg.bn in (64, 128) and cfg.inflight == 0), cfg
+    bw_args = ", sa, sb, sa_rs, sa_cs, sb_rs, sb_cs" if blockwise else ""
     BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages
     kinst = 32 // cfg.elem_bytes  # K of one wgmma: 16 (bf16/f16), 32 (fp8)
     a_kmajor, b_kmajor = var.a_layout == "row", var.b_layout == "col"
@@ -316,7 +321,7 @@ def wg_sync(cw):
     w(f'''
 
 @cuda.jit(cache={var.epilogue is None}, launch_bounds=({cfg.threads}, 1))
-def gemm_kernel(tma_a, tma_b, {"tma_out, " if tma_store else ""}c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m{split_args}{ea}):
+def gemm_kernel(tma_a, tma_b, {"tma_out, " if tma_store else ""}c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m{bw_args}{split_args}{ea}):
     # {S} stages of [A {BM} x {BK} | B {BN} x {BK}] ({"K" if a_kmajor else "MN"}-major A, {"K" if b_kmajor else "MN"}-major B), {cfg.stage_bytes} bytes each
     smem = cuda.shared.array(0, np.uint8, alignment=1024)
     # full[s] = bars[s]: the producer's expect_tx arrival + {cfg.stage_bytes} bytes;
@@ -349,17 +354,10 @@ def gemm_kernel(tma_a, tma_b, {"tma_out, " if tma_store else ""}c, bias, out, M,
     x = " " * 8 + ("    " if pers else "")
     cons = [f"acc = nt.wgmma_fence_operand({zeros})  # written by ordinary code: pin before wgmma",
             "prev = index",
-            "for kt in range(k_tiles):",
-            "    WAIT(bars, index, phase)",
-            "    # TMA wrote the stage through the async proxy, which wgmma reads: no proxy fence",
-            f"    st = np.uint64(index * {cfg.stage_bytes // 16})",
-            "    nt.wgmma_fence()"]
-    for ks in range(BK // kinst):
-        a_k = a_lay.k_offset(ks * kinst) // 16
-        b_k = b_lay.k_offset(ks * kinst) // 16
-        cons.append(f"    acc = MMA(acc, da0 + st + np.uint64({a_k}), db0 + st + np.uint64({b_k}), 1)")
-    cons.append("    nt.wgmma_commit_group()")
-    if cfg.inflight == 0:
+            "for kt in range(k_tiles):"] + _issue(cfg, a_lay, b_lay, kinst, "acc", False)
+    if blockwise:
+        cons = _blockwise_mainloop(cfg, var, a_lay, b_lay, kinst, zeros)
+    elif cfg.inflight == 0:
         cons += ["    # this tile's group retired: its stage goes back to the producer",
                  "    nt.wgmma_wait_group(0)",
                  "    acc = nt.wgmma_fence_operand(acc)",
@@ -411,6 +409,64 @@ def gemm_kernel(tma_a, tma_b, {"tma_out, " if tma_store else ""}c, bias, out, M,
         if pers:
             w(x + "tile += cuda.gridDim.x")
     return "\n".join(lines) + "\n"
+
+
+def _issue(cfg, a_lay, b_lay, kinst, target, overwrite, indent="    "):
+    """Lines of one k tile's issue: wait for its stage, then BK / kinst wgmma into ``target``
+    (the first with scale-d 0 where ``overwrite``: the tile's own product) and the commit."""
+    lines = ["WAIT(bars, index, phase)",
+             "# TMA wrote the stage through the async proxy, which wgmma reads: no proxy fence",
+             f"st = np.uint64(index * {cfg.stage_bytes // 16})",
+             "nt.wgmma_fence()"]
+    for ks in range(cfg.bk // kinst):
+        a_k = a_lay.k_offset(ks * kinst) // 16
+        b_k = b_lay.k_offset(ks * kinst) // 16
+        scale_d = 0 if overwrite and ks == 0 else 1
+        lines.append(f"{target} = MMA({target}, da0 + st + np.uint64({a_k}), "
+                     f"db0 + st + np.uint64({b_k}), {scale_d})")
+    lines.append("nt.wgmma_commit_group()")
+    return [indent + x for x in lines]
+
+
+def _blockwise_mainloop(cfg, var, a_lay, b_lay, kinst, zeros):
+    """The consumers' main loop for FP8 with blockwise scales (DeepGEMM's recipe): each k tile's
+    product goes into its own wgmma accumulator (the first wgmma with scale-d 0), which, once
+    retired, is added into ``acc`` (plain registers) scaled by a's scale of each row and b's of
+    the tile's 128 columns for that 128-value K block.  The scales are loaded before the tile's
+    stage wait (the wait hides their latency); rows past M read row M - 1's (never stored).
+
+    NOTE: one product buffer, waited for before its promotion, so the promotion does not
+    overlap this warpgroup's next wgmma (the other consumer warpgroup's may run).  Two buffers
+    (tile kt's wgmma under tile kt - 1's promotion, 64 + 2 x 64 registers at BN = 128) were
+    tried: ptxas serialised the wgmma (C7514 / C7518) and the 128-row form spilled."""
+    kb = "(kbeg + kt * 128) // 128" if var.split_k else "kt"
+    head = [f"acc = {zeros}",
+            "prev = index",
+            "srow = m0 + cw * 64 + ((t % 128) // 32) * 16 + (t % 32) // 4",
+            "sr0 = min(srow, M - 1) * sa_rs",
+            "sr1 = min(srow + 8, M - 1) * sa_rs",
+            "sbn = (n0 // 128) * sb_rs"]
+
+    terms = [f"nt.fma_f32(pa[{i}], {'f0' if i % 4 < 2 else 'f1'}, acc[{i}])"
+             for i in range(cfg.bn // 2)]  # registers 4j, 4j+1: row r; 4j+2, 4j+3: row r + 8
+    # NOTE: a literal tuple of more than 30 values does not compile (see zeros): the new
+    # accumulator is a sum of 16-value tuples
+    chunks = [", ".join(terms[j:j + 16]) + "," for j in range(0, len(terms), 16)]
+    return (head + [f"pa = nt.wgmma_fence_operand({zeros})", "for kt in range(k_tiles):",
+                    f"    kb = {kb}",
+                    "    p0 = sa[sr0 + kb * sa_cs]",
+                    "    p1 = sa[sr1 + kb * sa_cs]",
+                    "    pq = sb[sbn + kb * sb_cs]"]
+            + _issue(cfg, a_lay, b_lay, kinst, "pa", True)
+            + ["    # this tile's group retired: its stage goes back to the producer",
+               "    nt.wgmma_wait_group(0)",
+               "    pa = nt.wgmma_fence_operand(pa)",
+               "    if t % 32 == 0:",
+               "        RELEASE(bars, index)",
+               "    index, phase = ADVANCE(index, phase)",
+               "    f0 = p0 * pq",
+               "    f1 = p1 * pq",
+               "    acc = " + " + ".join(f"({c})" for c in chunks)])
 
 
 def _tma_store_epilogue(w, tiles, cfg, var, inside, indent):
@@ -623,7 +679,7 @@ def _map_params(tm):
 
 
 def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta,
-           stream, group_m, epilogue_args, prepare, split):
+           stream, group_m, epilogue_args, prepare, split, block_scales=()):
     """sm90_gemm.launch_flat for a TMA configuration (``a``, ``b`` flat as there: device pointers
     or emulated arrays).  With ``prepare`` (GPU only) returns the relaunch function of
     sm80_gemm.launch_flat's contract (epilogue.launch_gemm_kernel's), which looks up (or builds)
@@ -635,7 +691,8 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
 
     if cfg.store == "tma":
         return _launch_tma_store(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb,
-                                 ldc, ldo, alpha, beta, stream, group_m, epilogue_args, prepare)
+                                 ldc, ldo, alpha, beta, stream, group_m, epilogue_args, prepare,
+                                 split, block_scales)
     sig = signature(var)
     if prepare and not config.ENABLE_CUDASIM:
         eflat = ()
@@ -668,13 +725,23 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
     return epilogue.launch_gemm_kernel(
         kernel, var, grid, cfg.threads, cfg.shared_bytes, None, ta.device, tb.device, c, bias,
         out, m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m, epilogue_args, False,
-        split=split, kernel_signature=sig)
+        split=split, kernel_signature=sig, extra_args=_scale_args(block_scales))
+
+
+def _scale_args(block_scales):
+    """A blockwise launch's scale arguments as the kernel takes them (the strides as int64)."""
+    if not block_scales:
+        return ()
+    sa, sb, *strides = block_scales
+    return (sa, sb, *(np.int64(x) for x in strides))
 
 
 def _launch_tma_store(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
-                      alpha, beta, stream, group_m, epilogue_args, prepare):
+                      alpha, beta, stream, group_m, epilogue_args, prepare, split=None,
+                      block_scales=()):
     """:func:`launch` for the TMA store epilogue: out's tensor map is a third leading argument
     (no split-K: sm90_gemm runs a K slice on the direct-store SPLIT_TWIN)."""
+    assert split is None, "a K slice's partial sums are not stored by TMA"
     from numba import config
 
     from intrinsics import launch as launching
@@ -682,7 +749,7 @@ def _launch_tma_store(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, 
 
     sig = signature(var, tma_store=True)
     sizes = (m, n, k, lda, ldb, ldc, ldo)
-    if prepare and not config.ENABLE_CUDASIM:
+    if prepare and not config.ENABLE_CUDASIM and not block_scales:
         eflat = ()
         if var.epilogue is not None:
             _, sig = epilogue.with_epilogue_args(kernel, var, (), sig, epilogue_args)
@@ -714,7 +781,7 @@ def _launch_tma_store(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, 
     ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream)
     to = out_map(var, out, m, n, ldo, stream)
     args = (ta.device, tb.device, to.device, c, bias, out, *sizes, np.float32(alpha),
-            np.float32(beta), group_m)
+            np.float32(beta), group_m, *_scale_args(block_scales))
     args, sig = epilogue.with_epilogue_args(kernel, var, args, sig, epilogue_args)
     launching.launch(kernel, grid, cfg.threads, args, shared_bytes=cfg.shared_bytes,
                      stream=stream, signature=sig)

@@ -368,3 +368,56 @@ def test_tma_store_through_numbatc_gemm_and_its_fallbacks(monkeypatch, capsys):
     _close(got, a2v @ b2v, np.abs(a2v) @ np.abs(b2v) + 1, 2.0**-8)
     err = capsys.readouterr().err
     assert "split-K, 2 slices of 128 (128x128x64_4s_w1_tma)" in err, err
+
+
+def _blockwise_reference(a, w, sa, sb):
+    """a @ w.T with DeepGEMM's blockwise scales, in float64: (value, magnitude)."""
+    av, wv = a.astype(np.float64), w.astype(np.float64)
+    m, n = av.shape[0], wv.shape[0]
+    ref, mag = np.zeros((m, n)), np.zeros((m, n))
+    for kb in range(sa.shape[1]):
+        ks = slice(128 * kb, 128 * kb + 128)
+        f = sa[:, kb, None] * np.repeat(sb[:, kb], 128)[None, :n]
+        ref += f * (av[:, ks] @ wv[:, ks].T)
+        mag += f * (np.abs(av[:, ks]) @ np.abs(wv[:, ks].T))
+    return ref, mag
+
+
+@pytest.mark.parametrize("m, n, k, forced, split, out_dtype, sa_layout", [
+    (70, 136, 528, None, None, "bfloat16", "row"),           # the 64-row tiles, 5 K blocks
+    (70, 136, 528, None, "2", "bfloat16", "col"),            # split K: each slice's blocks
+    (260, 264, 400, "fp8_128x128x128_6s_pt_tma_ts", None, "bfloat16", "col"),  # ragged K block
+    (260, 264, 400, "fp8_128x128x128_6s_pt_tma_ts", None, "float32", "row"),   # direct twin
+])
+def test_fp8_blockwise_scales(m, n, k, forced, split, out_dtype, sa_layout, monkeypatch,
+                              capsys):
+    """FP8 with blockwise scales (numbatc.gemm_api.FP8_BLOCK): each k tile's product scaled by
+    a's row scale and b's 128 x 128 block scale of its K block, through numbatc.gemm; scales
+    drawn from [0.5, 2] per block, so a scale applied to the wrong block or row shows."""
+    import numbatc
+
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    if forced:
+        monkeypatch.setenv("NUMBATC_GEMM_KERNEL", f"sm90:{forced}")
+    if split:
+        monkeypatch.setenv("NUMBATC_SPLIT_K", split)
+    gen = np.random.default_rng()
+    a = (gen.standard_normal((m, k)) * 2).astype(ml_dtypes.float8_e4m3fn)
+    w = (gen.standard_normal((n, k)) * 2).astype(ml_dtypes.float8_e4m3fn)
+    kb, nb = -(-k // 128), -(-n // 128)
+    sa = gen.uniform(0.5, 2, (m, kb)).astype(np.float32)
+    sb = gen.uniform(0.5, 2, (nb, kb)).astype(np.float32)
+    dsa = cuda.to_device(sa) if sa_layout == "row" else cuda.to_device(
+        np.ascontiguousarray(sa.T)).T  # M-major, as DeepGEMM keeps it
+    out = numbatc.gemm(_device(a, "row"), _device(w.T, "col"), scale_a=dsa,
+                       scale_b=cuda.to_device(sb), out_dtype=out_dtype)
+    got = out.copy_to_host()
+    got = (got.view(ml_dtypes.bfloat16) if out_dtype == "bfloat16" else got).astype(np.float64)
+    ref, mag = _blockwise_reference(a, w, sa, sb)
+    _close(got, ref, mag, 2.0**-8 if out_dtype == "bfloat16" else 2.0**-20)
+    err = capsys.readouterr().err
+    want = forced.removesuffix("_ts") if out_dtype == "float32" else (
+        forced or "fp8_64x128x128_8s_pt_tma")
+    assert f"sm90_gemm {want} a=" in err, err
+    if split:
+        assert "split-K, 2 slices of 384" in err, err

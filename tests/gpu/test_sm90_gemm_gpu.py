@@ -337,3 +337,74 @@ def test_sm90_tma_default_switch(monkeypatch, capsys):
         check(m, n, k, "bfloat16", *layouts)
         err = capsys.readouterr().err
         assert want in err, err
+
+
+def _blockwise_reference(a, w, sa, sb):
+    """(a @ w.T with DeepGEMM's blockwise scales, the same over |a| and |w|) in float64."""
+    import torch
+
+    m, k = a.shape
+    n = w.shape[0]
+    av, wv = a.double(), w.double()
+    ref = torch.zeros(m, n, dtype=torch.float64, device=a.device)
+    mag = torch.zeros_like(ref)
+    for j in range(-(-k // 128)):
+        ks = slice(128 * j, 128 * j + 128)
+        f = sa.double()[:, j, None] * sb.double()[:, j].repeat_interleave(128)[None, :n]
+        ref += f * (av[:, ks] @ wv[:, ks].T)
+        mag += f * (av[:, ks].abs() @ wv[:, ks].abs().T)
+    return ref, mag
+
+
+@pytest.mark.parametrize("config", ["", "sm90:fp8_128x128x128_6s_pt_tma_ts",
+                                    "sm90:fp8_128x128x128_6s_pt_tma"])
+def test_sm90_fp8_blockwise(config, monkeypatch, capsys):
+    """FP8 with DeepGEMM's blockwise scales (float32 scale_a per row and 128 K values, M-major
+    as DeepGEMM keeps it, and row-major; scale_b per 128 x 128 block of b), against a float64
+    reference that applies each K block's scales: ragged M, N and K blocks, e4m3 x e5m2, every
+    output dtype, a fused epilogue, persistent tiles walked over 132 SMs, and split K."""
+    import numbatc
+    from tests.helpers.gemm_fp8 import FP8, OUT, activate, torch
+    from tests.helpers.gemm_fp8 import check as fp8_check
+
+    if config:
+        monkeypatch.setenv("NUMBATC_GEMM_KERNEL", config)
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    g = torch.Generator(device="cuda")
+    g.seed()
+
+    def operands(m, n, k, a_t="e4m3", b_t="e4m3"):
+        a = (torch.randn(m, k, generator=g, device="cuda") * 2).to(FP8[a_t])
+        w = (torch.randn(n, k, generator=g, device="cuda") * 2).to(FP8[b_t])
+        sa = torch.rand(m, -(-k // 128), generator=g, device="cuda") * 1.5 + 0.5
+        sb = torch.rand(-(-n // 128), -(-k // 128), generator=g, device="cuda") * 1.5 + 0.5
+        return a, w, sa, sb
+
+    cases = [(1000, 520, 1040, "e4m3", "e4m3", "bfloat16", None, "col"),
+             (257, 136, 112, "e5m2", "e4m3", "float16", "gelu", "row"),
+             (1, 4096, 7168, "e4m3", "e4m3", "bfloat16", None, "col"),
+             (2056, 4352, 528, "e4m3", "e5m2", "float32", "relu", "col"),
+             (4096, 7168, 2048, "e4m3", "e4m3", "bfloat16", None, "col")]
+    for m, n, k, a_t, b_t, out_dtype, epilogue, sa_layout in cases:
+        a, w, sa, sb = operands(m, n, k, a_t, b_t)
+        dsa = sa if sa_layout == "row" else sa.T.contiguous().T
+        out = torch.full((m, n), float("nan"), dtype=OUT[out_dtype], device="cuda")
+        ref, mag = _blockwise_reference(a, w, sa, sb)
+        kw = {}
+        if epilogue:
+            c = torch.randn(m, n, generator=g, device="cuda").to(OUT[out_dtype])
+            bias = torch.randn(n, generator=g, device="cuda").to(torch.float32)
+            kw = dict(c=c, beta=0.5, bias=bias, activation=epilogue)
+            ref = activate(ref + 0.5 * c.double() + bias.double(), epilogue)
+        numbatc.gemm(a, w.T, out=out, scale_a=dsa, scale_b=sb, **kw)
+        torch.cuda.synchronize()
+        fp8_check(out, ref, mag, out_dtype)
+    err = capsys.readouterr().err
+    assert "fp8_" in err and "_pt_tma" in err, err
+    monkeypatch.setenv("NUMBATC_SPLIT_K", "3")
+    for m, n, k in [(16, 1024, 3072), (200, 520, 1104)]:
+        a, w, sa, sb = operands(m, n, k)
+        out = numbatc.gemm(a, w.T, scale_a=sa, scale_b=sb)
+        torch.cuda.synchronize()
+        fp8_check(out, *_blockwise_reference(a, w, sa, sb), "bfloat16")
+    assert "split-K, 3 slices" in capsys.readouterr().err
