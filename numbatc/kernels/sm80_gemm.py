@@ -9,26 +9,34 @@ by numba, and a local array indexed at run time would live in local memory.  The
 module is compiled and cached on disk through numbatc.kernels.build; the epilogue, split-K and
 the launch are every GEMM kernel's (numbatc.kernels.epilogue).
 
-Shared-memory tiles (one per operand per stage), each row of ``ROW`` bytes swizzled so that the
-eight row addresses of an ldmatrix land in eight different 16-byte bank groups:
+Shared-memory tiles (one per operand per stage, addressed in bytes), each row of ``ROW`` bytes
+swizzled so that the eight row addresses of an ldmatrix land in eight different 16-byte bank
+groups:
 
     A row-major ('row', K contiguous):  [BM][BK]  -> ldmatrix      (A fragment directly)
     A col-major ('col', M contiguous):  [BK][BM]  -> ldmatrix.trans
     B row-major ('row', N contiguous):  [BK][BN]  -> ldmatrix.trans (B fragment: k pairs per n)
     B col-major ('col', K contiguous):  [BN][BK]  -> ldmatrix
 
-Edges: every global load is a cp.async with a source byte count (0 outside the matrix, the
-remaining bytes at a ragged edge), so tiles past M, N or K read zeros and any M, N, K >= 1 works.
-The operands' start and leading dimension must be 16-byte aligned; :func:`launch` packs an
-operand that is not into an aligned copy first.  (NOTE: a plain-load path inside the kernel for
-such operands made ptxas hoist its unrolled addresses and spill: 255 registers and 170 bytes of
-spills, against 254 and none without it.)
+Edges: tiles wholly inside a and b copy their whole k tiles with plain 16-byte cp.async
+(``load_*_inside``: no bounds, byte-addressed operands, one 64-bit add per copy); edge tiles
+and the ragged last k tile use copies with a source byte count (0 outside the matrix, the
+remaining bytes at a ragged edge), so tiles past M, N or K read zeros and any M, N, K >= 1
+works.  (NOTE: ptxas 13.0 SASS for sm_80, 128x256 tile, bf16 row/row: with checked copies
+only, and 64-bit stage arithmetic, the k loop spent 331 instructions per k tile beside its 128
+HMMA, 32 LDSM and 24 LDGSTS; the unchecked path spends 78 beside 128 HMMA, 32 LDSM and 12
+LDGSTS.)  The operands' start and leading dimension must be 16-byte aligned; :func:`launch`
+packs an operand that is not into an aligned copy first.  (NOTE: a plain-load path inside the
+kernel for such operands made ptxas hoist its unrolled addresses and spill: 255 registers and
+170 bytes of spills, against 254 and none without it.)
 """
 
 import functools
 from dataclasses import dataclass
 
-from numbatc.kernels import operands, split_k
+import numpy as np
+
+from numbatc.kernels import epilogue, operands, split_k
 from numbatc.kernels.build import load_generated
 from numbatc.kernels.epilogue import (  # what every GEMM kernel shares
     CONVERSIONS,
@@ -36,7 +44,6 @@ from numbatc.kernels.epilogue import (  # what every GEMM kernel shares
     GemmVariant,
     full_tile_epilogue,
     launch_gemm_kernel,
-    signature,  # this kernel's arguments: every GEMM kernel's
     split_epilogue_source,
     split_source,
     stores_source,
@@ -145,7 +152,7 @@ def tile_row_bytes(cfg, var):
 
 
 def _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems):
-    """Emit, per k step, each lane's ldmatrix row offset (elements, swizzled, stage-relative):
+    """Emit, per k step, each lane's ldmatrix row offset (bytes, swizzled, stage-relative):
     for A tile i and for each pair of B tiles (j, j + 1), as int32 variables."""
     WM, WN, MI, NJ = cfg.warp_m, cfg.warp_n, cfg.warp_m // 16, cfg.warp_n // 8
     for ks in range(cfg.bk // 16):
@@ -159,7 +166,7 @@ def _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems):
                 o = (f"({ks * 16} + ((lane // 8) // 2) * 8 + lane % 8) * {a_rowb} + "
                      f"({mrow} + ((lane // 8) % 2) * 8) * 2")
             w(f"    o = {o}")
-            w(f"    a_off_{ks}_{i} = np.int32(swz_a(o) // 2)")
+            w(f"    a_off_{ks}_{i} = np.int32(swz_a(o))")
         for j in range(0, NJ, 2):
             ncol = f"wn * {WN} + {j * 8}"
             if var.b_layout == "col":
@@ -171,40 +178,74 @@ def _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems):
                 o = (f"({ks * 16} + ((lane // 8) % 2) * 8 + lane % 8) * {b_rowb} + "
                      f"({ncol} + ((lane // 8) // 2) * 8) * 2")
             w(f"    o = {o}")
-            w(f"    b_off_{ks}_{j} = np.int32({a_elems} + swz_b(o) // 2)")
+            w(f"    b_off_{ks}_{j} = np.int32({a_elems * 2} + swz_b(o))")
 
 
-def loader_source(w, cfg, op, layout, rowb, base_elems):
-    """Emit ``load_<op>``: the thread's 16-byte cp.async copies of one tile.
+def loader_source(w, cfg, op, layout, rowb, base_elems, unit=2, inside=False):
+    """Emit ``load_<op>``: the thread's 16-byte cp.async copies of one tile, checked; with
+    ``inside``, also ``load_<op>_inside``: the same copies of a tile wholly inside the operand.
 
     Tile rows run along the operand's non-contiguous dimension, 8 elements per copy.  Thread t
-    copies column chunk t % CPR of rows t // CPR + i * RSTEP: the global index of copy i is the
-    thread's start index plus i * RSTEP * ld plus the k tile's offset, one add each.  Copies
-    outside the matrix read 0 bytes (zero fill), the ragged edge reads only the bytes inside."""
+    copies column chunk t % CPR of rows t // CPR + i * RSTEP.  Shared memory is addressed in
+    bytes (``so``: the stage's byte offset; the tile starts ``base_elems`` two-byte elements
+    into the stage); the operand in units of ``unit`` bytes (2: an element pointer, 1: a byte
+    pointer; ``start`` and ``ld`` count units).  The swizzle depends on the row mod 8 alone, so
+    copy i's shared offset is one of at most 8 / gcd(RSTEP, 8) per-thread swizzled bases plus a
+    constant.
+
+    ``load_<op>``: copies outside the matrix read 0 bytes (zero fill), the ragged edge reads only
+    the bytes inside.  ``load_<op>_inside`` (the caller checks once per k tile that the tile lies
+    inside): no bounds or byte counts; the global index of copy i is the first's plus
+    i * (RSTEP * ld), a value passed through an empty volatile asm (``wgmma_fence_operand``, an
+    optimisation barrier) so that LLVM computes the copies' addresses per k tile, one
+    multiply-add each, instead of hoisting one 64-bit invariant per copy out of the k loop."""
     k_major = (op == "a" and layout == "row") or (op == "b" and layout == "col")
     mn = cfg.bm if op == "a" else cfg.bn
     rows, cols = (mn, cfg.bk) if k_major else (cfg.bk, mn)
     per_row = cols // 8
     step = cfg.threads // per_row
     count = rows * per_row // cfg.threads
+    base = base_elems * 2
     # k_major: rows are m (or n), columns k; the k tile moves along the columns (offset k0).
     # otherwise: rows are k, columns m (or n); the k tile moves along the rows (offset k0 * ld).
     row_lim, col_lim = ("mn_lim", "k_lim") if k_major else ("k_lim", "mn_lim")
-    koff = "k0" if k_major else "k0 * ld"
+    koff = (f"k0 * {2 // unit}" if unit == 1 else "k0") if k_major else "k0 * ld"
+
+    def bases_and_deltas():
+        """[(q, constant)] per copy: copy i's shared offset is d<q> + constant."""
+        out = []
+        for i in range(count):
+            q = (i * step) % 8 if step % 8 else 0
+            out.append((q, (i * step - q) * rowb))
+        return out
+
+    copies = bases_and_deltas()
     w(f"""
 @cuda.jit(device=True, forceinline=True)
-def load_{op}(smem, stage, src, start, ld, r0, c0, mn_lim, k0, k_lim):
+def load_{op}(smem, so, src, start, ld, r0, c0, mn_lim, k0, k_lim):
     # {op.upper()}: {rows} x {cols} tile, {count} copies of 16 bytes per thread
-    base = stage * {cfg.stage_elems} + {base_elems}
+    base = so + {base}
     g = start + {koff}
     cc = {col_lim} - c0""")
     for i in range(count):
         w(f"""    r = r0 + {i * step}
     o = r * {rowb} + c0 * 2
     if r < {row_lim} and cc > 0:
-        CP(smem, base + swz_{op}(o) // 2, src, g + {i * step} * ld, min(cc, 8) * 2)
+        CP(smem, base + swz_{op}(o), src, g + {i * step} * ld, min(cc, 8) * 2)
     else:
-        CP(smem, base + swz_{op}(o) // 2, src, 0, 0)""")
+        CP(smem, base + swz_{op}(o), src, 0, 0)""")
+    if inside:
+        w(f"""
+@cuda.jit(device=True, forceinline=True)
+def load_{op}_inside(smem, so, src, start, ld, r0, c0, k0):
+    # {op.upper()}: {rows} x {cols} tile wholly inside the operand, {count} copies, no bounds
+    g = start + {koff}
+    rstep = np.int64(nt.wgmma_fence_operand(np.int32({step} * ld)))""")
+        for q in sorted({q for q, _ in copies}):
+            w(f"    d{q} = so + {base} + swz_{op}((r0 + {q}) * {rowb} + c0 * 2)")
+        for i, (q, delta) in enumerate(copies):
+            src = "g" if i == 0 else f"g + {i} * rstep"
+            w(f"    CP_IN(smem, d{q} + {delta}, src, {src})")
     return per_row
 
 
@@ -233,17 +274,37 @@ def tile_coords(pid, M, N, group_m):
     return tm, tn'''
 
 
-def mainloop_source(w, cfg: Sm80Config, var: GemmVariant):
+def _load_source(pad, so, k0, inside, bk, lds):
+    """Lines loading k tile ``k0`` (source text) into the stage at byte offset ``so``: through
+    load_a/load_b, or, with ``inside`` (the name of the kernel's flag that the tile's M and N
+    extents lie inside the operands), through the unchecked loaders where the k tile is whole.
+    ``lds``: the names of a's and b's leading dimensions (in the loaders' units)."""
+    lda, ldb = lds
+    checked = [f"load_a(smem, {so}, a, a_start, {lda}, a_r0, a_c0, m_lim, {k0}, K - {k0})",
+               f"load_b(smem, {so}, b, b_start, {ldb}, b_r0, b_c0, n_lim, {k0}, K - {k0})"]
+    if not inside:
+        return "\n".join(pad + x for x in checked)
+    fast = [f"load_a_inside(smem, {so}, a, a_start, {lda}, a_r0, a_c0, {k0})",
+            f"load_b_inside(smem, {so}, b, b_start, {ldb}, b_r0, b_c0, {k0})"]
+    return "\n".join([f"{pad}if {inside} and {k0} + {bk} <= K:"] + [pad + "    " + x for x in fast]
+                     + [f"{pad}else:"] + [pad + "    " + x for x in checked])
+
+
+def mainloop_source(w, cfg: Sm80Config, var: GemmVariant, inside=None, lds=("lda", "ldb")):
     """Emit (through ``w``) the main loop that sm80 kernels share, inside a kernel whose
-    ``smem``, ``t``, ``wm``/``wn``, ``m0``/``n0`` limits, ``k_tiles``, the copy starts
+    ``smem`` (uint8), ``t``, ``wm``/``wn``, ``m0``/``n0`` limits, ``k_tiles``, the copy starts
     (``a_start``, ``b_start``, ``a_r0`` ...) and ``load_a``/``load_b`` are defined: zeroed
     accumulators ``acc_i_j``, the ldmatrix offsets, the cp.async prologue (STAGES-1 tiles in
-    flight) and the k loop (wait, refill, ldmatrix + mma.sync on every k step)."""
+    flight) and the k loop (wait, refill, ldmatrix + mma.sync on every k step).  ``inside``:
+    the name of the kernel's flag that the tile lies inside the operands' M and N extents; its
+    whole k tiles are then copied by ``load_a_inside``/``load_b_inside`` (loader_source's
+    ``inside``).  ``lds``: the names of the leading dimensions the loaders take."""
     BK, S = cfg.bk, cfg.stages
     MI, NJ = cfg.warp_m // 16, cfg.warp_n // 8
     a_kmajor, b_kmajor = var.a_layout == "row", var.b_layout == "col"
     a_rowb, b_rowb = tile_row_bytes(cfg, var)
     a_elems = cfg.bm * BK
+    stage = cfg.stage_elems * 2
     for i in range(MI):
         for j in range(NJ):
             w(f"    acc_{i}_{j} = (np.float32(0), np.float32(0), np.float32(0), np.float32(0))")
@@ -252,26 +313,22 @@ def mainloop_source(w, cfg: Sm80Config, var: GemmVariant):
     # Prologue: the first STAGES-1 tiles in flight.
     for s in range({S - 1}):
         if s < k_tiles:
-            load_a(smem, s, a, a_start, lda, a_r0, a_c0, m_lim, s * {BK}, K - s * {BK})
-            load_b(smem, s, b, b_start, ldb, b_r0, b_c0, n_lim, s * {BK}, K - s * {BK})
+{_load_source(" " * 12, f"np.int32(s * {stage})", f"s * {BK}", inside, BK, lds)}
         nt.cp_async_commit_group()
 
     # Main loop: wait for tile kt, refill the stage tile kt-1 used, compute on tile kt.  The
-    # stages of tile kt (st) and of tile kt + STAGES-1 (st_next) are counters that wrap: no
-    # 64-bit kt % STAGES (a multiply-high sequence of ~15 instructions per k tile).
-    st = np.int32(0)
-    st_next = np.int32({S - 1})
+    # stages' byte offsets, of tile kt (so) and of tile kt + STAGES-1 (so_next), are counters
+    # that wrap: no 64-bit kt % STAGES (a multiply-high sequence of ~15 instructions per k tile).
+    so = np.int32(0)
+    so_next = np.int32({(S - 1) * stage})
     for kt in range(k_tiles):
         nt.cp_async_wait_group({S - 2})
         cuda.syncthreads()
         nxt = kt + {S - 1}
         if nxt < k_tiles:
-            load_a(smem, st_next, a, a_start, lda, a_r0, a_c0, m_lim, nxt * {BK}, K - nxt * {BK})
-            load_b(smem, st_next, b, b_start, ldb, b_r0, b_c0, n_lim, nxt * {BK}, K - nxt * {BK})
+{_load_source(" " * 12, "so_next", f"nxt * {BK}", inside, BK, lds)}
         nt.cp_async_commit_group()
-        st_next = np.int32(0) if st_next == {S - 1} else np.int32(st_next + 1)
-        so = np.int32(st * {cfg.stage_elems})
-        st = np.int32(0) if st == {S - 1} else np.int32(st + 1)''')
+        so_next = np.int32(0) if so_next == {(S - 1) * stage} else np.int32(so_next + {stage})''')
     for ks in range(BK // 16):
         w(f"        # k step {ks}")
         for i in range(MI):
@@ -285,6 +342,7 @@ def mainloop_source(w, cfg: Sm80Config, var: GemmVariant):
         for i in range(MI):
             for j in range(NJ):
                 w(f"        acc_{i}_{j} = MMA(fa_{i}, fb_{j}, acc_{i}_{j})")
+    w(f"        so = np.int32(0) if so == {(S - 1) * stage} else np.int32(so + {stage})")
 
 
 def module_header(w, generator, cfg, var, constants=""):
@@ -301,6 +359,7 @@ import intrinsics as nt
 
 MMA = nt.mma_sync("m16n8k16", "{ptx_in}", "{ptx_in}", "f32")
 CP = nt.cp_async_op(16, zfill=True)
+CP_IN = nt.cp_async_op(16)
 {constants}
 
 @cuda.jit(device=True, forceinline=True)
@@ -328,8 +387,9 @@ def kernel_source(cfg: Sm80Config, var: GemmVariant) -> str:
 
     module_header(w, "sm80_gemm", cfg, var)
     w(CONVERSIONS)
-    a_per_row = loader_source(w, cfg, "a", var.a_layout, a_rowb, 0)
-    b_per_row = loader_source(w, cfg, "b", var.b_layout, b_rowb, a_elems)
+    # a and b are byte pointers (see signature): start, lda_b and ldb_b count bytes
+    a_per_row = loader_source(w, cfg, "a", var.a_layout, a_rowb, 0, unit=1, inside=True)
+    b_per_row = loader_source(w, cfg, "b", var.b_layout, b_rowb, a_elems, unit=1, inside=True)
     w(tile_coords_source(BM, BN))
 
     # --- the kernel ---------------------------------------------------------------------------
@@ -342,7 +402,7 @@ def kernel_source(cfg: Sm80Config, var: GemmVariant) -> str:
 
 @cuda.jit(cache={var.epilogue is None})
 def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m{split_args}{", eargs" if var.epilogue is not None else ""}):
-    smem = cuda.shared.array(0, np.uint16, alignment=1024)
+    smem = cuda.shared.array(0, np.uint8, alignment=1024)
     t = cuda.threadIdx.x
     lane = t % 32
     warp = t // 32
@@ -362,10 +422,17 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     a_c0 = (t % {a_per_row}) * 8
     b_r0 = t // {b_per_row}
     b_c0 = (t % {b_per_row}) * 8
-    a_start = {a_start}{split_a}
-    b_start = {b_start}{split_b}
+    # in bytes: this thread's first copy (a_start, b_start) and the leading dimensions
+    a_start = ({a_start}{split_a}) * 2
+    b_start = ({b_start}{split_b}) * 2
+    lda_b = lda * 2
+    ldb_b = ldb * 2
+    # the tile's M and N extents lie inside the operands (and the inside loaders' row steps fit
+    # in 32 bits): then every whole k tile is copied without bounds checks
+    inside = (m_lim >= {BM} and n_lim >= {BN} and lda_b < {2**31 // (cfg.threads // a_per_row)}
+              and ldb_b < {2**31 // (cfg.threads // b_per_row)})
 ''')
-    mainloop_source(w, cfg, var)
+    mainloop_source(w, cfg, var, inside="inside", lds=("lda_b", "ldb_b"))
     w(f'''
     nt.cp_async_wait_all()
 
@@ -401,6 +468,26 @@ def kernel_for(cfg: Sm80Config, var: GemmVariant):
     return load_generated("sm80_gemm", kernel_source(cfg, var), **extra)
 
 
+def signature(var: GemmVariant):
+    """The kernel's argument types: every GEMM kernel's (epilogue.signature), with a and b as
+    uint8 pointers -- the loaders address their copies in bytes, so that a copy's address is
+    one multiply-add from the first (a GEP on a 2-byte type adds a scaling per copy)."""
+    return _byte_signature(var)
+
+
+@functools.cache
+def _byte_signature(var):
+    from numba import types
+
+    u8 = types.CPointer(types.uint8)
+    return (u8, u8) + tuple(epilogue.signature(var)[2:])
+
+
+def _byte_view(x):
+    """A flat emulated operand (numpy array, or numba's simulated device array) as uint8."""
+    return getattr(x, "_ary", x).view(np.uint8)
+
+
 def grid_for(cfg: Sm80Config, m: int, n: int):
     return ((m + cfg.bm - 1) // cfg.bm) * ((n + cfg.bn - 1) // cfg.bn)
 
@@ -427,10 +514,13 @@ def launch_flat(cfg: Sm80Config, var: GemmVariant, a, b, c, bias, out, m, n, k, 
     grid = grid_for(cfg, m, n)
     if split is not None:
         grid = (grid, split(stream)[3])
+    # the kernel takes a and b as bytes (see signature): emulated arrays are viewed as bytes;
+    # on the GPU they are device pointers already
+    a, b = (x if isinstance(x, (int, np.integer)) else _byte_view(x) for x in (a, b))
     return launch_gemm_kernel(kernel_for(cfg, var), var, grid, cfg.threads,
                               cfg.shared_bytes, None, a, b, c, bias, out, m, n, k, lda, ldb, ldc,
                               ldo, alpha, beta, stream, group_m, epilogue_args, prepare,
-                              split=split)
+                              split=split, kernel_signature=signature(var))
 
 
 # ---------------------------------------------------------------------------------------------

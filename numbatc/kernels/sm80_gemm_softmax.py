@@ -123,7 +123,7 @@ def store_pair(out, r, col, v0, v1, M, N, ldo):
 
 @cuda.jit(cache=True)
 def gemm_kernel(a, b, bias, out, M, N, K, lda, ldb, ldo, scale):
-    smem = cuda.shared.array(0, np.uint16, alignment=1024)
+    smem = cuda.shared.array(0, np.uint8, alignment=1024)  # sm80_gemm's main loop: bytes
     red_m = cuda.shared.array({WARPS_N * BM}, np.float32)  # [WARPS_N][BM] partial row maxima
     red_s = cuda.shared.array({WARPS_N * BM}, np.float32)  # [WARPS_N][BM] partial row sums
     t = cuda.threadIdx.x

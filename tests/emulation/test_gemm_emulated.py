@@ -60,6 +60,28 @@ def test_gemm_in_the_emulation(m, n, k, dtype, layouts, out_dtype, epilogue):
     assert np.all(np.abs(got - ref) <= rounding * np.abs(ref) + 1e-5 * scale), np.max(np.abs(got - ref))
 
 
+@pytest.mark.parametrize("name, m, n, k, layouts", [
+    ("64x128x64_4w_4s", 70, 200, 150, ("row", "row")),     # tile (0, 0) inside, K ragged
+    ("128x128x64_4w_4s", 130, 136, 136, ("col", "col")),   # a M-major, b K-major
+    ("16x128x64_4w_6s", 17, 130, 200, ("row", "col")),     # 16-row tiles, 2 of 4 inside
+    ("128x256x64_8w_3s", 129, 257, 72, ("col", "row")),    # 8 warps, K one whole tile + 8
+])
+def test_inside_and_edge_tiles_in_the_emulation(name, m, n, k, layouts, monkeypatch):
+    """Tiles wholly inside a and b take the unchecked copies (sm80_gemm's load_*_inside) on
+    their whole k tiles, edge tiles and the ragged last k tile the checked ones: shapes where
+    both meet, for each operand layout, forced onto each configuration (NUMBATC_SM80_CONFIG)."""
+    monkeypatch.setenv("NUMBATC_SM80_CONFIG", name)
+    monkeypatch.setenv("NUMBATC_SPLIT_K", "1")
+    gen = np.random.default_rng()
+    a, b = _values(gen, (m, k), "bfloat16"), _values(gen, (k, n), "bfloat16")
+    out = cuda.to_device(np.full((m, n), np.nan, np.float32))
+    numbatc.gemm(_device(a, layouts[0]), _device(b, layouts[1]), out=out)
+    got = out.copy_to_host()
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + 1
+    assert np.all(np.abs(got - ref) <= 2.0**-20 * np.abs(ref) + 1e-5 * scale), np.nanmax(np.abs(got - ref))
+
+
 @pytest.mark.parametrize("m, n, k, splits, layouts, epilogue", [
     (1, 136, 600, 3, ("row", "row"), None),       # decode: 16-row tiles, ragged last K slice
     (13, 40, 256, 4, ("row", "col"), "gelu"),     # +c +bias, b K-major

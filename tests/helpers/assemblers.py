@@ -59,3 +59,53 @@ def disassemble(cubin):
     if exe is None:
         pytest.skip("no nvdisasm binary on PATH")
     return subprocess.run([exe, str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def _instructions(sass):
+    """[(address, instruction text without its predicate)] and {label: address} of SASS text."""
+    code, labels, address = [], {}, 0
+    for line in sass.splitlines():
+        label = re.match(r"\s*(\.L_x_\d+):", line)
+        if label:
+            labels[label.group(1)] = address
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m:
+            address = int(m.group(1), 16)
+            code.append((address, re.sub(r"^@!?U?P\w+\s+", "", m.group(2))))
+            address += 16
+    return code, labels
+
+
+def main_loop(sass, mma="HMMA"):
+    """The basic blocks of the SASS loop (a backward branch's range) holding the most ``mma``
+    instructions -- a GEMM's k loop -- as lists of instruction texts (predicates removed)."""
+    code, labels = _instructions(sass)
+    best = None
+    for address, text in code:
+        target = re.match(r"BRA\s+(?:\S+\s+)?`\((\.L_x_\d+)\)", text)
+        if not target or labels.get(target.group(1), address + 1) > address:
+            continue
+        lo = labels[target.group(1)]
+        body = [(a, t) for a, t in code if lo <= a <= address]
+        count = sum(t.startswith(mma) for _, t in body)
+        if best is None or count > best[0]:
+            best = (count, lo, address)
+    if best is None:
+        return []
+    _, lo, hi = best
+    starts = set(labels.values())
+    blocks, block = [], []
+    for a, t in code:
+        if not lo <= a <= hi:
+            continue
+        if a in starts and block:
+            blocks.append(block)
+            block = []
+        block.append(t)
+        if t.startswith("BRA"):
+            blocks.append(block)
+            block = []
+    if block:
+        blocks.append(block)
+    return blocks
