@@ -13,6 +13,7 @@
 #              default Hopper GEMM, and the default against the cp.async producer (bench.txt)
 #   store      issue 21's TMA store epilogue: its GPU tests, then sweep_gemm.py of the _ts configs
 #              against their direct-store twins and cuBLAS (bf16 and FP8)
+#   sweep      scripts/sweep_gemm.py: SWEEP_SHAPES at SWEEP_M, candidates SWEEP_ONLY
 #   fp8block   issue 21's FP8 blockwise scales: their GPU tests, bench --fp8-scales block on the
 #              DeepSeek-V3 shapes, and the quick rows of the defaults
 #   table      the GEMM shape table (bench gemm --shapes table, b col): text, CSV, heatmap PNG
@@ -90,6 +91,18 @@ if [[ $what == store ]]; then
     done
     t 100 $py scripts/sweep_gemm.py --shapes quick --m 4096,8192 --dtype float8_e4m3 --only $f8
   } > "$out/store_sweep.txt"
+fi
+
+if [[ $what == sweep ]]; then
+  # scripts/sweep_gemm.py over SWEEP_SHAPES at SWEEP_M with the candidates SWEEP_ONLY, their
+  # kernels compiled in parallel first (one process each)
+  : "${SWEEP_SHAPES:=table}" "${SWEEP_M:=256,512,1024}" "${SWEEP_ONLY:=default}"
+  for c in ${SWEEP_ONLY//,/ }; do
+    t 150 $py scripts/sweep_gemm.py --shapes quick --m 4096 --reps 1 --only $c > /dev/null &
+  done > /tmp/sweep_warm.txt 2>&1
+  wait
+  t ${SWEEP_LIMIT:-400} $py scripts/sweep_gemm.py --shapes $SWEEP_SHAPES --m $SWEEP_M \
+    --only $SWEEP_ONLY > "$out/sweep.txt"
 fi
 
 if [[ $what == fp8block ]]; then

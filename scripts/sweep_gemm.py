@@ -32,7 +32,9 @@ CANDIDATES = [("default", None, None), ("sm80", "sm80", None)] + [
                          # the TMA store epilogue (_ts) and its 3-stage direct-store twins
                          ("128x256x64_3s_pt_tma", (1,)), ("128x256x64_3s_pt_tma_ts", (1,)),
                          ("128x256x64_3s_w1_pt_tma", (1,)), ("128x256x64_3s_w1_pt_tma_ts", (1,)),
-                         ("128x128x64_4s_w1_pt_tma", (1,)), ("128x128x64_4s_w1_pt_tma_ts", (1,)))
+                         ("128x128x64_4s_w1_pt_tma", (1,)), ("128x128x64_4s_w1_pt_tma_ts", (1,)),
+                         ("64x128x64_6s_w1_tma_ts", (1,)), ("64x256x64_4s_w1_tma_ts", (1,)),
+                         ("128x128x64_6s_w1_tma_ts", (1,)))
     for s in splits]
 
 #: FP8 (e4m3, per-tensor scales) candidates, against torch._scaled_mm

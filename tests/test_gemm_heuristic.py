@@ -13,14 +13,15 @@ from tests.helpers.problems import gemm_problem as _problem
     (8, 4096, 4096, None),                       # M <= 16: sm80_gemm's 16-row tiles
     (32, 4096, 4096, "64x128x64_6s_w1_tma"),     # 64 tiles of 64 x 128: one wave
     (128, 4096, 4096, "64x128x64_6s_w1_tma"),    # 128 tiles: still one wave
-    (256, 8192, 8192, "64x256x64_4s_w1_tma"),    # 64 x 128 would take two waves
+    # M >= 256: sm90_gemm.MID_TILES, the TMA store forms (out bf16 row-major here)
+    (256, 8192, 8192, "128x128x64_6s_w1_tma_ts"),  # 0.84 -> 0.98x in the 2026-12-02 sweep
     (64, 28672, 4096, "64x256x64_4s_w1_tma"),    # 112 tiles of 64 x 256: one wave
     (128, 57344, 8192, "128x256x64_4s_w1_tma"),  # 224 tiles of 128 x 256, under two waves
     (4096, 4096, 4096, None),                    # 512 tiles of 128 x 256: the persistent ones
     (512, 57344, 8192, None),
-    (1000, 1000, 1000, "64x128x64_6s_w1_tma"),   # M > 512 too, under two waves
-    (1024, 1024, 2816, "64x128x64_6s_w1_tma"),   # 32 tiles of 128 x 256 (0.52 -> 1.42x)
-    (4096, 1024, 1024, "128x256x64_4s_w1_tma"),  # 128 tiles of 128 x 256: one wave of them
+    (1000, 1000, 1000, "64x128x64_6s_w1_tma_ts"),  # M > 512 too, under two waves
+    (1024, 1024, 2816, "64x128x64_6s_w1_tma_ts"),  # 32 tiles of 128 x 256 (0.52 -> 1.42x)
+    (4096, 1024, 1024, "128x256x64_3s_pt_tma_ts"),  # 128 tiles of 128 x 256: one wave
     (4096, 2816, 1024, None),                    # 352 tiles of 128 x 256: the persistent ones
 ])
 def test_small_tile_choice(m, n, k, name):
@@ -29,7 +30,17 @@ def test_small_tile_choice(m, n, k, name):
         cfg = sm90_gemm.CONFIGS[name]
         assert cfg.producer == "tma"
         # the choice is the least of the fitted costs, and every candidate is a real config
-        assert {c for c, _ in sm90_gemm.SMALL_TILES} <= set(sm90_gemm.CONFIGS)
+        assert {c for c, _ in sm90_gemm.SMALL_TILES + sm90_gemm.MID_TILES} <= set(
+            sm90_gemm.CONFIGS)
+
+
+def test_mid_tiles_need_a_tma_store_out():
+    """M >= 256 takes sm90_gemm.MID_TILES (TMA store forms) only where out allows a TMA store;
+    otherwise SMALL_TILES' direct-store choice, as before."""
+    assert sm90_gemm.small_tile(_problem(256, 8192, 8192, out_dtype="float32")) == (
+        "64x256x64_4s_w1_tma")
+    assert sm90_gemm.small_tile(_problem(128, 8192, 8192)) == "64x128x64_6s_w1_tma"
+    assert all(sm90_gemm.CONFIGS[c].store == "tma" for c, _ in sm90_gemm.MID_TILES)
 
 
 def test_small_tiles_need_tensor_maps():
@@ -49,8 +60,8 @@ def test_kernel_family_takes_the_small_tiles_on_hopper():
     assert family.__name__.endswith("sm80_gemm")
     for shape, name in (((4096, 4096, 4096), "128x256x64_3s_pt_tma_ts"),
                         # tests/gpu/test_sm90_gemm_gpu.py::test_sm90_tma_default_switch's cases
-                        ((1000, 1000, 1000), "64x128x64_6s_w1_tma"),
-                        ((520, 128, 136), "64x128x64_6s_w1_tma"),
+                        ((1000, 1000, 1000), "64x128x64_6s_w1_tma_ts"),
+                        ((520, 128, 136), "64x128x64_6s_w1_tma_ts"),
                         ((64, 4096, 14336), "64x128x64_6s_w1_tma"),
                         ((4096, 4096, 512), "128x256x64_3s_pt_tma_ts")):
         family, cfg = dispatch.choose(_problem(*shape))

@@ -67,7 +67,7 @@ import numpy as np
 from numbatc.kernels import build, epilogue, operands, split_k
 
 __all__ = ["Sm90Config", "Sm90Variant", "Sm90Fp8Variant", "CONFIGS", "FP8_CONFIGS",
-           "FP8_DTYPES", "DEFAULT_PRODUCER", "SMALL_TILES", "SPLIT_TWIN", "unsupported",
+           "FP8_DTYPES", "DEFAULT_PRODUCER", "SMALL_TILES", "MID_TILES", "SPLIT_TWIN", "unsupported",
            "choose", "compiled", "split", "launch", "small_tile", "fp8_small_tile",
            "small_tiles_skip", "small_split", "tensor_maps_unsupported", "kernel_for", "kernel_source",
            "kernel_signature", "launch_flat", "signature", "grid_for", "with_producer",
@@ -315,6 +315,14 @@ CONFIGS = {
                    producer="tma", store="tma", **_TMA_REGS),
         Sm90Config("128x128x64_4s_w1_pt_tma", 128, 4, inflight=1, persistent=True,
                    producer="tma", **_TMA_REGS),
+        # ... and the small tiles' TMA store forms (sm90_gemm.small_split splits them as their
+        # direct-store twins, whose split form runs: SPLIT_TWIN)
+        Sm90Config("64x128x64_6s_w1_tma_ts", 128, 6, bm=64, consumers=1, inflight=1,
+                   producer="tma", store="tma", producer_regs=56, consumer_regs=240),
+        Sm90Config("64x256x64_4s_w1_tma_ts", 256, 4, bm=64, consumers=1, inflight=1,
+                   producer="tma", store="tma", producer_regs=56, consumer_regs=240),
+        Sm90Config("128x128x64_6s_w1_tma_ts", 128, 6, inflight=1, producer="tma", store="tma",
+                   **_TMA_REGS),
         Sm90Config("128x128x64_4s_w1_pt_tma_ts", 128, 4, inflight=1, persistent=True,
                    producer="tma", store="tma", **_TMA_REGS),
     )
@@ -969,6 +977,18 @@ SMALL_TILES = (("64x128x64_6s_w1_tma", 7.44e-10),
                ("128x128x64_6s_w1_tma", 5.32e-10),
                ("128x256x64_4s_w1_tma", 3.92e-10))
 
+#: The same for M >= 256 with the TMA store epilogue (out bf16 / f16, row-major, 16-byte
+#: aligned), in seconds per wave per (BM x BN x K), fitted (median) to the H200 sweep of
+#: 2026-12-02 (M in {256, 512, 1024} x the 13 layers, each candidate without split-K): over those
+#: 39 shapes 0.916x (geometric mean, in-sample) of cuBLAS against 0.863x for SMALL_TILES, the
+#: worst shape 0.79x against 0.65x; the best candidate per shape gave 0.94x.  Each TMA store form
+#: measured ahead of its direct twin there (geometric means 0.77 / 0.83 / 0.87 against 0.75 /
+#: 0.79 / 0.83 for the 64x128 / 64x256 / 128x128 tiles).
+MID_TILES = (("64x128x64_6s_w1_tma_ts", 5.41e-13),
+             ("64x256x64_4s_w1_tma_ts", 4.43e-13),
+             ("128x128x64_6s_w1_tma_ts", 4.12e-13),
+             ("128x256x64_3s_pt_tma_ts", 3.73e-13))
+
 #: FP8's small tiles, fitted the same way to the H200 FP8 sweep of 2026-12-02 (M in {8, 64, 256}
 #: x the 13 layers, against torch._scaled_mm): M <= 64 takes the least cost of the 64-row tiles
 #: (2 K slices where the tiles fill at most half the GPU and K >= 96 tiles of 128), larger M the
@@ -995,6 +1015,9 @@ SPLIT_TWIN = {"128x256x64_4s_pt": "128x256x64_4s_w1", "128x256x64_4s_w1_pt": "12
               "128x256x64_3s_w1_pt_tma_ts": "128x256x64_4s_w1_tma",
               "128x128x64_4s_w1_pt_tma": "128x128x64_4s_w1_tma",
               "128x128x64_4s_w1_pt_tma_ts": "128x128x64_4s_w1_tma",
+              "64x128x64_6s_w1_tma_ts": "64x128x64_6s_w1_tma",
+              "64x256x64_4s_w1_tma_ts": "64x256x64_4s_w1_tma",
+              "128x128x64_6s_w1_tma_ts": "128x128x64_6s_w1_tma",
               "fp8_128x256x128_3s_pt_tma": "fp8_128x256x128_4s_w1_tma",
               "fp8_128x256x128_3s_pt_tma_ts": "fp8_128x256x128_4s_w1_tma",
               # blockwise scaling: split K as the configuration itself (no group in flight)
@@ -1073,6 +1096,8 @@ def small_tile(p):
     fitted cost), or None where they do not take it (:func:`small_tiles_skip`)."""
     if small_tiles_skip(p) is not None:
         return None
+    if p.m >= 256 and tma_store_unsupported(p) is None:
+        return _least_cost(p, MID_TILES, CONFIGS)
     return _least_cost(p, SMALL_TILES, CONFIGS)
 
 
@@ -1096,9 +1121,10 @@ def small_split(p, cfg: Sm90Config):
     K = 14336 from 0.56-0.72x to 0.76-0.83x of cuBLAS with 2 slices, M = 64 at N = 8192,
     K = 28672 1.00 to 1.02x; more slices, or K = 4096, lose: each slice writes and reads its
     float32 partial tile)."""
-    if cfg.name in dict(FP8_SMALL_TILES):  # 8 x 4096 x 14336: 0.97 -> 1.12x with 2 slices
+    name = cfg.name.removesuffix("_ts")  # a TMA store form splits as its direct twin
+    if name in dict(FP8_SMALL_TILES):  # 8 x 4096 x 14336: 0.97 -> 1.12x with 2 slices
         long_k = 96
-    elif cfg.name in dict(SMALL_TILES):
+    elif name in dict(SMALL_TILES):
         long_k = 128
     else:
         return None

@@ -174,6 +174,7 @@ TS_CASES = [
     (256, 256, 136, WRAP_TMA_TS, "col", "row", "float16", "gelu"),  # every tile inside
     (200, 136, 72, WRAP_TMA_W1_TS, "row", "row", "bfloat16", "silu"),
     (256, 512, 72, "128x256x64_3s_pt_tma_ts", "row", "col", "bfloat16", None),
+    (136, 264, 200, "64x128x64_6s_w1_tma_ts", "col", "col", "float16", "gelu"),  # one consumer
 ]
 
 

@@ -329,8 +329,9 @@ def test_sm90_tma_default_switch(monkeypatch, capsys):
     monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
     for m, n, k, layouts, want in [
             # M > 16 under two waves of 128 x 256 tiles: sm90_gemm.small_tile's tiles
-            (1000, 1000, 1000, ("row", "row"), "sm90_gemm 64x128x64_6s_w1_tma a="),
-            (520, 128, 136, ("col", "col"), "sm90_gemm 64x128x64_6s_w1_tma a="),
+            # M >= 256: their TMA store forms (sm90_gemm.MID_TILES)
+            (1000, 1000, 1000, ("row", "row"), "sm90_gemm 64x128x64_6s_w1_tma_ts a="),
+            (520, 128, 136, ("col", "col"), "sm90_gemm 64x128x64_6s_w1_tma_ts a="),
             (64, 4096, 14336, ("row", "col"), "slices of 7168 (64x128x64_6s_w1_tma)"),
             (4096, 4096, 512, ("row", "col"), "sm90_gemm 128x256x64_3s_pt_tma_ts a="),
             (300, 300, 301, ("row", "row"), "sm90_gemm 128x256x64_4s_pt, not 128x256x64_4s_pt_tma")]:
