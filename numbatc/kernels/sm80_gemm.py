@@ -121,6 +121,12 @@ CONFIGS = {
         # decode (M <= 16): 16-row tiles waste no mma.sync on rows that do not exist; 6 stages
         # keep 80 KB of B in flight per block (the problem is bound by reading B once)
         Sm80Config("16x128x64_4w_6s", 16, 128, 64, 1, 4, 6),
+        # Not chosen by choose(); for NUMBATC_SM80_CONFIG (issue 22: not yet measured).  The
+        # 128x256 tile runs one block (8 warps) per SM; these keep two blocks per SM (128
+        # threads at <= 256 registers each) or a deeper pipeline.
+        Sm80Config("128x128x64_4w_3s", 128, 128, 64, 2, 2, 3),  # 96 KB: 2 per SM in 228 KB
+        Sm80Config("128x128x32_4w_4s", 128, 128, 32, 2, 2, 4),  # 64 KB: 2 per SM in 164 KB too
+        Sm80Config("128x256x64_8w_4s", 128, 256, 64, 2, 4, 4),  # 192 KB: H100/H200 only
     )
 }
 

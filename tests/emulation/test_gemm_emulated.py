@@ -65,6 +65,7 @@ def test_gemm_in_the_emulation(m, n, k, dtype, layouts, out_dtype, epilogue):
     ("128x128x64_4w_4s", 130, 136, 136, ("col", "col")),   # a M-major, b K-major
     ("16x128x64_4w_6s", 17, 130, 200, ("row", "col")),     # 16-row tiles, 2 of 4 inside
     ("128x256x64_8w_3s", 129, 257, 72, ("col", "row")),    # 8 warps, K one whole tile + 8
+    ("128x128x32_4w_4s", 130, 129, 70, ("row", "col")),    # BK = 32: 64-byte K-major rows
 ])
 def test_inside_and_edge_tiles_in_the_emulation(name, m, n, k, layouts, monkeypatch):
     """Tiles wholly inside a and b take the unchecked copies (sm80_gemm's load_*_inside) on
