@@ -39,7 +39,8 @@ if [[ $what == attention ]]; then bash "$here/gpu_attention_tma.sh" all; fi
 
 if [[ $what == api ]]; then
   : "${API_TESTS:=tests/gpu/test_gemm_gpu.py tests/gpu/test_gemm_fp8_gpu.py tests/gpu/test_gemm_interop_gpu.py tests/gpu/test_graphs_gpu.py tests/gpu/test_torch_gpu.py tests/gpu/test_transformers_gpu.py tests/gpu/test_softmax_gpu.py}"
-  $py scripts/pytest_shards.py --shards 14 --timeout 250 --out /tmp/shards_api $API_TESTS \
+  $py scripts/pytest_shards.py --shards ${API_SHARDS:-14} --timeout ${API_TIMEOUT:-250} \
+    --out /tmp/shards_api $API_TESTS \
     -- --tb=short > /tmp/api_tests.txt 2>&1 &
   ( t 200 $py examples/ex07_transformers.py | tail -6 ) > /tmp/ex07.txt 2>&1 &
   wait
@@ -49,7 +50,8 @@ if [[ $what == api ]]; then
   [[ ${API_SANITIZE:-1} == 0 ]] || { {
     # --report-api-errors no: the driver's cuGetProcAddress probes return errors by design
     for case in "memcheck gemm_sm90" "racecheck gemm_sm90" "synccheck gemm_sm90" \
-                "memcheck gemm_fp8" "memcheck gemm_sm90_split" "memcheck gemm_sm90_persistent"; do
+                "memcheck gemm_fp8" "memcheck gemm_sm90_split" "memcheck gemm_sm90_persistent" \
+                ${API_SANITIZE_MORE:-}; do
       set -- $case
       echo "== $1 $2 (the default: TMA producer)"
       t 60 compute-sanitizer --tool $1 --report-api-errors no --print-limit 5 \

@@ -3,7 +3,9 @@
     compute-sanitizer --tool memcheck  python3 scripts/sanitize_cases.py gemm_sm90
     compute-sanitizer --tool racecheck python3 scripts/sanitize_cases.py attention_sm80 ...
 
-Kinds: gemm_sm80, gemm_sm90, gemm_sm90_split (split-K forced), gemm_sm90_persistent, gemm_fp8, attention_sm80, attention_sm90, softmax, gemm_softmax.
+Kinds: gemm_sm80, gemm_sm90, gemm_sm90_split (split-K forced), gemm_sm90_persistent, gemm_sm90_ts
+(the TMA store epilogue), gemm_fp8, gemm_fp8_block (blockwise scales), attention_sm80, attention_sm90,
+softmax, gemm_softmax.
 Each case prints one line with its max error; a wrong result exits 1 (the sanitizer's own report
 decides the rest). Small shapes keep the sanitizer's slowdown (10-100x) within seconds, and
 ragged ones exercise the edge paths.
@@ -89,6 +91,31 @@ def gemm_sm90_persistent():
     gemm("sm90:128x256x64_4s_pt_tma")
 
 
+def gemm_sm90_ts():
+    # the TMA store epilogue, persistent: each block reuses its staging tile for several tiles
+    # (shapes whose operands and out a tensor map describes: the config loads by TMA only)
+    GEMM[:] = [(128, 256, 64), (200, 264, 136), (77, 1000, 520), (2056, 4360, 136)]
+    gemm("sm90:128x256x64_3s_pt_tma_ts")
+
+
+def gemm_fp8_block():
+    # FP8 with blockwise scales (DeepGEMM's recipe), the default choice and the 128-row form
+    for kernel in ("", "sm90:fp8_128x128x128_6s_pt_tma_ts"):
+        os.environ["NUMBATC_GEMM_KERNEL"] = kernel
+        for m, n, k in ((64, 256, 256), (300, 520, 272)):
+            a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+            w = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+            sa = torch.rand(m, -(-k // 128), device="cuda") + 0.5
+            sb = torch.rand(-(-n // 128), -(-k // 128), device="cuda") + 0.5
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            numbatc.gemm(a, w.T, scale_a=sa, scale_b=sb, out=out)
+            fa = sa.repeat_interleave(128, 1)[:, :k]
+            fb = sb.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+            check(f"gemm fp8 blockwise {kernel or 'default'} {m}x{n}x{k}", out,
+                  (a.float() * fa) @ (w.float() * fb).T, 2e-2)
+    os.environ.pop("NUMBATC_GEMM_KERNEL")
+
+
 def gemm_sm90_split():
     os.environ["NUMBATC_SPLIT_K"] = "3"
     gemm("sm90")
@@ -98,6 +125,7 @@ def gemm_sm90_split():
 KINDS = {
     "gemm_sm80": lambda: gemm("sm80"), "gemm_sm90": lambda: gemm("sm90"), "gemm_fp8": gemm_fp8,
     "gemm_sm90_split": gemm_sm90_split, "gemm_sm90_persistent": gemm_sm90_persistent,
+    "gemm_sm90_ts": gemm_sm90_ts, "gemm_fp8_block": gemm_fp8_block,
     "attention_sm80": lambda: attention("sm80"), "attention_sm90": lambda: attention("sm90"),
     "softmax": softmax, "gemm_softmax": gemm_softmax,
 }

@@ -422,19 +422,18 @@ def signature(var: GemmVariant):
 
 def launch_gemm_kernel(kernel, var, grid, threads, shared_bytes, cluster, a, b, c, bias, out, m,
                        n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m, epilogue_args,
-                       prepare, split=None, kernel_signature=None, extra_args=()):
+                       prepare, split=None, kernel_signature=None):
     """Launch a generated GEMM kernel with the arguments every GEMM kernel takes (see
     :func:`signature`): prepared (returning the relaunch function, whose contract
     numbatc.kernels.sm80_gemm.launch_flat describes) where it can be, else through
     ``intrinsics.launch.launch`` with a user epilogue's arrays as a final tuple argument.
     ``kernel_signature``: the argument types where they are not :func:`signature`'s (sm90_gemm's
-    fp8 form takes uint8 operand pointers).  ``extra_args``: a kernel's own arguments after
-    ``group_m`` (sm90_gemm's blockwise scales), for a launch that is not prepared."""
+    fp8 form takes uint8 operand pointers)."""
     from numba import config
 
     from intrinsics import launch as launching
 
-    if prepare and not config.ENABLE_CUDASIM and not extra_args:
+    if prepare and not config.ENABLE_CUDASIM:
         sig = kernel_signature or signature(var)
         eflat = ()
         if var.epilogue is not None:
@@ -455,7 +454,7 @@ def launch_gemm_kernel(kernel, var, grid, threads, shared_bytes, cluster, a, b, 
             relaunch(a, b, c, bias, out, alpha, beta, stream, eflat)
             return relaunch
     args = (a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, np.float32(alpha), np.float32(beta),
-            group_m, *extra_args)
+            group_m)
     if split is not None:
         ws, counters, k_chunk, splits = split(stream)
         args += (ws, counters, np.int64(k_chunk), np.int64(splits))

@@ -681,19 +681,25 @@ def _map_params(tm):
 def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta,
            stream, group_m, epilogue_args, prepare, split, block_scales=()):
     """sm90_gemm.launch_flat for a TMA configuration (``a``, ``b`` flat as there: device pointers
-    or emulated arrays).  With ``prepare`` (GPU only) returns the relaunch function of
+    or emulated arrays): the tensor maps of a and b (and of out for the TMA store epilogue) lead
+    the kernel's arguments.  With ``prepare`` (GPU only) returns the relaunch function of
     sm80_gemm.launch_flat's contract (epilogue.launch_gemm_kernel's), which looks up (or builds)
-    the maps of its a and b pointers (and of out for the TMA store epilogue)."""
+    the maps of its pointers.  ``block_scales``: a blockwise variant's scale arguments (after
+    group_m; such a launch is never prepared, see sm90_gemm.launch_flat)."""
     from numba import config
 
     from intrinsics import launch as launching
     from numbatc.kernels import epilogue
 
-    if cfg.store == "tma":
-        return _launch_tma_store(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb,
-                                 ldc, ldo, alpha, beta, stream, group_m, epilogue_args, prepare,
-                                 split, block_scales)
-    sig = signature(var)
+    tma_store = cfg.store == "tma"
+    assert not (tma_store and split), "a K slice's partial sums are not stored by TMA"
+    sig = signature(var, tma_store=tma_store)
+    sizes = (m, n, k, lda, ldb, ldc, ldo)
+
+    def maps(a, b, out, stream):
+        ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream)
+        return (ta, tb, out_map(var, out, m, n, ldo, stream)) if tma_store else (ta, tb)
+
     if prepare and not config.ENABLE_CUDASIM:
         eflat = ()
         if var.epilogue is not None:
@@ -702,30 +708,40 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
         prepared = launching.prepare(kernel, grid, cfg.threads, sig,
                                      shared_bytes=cfg.shared_bytes)
         if prepared is not None:
-            # the maps' parameters of the last (a, b) pointers: a warm call on the same operands
-            # (a decode loop, a layer's weight) skips the map lookup.  One tuple, swapped whole,
-            # so threads sharing this function never see a torn entry; it keeps its maps alive
-            # (as _MAPS does) and is the lookup's own answer for those pointers.
-            last = [(None, None, None)]
-            sizes = (m, n, k, lda, ldb, ldc, ldo)
+            # the maps' parameters of the last (a, b, out) pointers: a warm call on the same
+            # operands (a decode loop, a layer's weight) skips the map lookup.  One tuple,
+            # swapped whole, so threads sharing this function never see a torn entry; it keeps
+            # its maps alive (as _MAPS does) and is the lookup's own answer for those pointers.
+            last = [(None, None, None, None)]
 
             def relaunch(a, b, c, bias, out, alpha, beta, stream, eflat=()):
-                pa, pb, params = last[0]
-                if pa != a or pb != b:
-                    ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream)
-                    params = (*_map_params(ta), *_map_params(tb))
-                    last[0] = (a, b, params)
+                pa, pb, po, params = last[0]
+                if pa != a or pb != b or (tma_store and po != out):
+                    params = tuple(x for tm in maps(a, b, out, stream) for x in _map_params(tm))
+                    last[0] = (a, b, out, params)
                 extra = () if split is None else split(stream)
                 prepared(stream, *params, c, bias, out, *sizes, alpha, beta, group_m, *extra,
                          *eflat)
 
             relaunch(a, b, c, bias, out, alpha, beta, stream, eflat)
             return relaunch
-    ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream)
-    return epilogue.launch_gemm_kernel(
-        kernel, var, grid, cfg.threads, cfg.shared_bytes, None, ta.device, tb.device, c, bias,
-        out, m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m, epilogue_args, False,
-        split=split, kernel_signature=sig, extra_args=_scale_args(block_scales))
+    if config.ENABLE_CUDASIM and tma_store:
+        # numba's simulator copies a NumPy argument in, and back after the kernel: the copies
+        # of out (and of c or bias, which may be out itself) would overwrite what the TMA
+        # stores wrote into out's own memory.  Simulator arrays are passed as they are.
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        c, bias, out = (FakeCUDAArray(x) if isinstance(x, np.ndarray) else x
+                        for x in (c, bias, out))
+    args = (*(tm.device for tm in maps(a, b, out, stream)), c, bias, out, *sizes,
+            np.float32(alpha), np.float32(beta), group_m, *_scale_args(block_scales))
+    if split is not None:
+        ws, counters, k_chunk, splits = split(stream)
+        args += (ws, counters, np.int64(k_chunk), np.int64(splits))
+    args, sig = epilogue.with_epilogue_args(kernel, var, args, sig, epilogue_args)
+    launching.launch(kernel, grid, cfg.threads, args, shared_bytes=cfg.shared_bytes,
+                     stream=stream, signature=sig)
+    return None
 
 
 def _scale_args(block_scales):
@@ -734,55 +750,3 @@ def _scale_args(block_scales):
         return ()
     sa, sb, *strides = block_scales
     return (sa, sb, *(np.int64(x) for x in strides))
-
-
-def _launch_tma_store(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo,
-                      alpha, beta, stream, group_m, epilogue_args, prepare, split=None,
-                      block_scales=()):
-    """:func:`launch` for the TMA store epilogue: out's tensor map is a third leading argument
-    (no split-K: sm90_gemm runs a K slice on the direct-store SPLIT_TWIN)."""
-    assert split is None, "a K slice's partial sums are not stored by TMA"
-    from numba import config
-
-    from intrinsics import launch as launching
-    from numbatc.kernels import epilogue
-
-    sig = signature(var, tma_store=True)
-    sizes = (m, n, k, lda, ldb, ldc, ldo)
-    if prepare and not config.ENABLE_CUDASIM and not block_scales:
-        eflat = ()
-        if var.epilogue is not None:
-            _, sig = epilogue.with_epilogue_args(kernel, var, (), sig, epilogue_args)
-            eflat = epilogue.flat_epilogue_args(epilogue_args)
-        prepared = launching.prepare(kernel, grid, cfg.threads, sig,
-                                     shared_bytes=cfg.shared_bytes)
-        if prepared is not None:
-            last = [(None, None, None, None)]  # as launch's: the last (a, b, out) maps' params
-
-            def relaunch(a, b, c, bias, out, alpha, beta, stream, eflat=()):
-                pa, pb, po, params = last[0]
-                if pa != a or pb != b or po != out:
-                    ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream)
-                    to = out_map(var, out, m, n, ldo, stream)
-                    params = (*_map_params(ta), *_map_params(tb), *_map_params(to))
-                    last[0] = (a, b, out, params)
-                prepared(stream, *params, c, bias, out, *sizes, alpha, beta, group_m, *eflat)
-
-            relaunch(a, b, c, bias, out, alpha, beta, stream, eflat)
-            return relaunch
-    if config.ENABLE_CUDASIM:
-        # numba's simulator copies a NumPy argument in, and back after the kernel: the copies
-        # of out (and of c or bias, which may be out itself) would overwrite what the TMA
-        # stores wrote into out's own memory.  Simulator arrays are passed as they are.
-        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
-        c, bias, out = (FakeCUDAArray(x) if isinstance(x, np.ndarray) else x
-                        for x in (c, bias, out))
-    ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream)
-    to = out_map(var, out, m, n, ldo, stream)
-    args = (ta.device, tb.device, to.device, c, bias, out, *sizes, np.float32(alpha),
-            np.float32(beta), group_m, *_scale_args(block_scales))
-    args, sig = epilogue.with_epilogue_args(kernel, var, args, sig, epilogue_args)
-    launching.launch(kernel, grid, cfg.threads, args, shared_bytes=cfg.shared_bytes,
-                     stream=stream, signature=sig)
-    return None
