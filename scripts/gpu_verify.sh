@@ -51,8 +51,8 @@ if [[ $what == api ]]; then
     # --report-api-errors no: the driver's cuGetProcAddress probes return errors by design
     for case in "memcheck gemm_sm90" "racecheck gemm_sm90" "synccheck gemm_sm90" \
                 "memcheck gemm_fp8" "memcheck gemm_sm90_split" "memcheck gemm_sm90_persistent" \
-                ${API_SANITIZE_MORE:-}; do
-      set -- $case
+                ${API_SANITIZE_MORE:-}; do  # more cases as tool:kind words
+      set -- ${case/:/ }
       echo "== $1 $2 (the default: TMA producer)"
       t 60 compute-sanitizer --tool $1 --report-api-errors no --print-limit 5 \
         $py scripts/sanitize_cases.py $2 | grep -vE "^\s*$" | tail -6
