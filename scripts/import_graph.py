@@ -27,7 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 BEGIN, END = "<!-- import-graph: begin -->", "<!-- import-graph: end -->"
 
-FRAMEWORK = {"build", "epilogue", "operands", "split_k", "pipeline"}
+FRAMEWORK = {"build", "epilogue", "operands", "split_k", "pipeline", "tiles"}
 
 
 def module_name(path: pathlib.Path) -> str:

@@ -255,31 +255,6 @@ def load_{op}_inside(smem, so, src, start, ld, r0, c0, k0):
     return per_row
 
 
-def tile_coords_source(bm, bn):
-    """Source of ``tile_coords(pid, M, N, group_m) -> (tm, tn)``: GROUP_M rasterisation (blocks
-    walk group_m tile-rows at a time so that neighbours share B in L2) for (bm, bn) tiles.
-
-    NOTE: in 32-bit unsigned arithmetic, every step truncated (as sm90_gemm's): a 64-bit
-    division by a run-time value is a subroutine call in SASS (CALL.REL to
-    __cuda_sm20_div_s64 / rem_s64: five of them here, with LLVM's 32-bit fast path beside each);
-    numba widens uint32 arithmetic to 64 bits, and the truncations let LLVM narrow the divisions
-    back to div.u32."""
-    return f'''
-
-@cuda.jit(device=True, forceinline=True)
-def tile_coords(pid, M, N, group_m):
-    gm = np.uint32(group_m)
-    tiles_m = np.uint32((M + {bm - 1}) // {bm})
-    tiles_n = np.uint32((N + {bn - 1}) // {bn})
-    in_group = np.uint32(gm * tiles_n)
-    first_m = np.uint32(np.uint32(pid // in_group) * gm)
-    size_m = min(np.uint32(tiles_m - first_m), gm)
-    in_pos = np.uint32(pid % in_group)
-    tm = np.uint32(first_m + np.uint32(in_pos % size_m))
-    tn = np.uint32(in_pos // size_m)
-    return tm, tn'''
-
-
 def _load_source(pad, so, k0, inside, bk, lds):
     """Lines loading k tile ``k0`` (source text) into the stage at byte offset ``so``: through
     load_a/load_b, or, with ``inside`` (the name of the kernel's flag that the tile's M and N
@@ -396,7 +371,8 @@ def kernel_source(cfg: Sm80Config, var: GemmVariant) -> str:
     # a and b are byte pointers (see signature): start, lda_b and ldb_b count bytes
     a_per_row = loader_source(w, cfg, "a", var.a_layout, a_rowb, 0, unit=1, inside=True)
     b_per_row = loader_source(w, cfg, "b", var.b_layout, b_rowb, a_elems, unit=1, inside=True)
-    w(tile_coords_source(BM, BN))
+    w(f"\nfrom numbatc.kernels.tiles import make_tile_coords\n"
+      f"tile_coords = make_tile_coords({BM}, {BN})\n")
 
     # --- the kernel ---------------------------------------------------------------------------
     # Operands are flat: element (i, j) of a 'row' matrix is x[i * ld + j], of a 'col' one
@@ -415,7 +391,7 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     wm = warp // {cfg.warps_n}
     wn = warp % {cfg.warps_n}
 
-    # Rasterisation: GROUP_M tile-rows at a time, in 32-bit arithmetic (tile_coords_source)
+    # Rasterisation: GROUP_M tile-rows at a time, in 32-bit arithmetic (numbatc.kernels.tiles)
     tm, tn = tile_coords(np.uint32(cuda.blockIdx.x), M, N, group_m)
     m0 = np.int64(tm) * {BM}
     n0 = np.int64(tn) * {BN}

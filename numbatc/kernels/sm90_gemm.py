@@ -682,25 +682,9 @@ def forward(smem, bars, j, rank):
     pers = cfg.persistent and not var.split_k
     ix = "it" if pers else "kt"  # the stage/phase counter
     w(f"""
-
-@cuda.jit(device=True, forceinline=True)
-def tile_coords(pid, M, N, group_m):
-    # Rasterisation: blocks walk GROUP_M tile-rows at a time so that neighbours share B in L2.
-    # NOTE: in 32-bit unsigned arithmetic, every step truncated: a 64-bit division by a run-time
-    # value is a subroutine call in SASS, and a call anywhere in the kernel makes ptxas serialize
-    # every wgmma (C7509, "wgmma.mma_async instructions are serialized due to the presence of
-    # Extern calls").  numba widens uint32 arithmetic to 64 bits; the truncations let LLVM narrow
-    # the divisions back to div.u32.
-    gm = np.uint32(group_m)
-    tiles_m = np.uint32((M + {BM * C - 1}) // {BM * C})
-    tiles_n = np.uint32((N + {BN - 1}) // {BN})
-    in_group = np.uint32(gm * tiles_n)
-    first_m = np.uint32(np.uint32(pid // in_group) * gm)
-    size_m = min(np.uint32(tiles_m - first_m), gm)
-    in_pos = np.uint32(pid % in_group)
-    tm = np.uint32(first_m + np.uint32(in_pos % size_m))
-    tn = np.uint32(in_pos // size_m)
-    return tm, tn""")
+from numbatc.kernels.tiles import make_tile_coords
+# the rasterisation: GROUP_M tile-rows (of cluster_m CTAs each) at a time, in 32-bit arithmetic
+tile_coords = make_tile_coords({BM * C}, {BN})""")
     rank = "np.int64(nt.cluster_ctarank())" if C > 1 else "0"
     origin = [f"m0 = (np.int64(tm) * {C} + rank) * {BM}", f"n0 = np.int64(tn) * {BN}"]
     if pers:

@@ -74,7 +74,7 @@ Print a kernel as it is compiled::
         None, None, None)))"
 
 What is code and what is text: the ring (numbatc.kernels.pipeline), the producer thread
-(:func:`make_producer`) and the rasterisation (:func:`make_tile_coords`) are factory-made
+(:func:`make_producer`) and the rasterisation (numbatc.kernels.tiles) are factory-made
 ``@cuda.jit(device=True)`` functions specialised through closure constants; the generated module
 instantiates them with its constants and holds the kernel itself: the consumers and the
 epilogue.  Those stay text (not tried as code in this change): the consumers' 128-float
@@ -94,8 +94,9 @@ from numba import cuda  # a module global: the simulator swaps it in device func
 import intrinsics as nt
 from intrinsics.layout import SmemLayout
 from numbatc.kernels.pipeline import tma_pipeline
+from numbatc.kernels.tiles import make_tile_coords
 
-__all__ = ["MnKFirstLayout", "kernel_source", "launch", "make_producer", "make_tile_coords", "out_map",
+__all__ = ["MnKFirstLayout", "kernel_source", "launch", "make_producer", "out_map",
            "operand_layout", "operand_map", "signature", "tensor_maps"]
 
 _SWIZZLE = 128
@@ -139,32 +140,9 @@ def operand_layout(cfg, op, k_major):
 
 
 # ---------------------------------------------------------------------------------------------
-# Device code: the tile rasterisation and the producer thread, factory-made
+# Device code: the producer thread, factory-made
 # ---------------------------------------------------------------------------------------------
 
-@functools.cache
-def make_tile_coords(bm, bn):
-    """``tile_coords(pid, M, N, group_m) -> (tm, tn)``: GROUP_M rasterisation (blocks walk
-    group_m tile-rows at a time so that neighbours share B in L2) for (bm, bn) tiles.
-
-    NOTE: 32-bit unsigned arithmetic, every step truncated (as sm90_gemm's generated copy): a
-    64-bit division by a run-time value is a subroutine call in SASS, and a call anywhere in
-    the kernel makes ptxas serialise every wgmma (C7509)."""
-
-    @cuda.jit(device=True, forceinline=True)
-    def tile_coords(pid, M, N, group_m):
-        gm = np.uint32(group_m)
-        tiles_m = np.uint32((M + (bm - 1)) // bm)
-        tiles_n = np.uint32((N + (bn - 1)) // bn)
-        in_group = np.uint32(gm * tiles_n)
-        first_m = np.uint32(np.uint32(pid // in_group) * gm)
-        size_m = min(np.uint32(tiles_m - first_m), gm)
-        in_pos = np.uint32(pid % in_group)
-        tm = np.uint32(first_m + np.uint32(in_pos % size_m))
-        tn = np.uint32(in_pos // size_m)
-        return tm, tn
-
-    return tile_coords
 
 
 @functools.cache
@@ -282,7 +260,8 @@ import numpy as np
 from numba import cuda
 import intrinsics as nt
 from numbatc.kernels.pipeline import tma_pipeline
-from numbatc.kernels.sm90_gemm_tma import make_producer, make_tile_coords
+from numbatc.kernels.sm90_gemm_tma import make_producer
+from numbatc.kernels.tiles import make_tile_coords
 
 {sm90_gemm._mma_line(BN, var, a_kmajor, b_kmajor)}
 RING = tma_pipeline({S})
