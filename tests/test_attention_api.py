@@ -17,7 +17,7 @@ import pytest
 import numbatc
 from numbatc import gemm_api
 from numbatc.interop import DTypeView
-from numbatc.kernels import dispatch, sm80_attention, sm90_attention
+from numbatc.kernels import dispatch, sm80_attention, sm80_decode_attention, sm90_attention
 from tests.helpers.fake_arrays import FakeCuda, no_gpu  # noqa: F401  (no_gpu: autouse)
 from tests.helpers.problems import attention_problem
 
@@ -238,8 +238,10 @@ def walk(monkeypatch):
 
 
 def test_the_table_tries_hopper_then_the_portable_kernel():
+    # decode-shaped problems first (tests/test_decode_attention.py), then Hopper, then portable
     assert [(f.name, f.module, f.cc) for f in dispatch.FAMILIES["attention"]] == [
-        ("sm90", sm90_attention, (9, 0)), ("sm80", sm80_attention, ())]
+        ("decode", sm80_decode_attention, ()), ("sm90", sm90_attention, (9, 0)),
+        ("sm80", sm80_attention, ())]
 
 
 def test_default_choice(walk):
@@ -274,7 +276,7 @@ def test_the_emulation_runs_the_portable_kernel_unless_told(walk, monkeypatch):
 @pytest.mark.parametrize("env", ["sm100", "sm80:m64n64_w4_qreg", ":x", "sm90x"])
 def test_forcing_errors(walk, env):
     with pytest.raises(ValueError, match=re.escape(
-            f"NUMBATC_ATTN_KERNEL={env!r}: choose sm80 or sm90[:<config>]")):
+            f"NUMBATC_ATTN_KERNEL={env!r}: choose decode[:<config>] or sm80 or sm90[:<config>]")):
         walk(env)
 
 
@@ -287,15 +289,22 @@ def test_unknown_config_is_an_error_on_any_gpu(walk):
 
 def test_print_config_says_why_sm90_was_passed_over(walk, monkeypatch, capsys):
     monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    decode = "numbatc.attention: {}, not sm80_decode_attention: {}\n"
     walk(head_dim=32)
-    assert capsys.readouterr().err == ("numbatc.attention: sm80_attention, not sm90_attention: "
-                                       "head_dim 32 is not one of (64, 128)\n")
+    assert capsys.readouterr().err == (
+        decode.format("sm80_attention", "seqlen_q 100 > 16 (not decode-shaped)")
+        + "numbatc.attention: sm80_attention, not sm90_attention: head_dim 32 is not one of "
+        "(64, 128)\n")
     walk("sm80")
-    assert capsys.readouterr().err == ("numbatc.attention: sm80_attention, not sm90_attention: "
-                                       "NUMBATC_ATTN_KERNEL=sm80\n")
+    assert capsys.readouterr().err == (
+        decode.format("sm80_attention", "NUMBATC_ATTN_KERNEL=sm80")
+        + "numbatc.attention: sm80_attention, not sm90_attention: NUMBATC_ATTN_KERNEL=sm80\n")
     walk(head_dim=64, cc=(8, 0))  # a kernel for another GPU: not worth a word
+    assert capsys.readouterr().err == decode.format("sm80_attention",
+                                                    "seqlen_q 100 > 16 (not decode-shaped)")
     walk(head_dim=64)  # sm90 taken: its launch prints the choice
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err == decode.format("sm90_attention",
+                                                    "seqlen_q 100 > 16 (not decode-shaped)")
 
 
 def test_print_config_names_the_tma_fallback(monkeypatch, capsys):
@@ -312,5 +321,7 @@ def test_print_config_names_the_tma_fallback(monkeypatch, capsys):
     numbatc.attention(*qkv(sk=0))
     assert [c.name for c in ran] == ["n128_2s_ov_pp_fx"]
     assert capsys.readouterr().err == (
+        "numbatc.attention: sm90_attention, not sm80_decode_attention: "
+        "NUMBATC_ATTN_KERNEL=sm90:n128_2s_ov_pp_fx_tma\n"
         "numbatc.attention B=2 Sq=5 Sk=0 Hq=4 Hkv=2 D=64: sm90_attention n128_2s_ov_pp_fx "
         "float16 (not n128_2s_ov_pp_fx_tma: seqlen_k is 0 (no key to load))\n")

@@ -13,7 +13,8 @@ forcing and what the default choice passes over:
     dense           sm100_gemm (10.x), sm90_gemm (9.0), sm80_gemm (any: the portable kernel)
     fp8             sm90_gemm (9.0)                      FP8 with per-tensor scales
     block_scaled    sm100_scaled_gemm (10.x)             MXFP8, NVFP4
-    attention       sm90_attention (9.0), sm80_attention (any: the portable kernel)
+    attention       sm80_decode_attention (any: decode shapes), sm90_attention (9.0),
+                    sm80_attention (any: the portable kernel)
 
 The first family that runs on the GPU, computes the problem and is not passed over
 (:func:`_passed_over`) gets ``choose`` then ``launch``.
@@ -25,10 +26,13 @@ configuration wherever it runs.  ``NUMBATC_PRINT_CONFIG=1`` prints the choice to
 the reason each family for this GPU tried before it was skipped.
 
 Attention (:func:`choose_attention`, :func:`launch_attention`) walks its families the same way
-with its own variable, ``NUMBATC_ATTN_KERNEL=<family>[:<config>]`` (sm80, or sm90 and one of its
-configurations): forcing sm90 falls back to the portable kernel where sm90_attention cannot
-compute the problem or the GPU is not 9.0 (no error); the CPU emulation runs sm80_attention
-unless told sm90.  ``NUMBATC_ATTN_CONFIG=<name>`` forces sm80_attention's configuration.
+with its own variable, ``NUMBATC_ATTN_KERNEL=<family>[:<config>]`` (sm80, or decode or sm90 and
+one of its configurations): forcing sm90 falls back to the portable kernel where sm90_attention
+cannot compute the problem or the GPU is not 9.0 (no error); the CPU emulation runs
+sm80_attention unless told sm90 (or the problem is decode-shaped).  The flash-decoding kernel
+(``decode``) takes what ``sm80_decode_attention.declines`` does not decline (seqlen_q <= 16 and
+seqlen_k >= 1024) unless another family is forced; forced, it takes any problem it computes.
+``NUMBATC_ATTN_CONFIG=<name>`` forces sm80_attention's configuration.
 """
 
 import os
@@ -39,6 +43,7 @@ from numba import config
 
 from numbatc.kernels import (
     sm80_attention,
+    sm80_decode_attention,
     sm80_gemm,
     sm90_attention,
     sm90_gemm,
@@ -106,7 +111,8 @@ FAMILIES = {
               Family("sm80", sm80_gemm, ())),
     "fp8": (Family("sm90", sm90_gemm, (9, 0)),),
     "block_scaled": (Family("sm100", sm100_scaled_gemm, (10,)),),
-    "attention": (Family("sm90", sm90_attention, (9, 0)), Family("sm80", sm80_attention, ())),
+    "attention": (Family("decode", sm80_decode_attention, ()),
+                  Family("sm90", sm90_attention, (9, 0)), Family("sm80", sm80_attention, ())),
 }
 
 
@@ -280,11 +286,22 @@ def launch_gemm(p):
 # ---------------------------------------------------------------------------------------------
 
 
+def _takes_config(family):
+    """Whether NUMBATC_ATTN_KERNEL may name a configuration of ``family``: every attention
+    family but the portable kernel (whose configuration is NUMBATC_ATTN_CONFIG's)."""
+    return family.module is not sm80_attention
+
+
 def _attention_passed_over(family, forced, choice, p):
     """Why the attention walk passes over ``family`` without asking it (NUMBATC_ATTN_KERNEL
-    naming another, the emulation, another GPU), or None."""
-    if forced and family.name != forced and family.cc:  # forcing leaves the portable kernel
-        return f"NUMBATC_ATTN_KERNEL={choice}"
+    naming another, the emulation, another GPU, a problem the decode kernel declines), or
+    None."""
+    if forced and family.name != forced and _takes_config(family):
+        return f"NUMBATC_ATTN_KERNEL={choice}"  # forcing leaves the portable kernel
+    if not forced and family.module is sm80_decode_attention:
+        why = sm80_decode_attention.declines(p)
+        if why is not None:
+            return why
     if _EMULATED and family.cc and family.name != forced:
         # 384 Python threads per block are slow: the emulation runs sm90 only when told
         portable = _module_name(FAMILIES["attention"][-1])
@@ -307,9 +324,9 @@ def choose_attention(p):
     by_name = {f.name: f for f in families}
     choice = os.environ.get("NUMBATC_ATTN_KERNEL", "")
     forced, _, name = choice.partition(":")
-    if choice and (forced not in by_name or (name and not by_name[forced].cc)):
+    if choice and (forced not in by_name or (name and not _takes_config(by_name[forced]))):
         # the portable kernel's configuration is NUMBATC_ATTN_CONFIG's
-        named = " or ".join(f.name + ("[:<config>]" if f.cc else "")
+        named = " or ".join(f.name + ("[:<config>]" if _takes_config(f) else "")
                             for f in sorted(families, key=lambda f: f.name))
         raise ValueError(f"NUMBATC_ATTN_KERNEL={choice!r}: choose {named}")
     if name and name not in by_name[forced].module.CONFIGS:
