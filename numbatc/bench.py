@@ -23,6 +23,13 @@ memory-efficient backends on each shape, measured in the same run), head_dim 64,
 seqlen 512..16384 with batch * seqlen = 16384 tokens and heads * head_dim = 2048, causal and not;
 TFLOP/s count 4 * B * H * S^2 * D, halved when causal.
 
+``python -m numbatc.bench decode [--shapes quick] [--csv F] [--configs]``: numbatc.attention on
+decode shapes (the flash-decoding kernel, numbatc.kernels.sm80_decode_attention) against torch
+SDPA (fastest backend, GQA through ``enable_gqa`` or expanded K/V): batch 1 / 8 / 32 x seqlen_q
+1 / 4 x seqlen_k 4096 .. 131072, 32 query heads over 8 KV heads, head_dim 128, no mask (SDPA's
+is_causal aligns top-left, numbatc's bottom-right); the device's copy bandwidth is measured
+first and each row gives GB/s of K and V read once and that as % of it.
+
 ``python -m numbatc.bench softmax [--shapes quick] [--csv F]``: numbatc.softmax against
 torch.softmax (rows 1024..32768 x row lengths 256..32768; GB/s of one read and one write, ratio),
 then numbatc.gemm_softmax against torch.softmax(scale * a @ b) for (M, K, N) in
@@ -405,6 +412,141 @@ def bench_attention(shapes, dtype="bfloat16", reps=20, causal_modes=(False, True
     return rows
 
 
+#: decode shapes (batch, seqlen_q, seqlen_k); 32 query heads over 8 KV heads, head_dim 128
+DECODE_ATTENTION_SHAPES = {
+    "all": [(b, sq, sk) for b in (1, 8, 32) for sq in (1, 4)
+            for sk in (4096, 16384, 65536, 131072)],
+    "quick": [(1, 1, 32768), (8, 1, 8192), (32, 4, 4096)],
+}
+
+
+def bench_decode(shapes, dtype="bfloat16", reps=20, heads=(32, 8), head_dim=128,
+                 max_bytes=24e9):
+    """numbatc.attention and torch SDPA (its fastest backend) on decode shapes; GB/s count K
+    and V once (2 * B * Sk * Hkv * D * element size); shapes whose K and V exceed
+    ``max_bytes`` are skipped."""
+    import inspect
+
+    import torch
+    import torch.nn.functional as F
+
+    import numbatc
+
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    hq, hkv = heads
+    gqa = "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    rows = []
+    progress = Progress(len(shapes), "decode")
+    for b, sq, sk in shapes:
+        kv_bytes = 2 * b * sk * hkv * head_dim * 2
+        if kv_bytes > max_bytes:
+            progress.step(f"b={b} sq={sq} sk={sk}: skipped ({kv_bytes / 1e9:.0f} GB of K and V)")
+            continue
+        q = torch.randn(b, sq, hq, head_dim, device="cuda", dtype=tdt)
+        k, v = (torch.randn(b, sk, hkv, head_dim, device="cuda", dtype=tdt) for _ in range(2))
+        out = torch.empty_like(q)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        numbatc.attention(q, k, v, out=out)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        config = _chosen_attention(lambda: numbatc.attention(q, k, v, out=out))
+        ours = _time_gpu(lambda: numbatc.attention(q, k, v, out=out), torch, reps)
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # SDPA's (B, H, S, D), same memory
+        extra = {"enable_gqa": True} if gqa else {}
+        if not gqa:  # an old torch: K and V expanded to every query head (not timed)
+            kt, vt = (x.repeat_interleave(hq // hkv, dim=1) for x in (kt, vt))
+        theirs, backend, ref = float("inf"), "none", None
+        for name, context in _sdpa_backends(torch):
+            try:
+                with context():
+                    ref = F.scaled_dot_product_attention(qt, kt, vt, **extra)
+                    ms = _time_gpu(lambda: F.scaled_dot_product_attention(qt, kt, vt, **extra),
+                                   torch, reps)
+            except RuntimeError:  # this backend does not take the shape
+                continue
+            if ms < theirs:
+                theirs, backend = ms, name
+        err = float("nan") if ref is None else (out - ref.transpose(1, 2)).abs().max().item()
+        rows.append(dict(batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv,
+                         head_dim=head_dim, dtype=dtype, numbatc_ms=ours, ref_ms=theirs,
+                         numbatc_gbs=kv_bytes / ours / 1e6, ref_gbs=kv_bytes / theirs / 1e6,
+                         ratio=theirs / ours, ref_backend=backend, first_call_s=first,
+                         max_abs_err=err, config=config))
+        progress.step(f"b={b} sq={sq} sk={sk}: {rows[-1]['numbatc_gbs']:.0f} GB/s, "
+                      f"{rows[-1]['ratio']:.2f}x SDPA ({backend})")
+        q = k = v = out = qt = kt = vt = ref = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _chosen_attention(fn):
+    """What numbatc.attention ran for ``fn``'s call: the kernel, configuration and splits from
+    its NUMBATC_PRINT_CONFIG line."""
+    import io
+    import os
+
+    saved, sys.stderr = sys.stderr, io.StringIO()
+    os.environ["NUMBATC_PRINT_CONFIG"] = "1"
+    try:
+        fn()
+    finally:
+        os.environ.pop("NUMBATC_PRINT_CONFIG", None)
+        text, sys.stderr = sys.stderr.getvalue(), saved
+    for line in text.splitlines():
+        if line.startswith("numbatc.attention B="):
+            words = line.split(": ", 1)[1].split()
+            splits = line.split("m block(s), ", 1)[1].split(" split(s)")[0] if "split(s)" in line else ""
+            return " ".join(words[:2]) + (f" x{splits}" if splits else "")
+    return ""
+
+
+def print_decode_table(rows, copy_gbs):
+    head = (f"{'B':>3} {'Sq':>3} {'Sk':>7} {'Hq/Hkv':>6} {'D':>4}  {'numbatc us':>10} "
+            f"{'GB/s':>6} {'% copy':>6}  {'SDPA us':>8} {'GB/s':>6} {'ratio':>6}  "
+            f"{'SDPA backend':>19} {'max abs err':>11}  config")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['batch']:>3} {r['seqlen_q']:>3} {r['seqlen_k']:>7} "
+              f"{str(r['heads_q']) + '/' + str(r['heads_kv']):>6} {r['head_dim']:>4}  "
+              f"{1e3 * r['numbatc_ms']:>10.1f} {r['numbatc_gbs']:>6.0f} "
+              f"{100 * r['numbatc_gbs'] / copy_gbs:>5.0f}%  {1e3 * r['ref_ms']:>8.1f} "
+              f"{r['ref_gbs']:>6.0f} {r['ratio']:>6.2f}  {r['ref_backend']:>19} "
+              f"{r['max_abs_err']:>11.2e}  {r['config']}")
+
+
+def main_decode(args):
+    """``python -m numbatc.bench decode``: the copy bandwidth, the sweep, the table (--csv);
+    ``--configs`` also times every decode configuration (NUMBATC_ATTN_KERNEL=decode:<name>)
+    whose shared memory fits."""
+    import os
+
+    import torch
+
+    copy_gbs = copy_bandwidth(torch)
+    print(f"device copy bandwidth: {copy_gbs:.0f} GB/s (read + write of 1 GiB)", flush=True)
+    shapes = DECODE_ATTENTION_SHAPES[args.shapes]
+    rows = bench_decode(shapes, args.dtype, args.reps)
+    if args.configs:
+        from numbatc.kernels import sm80_decode_attention as decode
+
+        var = decode.DecodeVariant(128, args.dtype, False, False)
+        for name, cfg in decode.CONFIGS.items():
+            if decode.shared_bytes(cfg, var) > 227 * 1024:
+                continue
+            os.environ["NUMBATC_ATTN_KERNEL"] = f"decode:{name}"
+            for row in bench_decode(shapes, args.dtype, args.reps):
+                rows.append(row)
+        os.environ.pop("NUMBATC_ATTN_KERNEL")
+    for r in rows:
+        r["copy_gbs"] = copy_gbs
+    print_decode_table(rows, copy_gbs)
+    if args.csv:
+        write_csv(rows, args.csv)
+    return 0
+
+
 def print_attention_table(rows):
     head = (f"{'B':>4} {'S':>6} {'H':>4} {'D':>4} {'causal':>6}  {'numbatc TF/s':>12} "
             f"{'SDPA TF/s':>9} {'ratio':>6}  {'SDPA backend':>19} {'first call s':>12} "
@@ -683,6 +825,8 @@ _SUBCOMMANDS = {
     "gemm": "numbatc.gemm against cuBLAS (torch.matmul; torch._scaled_mm for float8)",
     "attention": "numbatc.attention against torch's scaled_dot_product_attention (fastest "
                  "backend)",
+    "decode": "numbatc.attention on decode shapes (flash-decoding) against torch SDPA, in GB/s of "
+              "K and V against the copy bandwidth",
     "softmax": "numbatc.softmax against torch.softmax, then numbatc.gemm_softmax",
     "epilogue": "what a fused user epilogue costs over the plain numbatc.gemm",
     "transformers": "a transformers Llama's prefill through numbatc against torch (needs "
@@ -745,6 +889,14 @@ def _parser():
     attention.add_argument("--configs", action="store_true",
                            help="also time every sm80_attention configuration "
                                 "(NUMBATC_ATTN_CONFIG)")
+    decode = sub.add_parser("decode", parents=[common], help=_SUBCOMMANDS["decode"],
+                            description=_SUBCOMMANDS["decode"])
+    decode.add_argument("--shapes", default="all", choices=sorted(DECODE_ATTENTION_SHAPES),
+                        help="all (default): batch 1/8/32 x seqlen_q 1/4 x seqlen_k 4k..128k; "
+                             "quick: three shapes")
+    decode.add_argument("--configs", action="store_true",
+                        help="also time every sm80_decode_attention configuration "
+                             "(NUMBATC_ATTN_KERNEL=decode:<name>)")
     for name, table in (("softmax", SOFTMAX_SHAPES), ("epilogue", EPILOGUE_SHAPES),
                         ("transformers", TRANSFORMERS_SHAPES)):
         p = sub.add_parser(name, parents=[common], help=_SUBCOMMANDS[name],
@@ -770,6 +922,8 @@ def main(argv=None):
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     if args.what == "attention":
         return main_attention(args)
+    if args.what == "decode":
+        return main_decode(args)
     if args.what == "softmax":
         return main_softmax(args)
     if args.what == "epilogue":

@@ -168,8 +168,10 @@ def blocks_per_sm(cfg, var, cc):
 
 def choose_config(p) -> DecodeConfig:
     """Four warps of 16 keys each (64-key tiles); two m16 tiles per block where the stacked rows
-    (seqlen_q * group) exceed 16 and head_dim <= 64; the most stages (2..4) whose shared memory fits half an SM (two blocks per SM
-    overlap one's prologue and partial stores with the other's copies) and the per-block limit.
+    (seqlen_q * group) exceed 16 and head_dim <= 64; the most stages (2..4) whose shared memory
+    fits half an SM (two blocks per SM overlap one's prologue and partial stores with the
+    other's copies) and the per-block limit, else two warps (32-key tiles: head_dim 256 on
+    GPUs of 100 KB per SM).
 
     NOTE: not tuned on a GPU yet.  Registers (ptxas -v via nvJitLink, sm_80, bf16, causal,
     launch_bounds (128, 2)): m16_w4_k16_s3 at head_dim 128 199, 0 spills; at 64 (m32) 209, 0
@@ -180,16 +182,17 @@ def choose_config(p) -> DecodeConfig:
     m_tiles = 2 if rows > 16 and dp <= 64 else 1
     var = DecodeVariant(p.head_dim, p.dtype, p.causal, p.lse is not None)
     sm, per_block = _sm_shared(p.cc)
-    for stages in (4, 3, 2):
-        cfg = CONFIGS[_config(m_tiles, 4, 16, stages).name]
-        if shared_bytes(cfg, var) <= min(sm // 2 - 1024, per_block) or stages == 2:
+    for warps, stages in ((4, 4), (4, 3), (4, 2), (2, 3), (2, 2)):
+        cfg = CONFIGS[_config(m_tiles, warps, 16, stages).name]
+        if shared_bytes(cfg, var) <= min(sm // 2 - 1024, per_block):
             return cfg
+    return cfg  # two warps, two stages: fits every GPU's per-block limit at head_dim 256
 
 
 def splits_for(cfg, var, p):
-    """(splits, keys per split) of problem ``p``: blocks for one full wave (132 SMs times
-    :func:`blocks_per_sm`) over batch * heads_kv * m blocks, each split at least two key tiles,
-    a whole number of tiles; (1, seqlen_k) where that leaves one."""
+    """(splits, keys per split) of problem ``p``: at least one full wave of blocks (132 SMs
+    times :func:`blocks_per_sm`) over batch * heads_kv * m blocks, each split a whole number of
+    key tiles, at least two; (1, seqlen_k rounded up to a tile) where that leaves one."""
     bn = cfg.block_n
     tiles = -(-p.seqlen_k // bn)
     m_blocks = -(-(p.seqlen_q * p.group) // cfg.block_m)
@@ -198,7 +201,7 @@ def splits_for(cfg, var, p):
     want = min(-(-slots // blocks), tiles // 2)
     if want < 2:
         return 1, max(1, tiles) * bn
-    per = -(-tiles // want)  # tiles per split
+    per = max(2, tiles // want)  # tiles per split (rounded down: splits >= want)
     return -(-tiles // per), per * bn
 
 
