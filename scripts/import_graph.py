@@ -11,7 +11,7 @@ one kernel module to another (tests/test_architecture.py asserts there are none)
 
 Layers (top to bottom): the front ends (numbatc.gemm_api / softmax_api / attention_api /
 torch ...), numbatc.kernels' dispatch, the kernel modules, the kernel framework (build,
-epilogue, operands, split_k, pipeline), numbatc.interop, and the intrinsics packages.
+epilogue, gpus, operands, split_k, pipeline, tiles), numbatc.interop, and the intrinsics packages.
 Intrinsics are drawn as packages (``intrinsics``, ``intrinsics.layout``,
 ``intrinsics.emulate``), not module by module, to keep the picture readable.
 """
@@ -27,7 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 BEGIN, END = "<!-- import-graph: begin -->", "<!-- import-graph: end -->"
 
-FRAMEWORK = {"build", "epilogue", "operands", "split_k", "pipeline", "tiles"}
+FRAMEWORK = {"build", "epilogue", "gpus", "operands", "split_k", "pipeline", "tiles"}
 
 
 def module_name(path: pathlib.Path) -> str:

@@ -39,12 +39,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbatc.kernels import operands
+from numbatc.kernels import gpus, operands
 from numbatc.kernels.build import load_generated
 from numbatc.kernels.epilogue import QUAD_REDUCTIONS
 
-__all__ = ["AttnConfig", "AttnVariant", "CONFIGS", "unsupported", "choose", "compiled", "launch",
-           "choose_config", "kernel_for", "kernel_source", "launch_flat", "signature"]
+__all__ = ["AttnConfig", "AttnVariant", "CONFIGS", "TILES", "unsupported", "choose", "compiled",
+           "launch", "choose_config", "explain", "kernel_for", "kernel_source", "launch_flat",
+           "signature"]
 
 LOG2E = 1.4426950408889634
 
@@ -122,8 +123,71 @@ CONFIGS = {
 }
 
 
-def choose_config(head_dim: int) -> AttnConfig:
-    """The configuration for a head dim (``NUMBATC_ATTN_CONFIG=<name>`` forces one of CONFIGS).
+#: The heuristic's configurations, by head dim, in order of preference: the first whose shared
+#: memory (:func:`shared_bytes`, which grows with head_dim) fits one block of the GPU
+#: (numbatc.kernels.gpus).  The first of each is the one :func:`choose_config`'s registers
+#: note is about, and fits every block of 8.0 / 8.7, 9.0 and 10.x.
+#:
+#: NOTE: reasoned from the limits, not measured (no GPU with 99 KB per block was at hand):
+#: where a block gets 99 KB (8.6, 8.9, 12.x) m128n32_w8_qsmem fits up to head_dim 192 (96 KB)
+#: and needs 108-128 KB above it; there m64n32_w4_qsmem takes over (96 KB at 256; the same 16
+#: query rows and 32 keys per warp, so the same registers per thread), as FlashAttention-2
+#: runs 64 x 64 tiles with 4 warps at head_dim 256 where a block gets less than 128 KB
+#: (Dao-AILab/flash-attention, csrc/flash_attn/src/flash_fwd_launch_template.h,
+#: run_mha_fwd_hdim256).  head_dim <= 128 fits everywhere (96 KB at 128).
+TILES = {
+    "head_dim <= 128": ("m128n64_w8_qreg", "m64n64_w4_qreg", "m64n32_w4_qsmem"),
+    "head_dim > 128": ("m128n32_w8_qsmem", "m64n32_w4_qsmem", "m128n16_w8_qsmem",
+                       "m64n16_w4_qsmem"),
+}
+
+
+def _bytes(cfg: AttnConfig, head_dim):
+    """:func:`shared_bytes` of ``cfg`` at ``head_dim`` (the dtype is two bytes either way)."""
+    return shared_bytes(cfg, AttnVariant(head_dim, "bfloat16", False, False))
+
+
+def _occupancy(cfg: AttnConfig, head_dim, lim):
+    """Blocks of ``cfg`` per SM at ``head_dim`` on a GPU of limits ``lim`` (0: none fits)."""
+    return gpus.blocks_per_sm(lim, _bytes(cfg, head_dim), cfg.threads)
+
+
+def _check_fits(cfg: AttnConfig, head_dim, cc):
+    """A ValueError naming the limit where ``cfg`` cannot launch at ``head_dim`` on a GPU of
+    compute capability ``cc``."""
+    lim = gpus.limits(cc)
+    need = _bytes(cfg, head_dim)
+    if not gpus.fits(lim, need, cfg.threads):
+        fitting = sorted(n for n, c in CONFIGS.items() if _occupancy(c, head_dim, lim))
+        raise ValueError(
+            f"sm80 attention config {cfg.name} needs {gpus.kb(need)} of shared memory per block "
+            f"at head_dim {head_dim}; compute capability {lim.name} allows "
+            f"{gpus.kb(lim.shared_per_block)}: choose from {fitting}")
+
+
+def _pick(head_dim, cc):
+    """(configuration, the reason) that the heuristic takes for ``head_dim`` on a GPU of
+    compute capability ``cc``."""
+    lim = gpus.limits(cc)
+    role = "head_dim <= 128" if head_dim <= 128 else "head_dim > 128"
+    fitting = [CONFIGS[n] for n in TILES[role] if _occupancy(CONFIGS[n], head_dim, lim)]
+    if not fitting:  # no GPU of numbatc.kernels.gpus' table gets here
+        raise ValueError(f"no sm80 attention configuration fits head_dim {head_dim} in the "
+                         f"{gpus.kb(lim.shared_per_block)} of shared memory per block of "
+                         f"compute capability {lim.name}")
+    cfg = fitting[0]
+    first = CONFIGS[TILES[role][0]]
+    if cfg is first:
+        return cfg, role + (": Q in registers" if first.q_in_regs else
+                            ": Q read from shared memory")
+    return cfg, (f"{role}: {first.name} needs {gpus.kb(_bytes(first, head_dim))} here (reasoned "
+                 "from the limits, not measured)")
+
+
+def choose_config(head_dim: int, cc=None) -> AttnConfig:
+    """The configuration for a head dim on a GPU of compute capability ``cc`` (None: the CPU
+    emulation's 9.0), the first of :data:`TILES` that fits its shared memory
+    (``NUMBATC_ATTN_CONFIG=<name>`` forces one of CONFIGS; a ValueError where it does not fit).
 
     Registers per thread are the limit: O takes head_dim / 2 per 16 query rows, S block_n / 2,
     Q in registers head_dim / 4.  ptxas -v (sm_80, bf16, causal, with lse): head_dim 64 on
@@ -137,10 +201,24 @@ def choose_config(head_dim: int) -> AttnConfig:
     if forced:
         if forced not in CONFIGS:
             raise ValueError(f"NUMBATC_ATTN_CONFIG={forced!r} is not one of {sorted(CONFIGS)}")
+        try:
+            _check_fits(CONFIGS[forced], head_dim, cc)
+        except ValueError as exc:
+            raise ValueError(f"NUMBATC_ATTN_CONFIG={forced!r}: {exc}") from None
         return CONFIGS[forced]
-    if head_dim <= 128:
-        return CONFIGS["m128n64_w8_qreg"]
-    return CONFIGS["m128n32_w8_qsmem"]
+    return _pick(head_dim, cc)[0]
+
+
+def explain(p, cfg: AttnConfig):
+    """Why ``cfg`` runs attention problem ``p`` (NUMBATC_PRINT_CONFIG's line): its shared
+    memory at the problem's head dim, the blocks one SM of its GPU holds, and the heuristic's
+    reason (or that it was forced)."""
+    lim = gpus.limits(p.cc)
+    n = _occupancy(cfg, p.head_dim, lim)
+    pick, why = _pick(p.head_dim, p.cc)
+    return (f"{cfg.name}: {gpus.kb(_bytes(cfg, p.head_dim))}, {n} block{'' if n == 1 else 's'} "
+            f"per SM on cc {lim.name} ({gpus.kb(lim.shared_per_sm)} per SM); "
+            + (why if cfg is pick else f"forced (the heuristic's: {pick.name})"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -576,12 +654,14 @@ def unsupported(p):
 
 
 def choose(p, name=None):
-    """The configuration for problem ``p`` (``name``: one of CONFIGS, forced; else
-    :func:`choose_config`'s for its head dim)."""
+    """The configuration for problem ``p`` (``name``: one of CONFIGS, forced, a ValueError
+    where it does not fit the problem's GPU; else :func:`choose_config`'s for its head dim and
+    GPU)."""
     if name is None:
-        return choose_config(p.head_dim)
+        return choose_config(p.head_dim, p.cc)
     if name not in CONFIGS:
         raise ValueError(f"no sm80 attention config {name!r}; choose from {sorted(CONFIGS)}")
+    _check_fits(CONFIGS[name], p.head_dim, p.cc)
     return CONFIGS[name]
 
 
@@ -594,11 +674,13 @@ def compiled(p, cfg: AttnConfig):
 def launch(p, cfg: AttnConfig):
     """Launch ``cfg`` for a :class:`numbatc.attention_api.AttentionProblem` on its stream (batch,
     seqlen_q, heads_q >= 1; seqlen_k may be 0: every row then stores 0); q, k and v packed
-    where not 16-byte aligned."""
+    where not 16-byte aligned.  A ValueError, before any launch, where ``cfg`` does not fit the
+    problem's GPU; NUMBATC_PRINT_CONFIG prints the choice and :func:`explain`'s line."""
     import os
     import sys
 
     _, var = compiled(p, cfg)
+    _check_fits(cfg, p.head_dim, p.cc)
     if os.environ.get("NUMBATC_PRINT_CONFIG"):
         packed = [n for n, ca in (("q", p.q), ("k", p.k), ("v", p.v)) if not _aligned(ca)]
         print(f"numbatc.attention B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k} Hq={p.heads_q} "
@@ -606,6 +688,7 @@ def launch(p, cfg: AttnConfig):
               f"{cfg.name} {p.dtype}{' +lse' if var.with_lse else ''}"
               f"{' (packed, not 16-byte aligned: ' + ', '.join(packed) + ')' if packed else ''}",
               file=sys.stderr)
+        print(f"numbatc.attention: sm80_attention {explain(p, cfg)}", file=sys.stderr)
     keep = []
     args, stream = kernel_arguments(p, keep)
     launch_flat(cfg, var, *args, stream=stream)

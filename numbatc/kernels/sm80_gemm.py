@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbatc.kernels import epilogue, operands, split_k
+from numbatc.kernels import epilogue, gpus, operands, split_k
 from numbatc.kernels.build import load_generated
 from numbatc.kernels.epilogue import (  # what every GEMM kernel shares
     CONVERSIONS,
@@ -50,8 +50,9 @@ from numbatc.kernels.epilogue import (  # what every GEMM kernel shares
     variant_for,
 )
 
-__all__ = ["Sm80Config", "CONFIGS", "unsupported", "choose", "compiled", "split", "launch",
-           "grid_for", "kernel_for", "kernel_source", "launch_flat", "signature"]
+__all__ = ["Sm80Config", "CONFIGS", "TILES", "unsupported", "choose", "compiled", "split",
+           "launch", "explain", "grid_for", "kernel_for", "kernel_source", "launch_flat",
+           "signature"]
 
 
 @dataclass(frozen=True)
@@ -114,19 +115,22 @@ class Sm80Config:
 CONFIGS = {
     c.name: c
     for c in (
-        Sm80Config("128x256x64_8w_3s", 128, 256, 64, 2, 4, 3),
-        Sm80Config("128x128x64_4w_4s", 128, 128, 64, 2, 2, 4),
-        Sm80Config("64x128x64_4w_4s", 64, 128, 64, 1, 4, 4),
-        Sm80Config("64x64x64_4w_3s", 64, 64, 64, 2, 2, 3),
+        # shared memory per block (stages x (BM + BN) x BK x 2 bytes) in the comments; which
+        # GPUs fit them, and how many per SM, is numbatc.kernels.gpus' (see choose)
+        Sm80Config("128x256x64_8w_3s", 128, 256, 64, 2, 4, 3),  # 144 KB: 8.0 / 8.7, 9.0, 10.x
+        Sm80Config("128x128x64_4w_4s", 128, 128, 64, 2, 2, 4),  # 128 KB
+        Sm80Config("64x128x64_4w_4s", 64, 128, 64, 1, 4, 4),  # 96 KB: fits every GPU
+        Sm80Config("64x64x64_4w_3s", 64, 64, 64, 2, 2, 3),  # 48 KB
         # decode (M <= 16): 16-row tiles waste no mma.sync on rows that do not exist; 6 stages
-        # keep 80 KB of B in flight per block (the problem is bound by reading B once)
-        Sm80Config("16x128x64_4w_6s", 16, 128, 64, 1, 4, 6),
-        # Not chosen by choose(); for NUMBATC_SM80_CONFIG (issue 22: not yet measured).  The
-        # 128x256 tile runs one block (8 warps) per SM; these keep two blocks per SM (128
-        # threads at <= 256 registers each) or a deeper pipeline.
+        # keep 80 KB of B in flight per block (the problem is bound by reading B once); 4 (48
+        # KB of B) where a block gets 99 KB (8.6, 8.9, 12.x)
+        Sm80Config("16x128x64_4w_6s", 16, 128, 64, 1, 4, 6),  # 108 KB
+        Sm80Config("16x128x64_4w_4s", 16, 128, 64, 1, 4, 4),  # 72 KB
+        # 128-thread blocks that pair up on one SM (<= 256 registers per thread): see choose
         Sm80Config("128x128x64_4w_3s", 128, 128, 64, 2, 2, 3),  # 96 KB: 2 per SM in 228 KB
-        Sm80Config("128x128x32_4w_4s", 128, 128, 32, 2, 2, 4),  # 64 KB: 2 per SM in 164 KB too
-        Sm80Config("128x256x64_8w_4s", 128, 256, 64, 2, 4, 4),  # 192 KB: H100/H200 only
+        Sm80Config("128x128x32_4w_4s", 128, 128, 32, 2, 2, 4),  # 64 KB: 2 per SM in 164 KB
+        Sm80Config("128x128x32_4w_3s", 128, 128, 32, 2, 2, 3),  # 48 KB: 2 per SM in 100 KB
+        Sm80Config("128x256x64_8w_4s", 128, 256, 64, 2, 4, 4),  # 192 KB: 9.0 / 10.x only
     )
 }
 
@@ -521,27 +525,105 @@ def unsupported(p):
     return None
 
 
+#: The heuristic's tiles per role, in order of preference (:func:`choose`).
+#:
+#: NOTE: measured on the H200 (cc 9.0, sm80_gemm forced, bf16, row-major, 4096^3 / 8192^3, in
+#: the same run as cuBLAS; TFLOP/s): 128x128x64_4w_3s 376 / 379, 128x128x32_4w_4s 372 / 366,
+#: 128x256x64_8w_4s 361 / 375, 128x256x64_8w_3s 357 / 371, 128x128x64_4w_4s 315 / 332,
+#: 64x128x64_4w_4s 315 / 313, 64x64x64_4w_3s 309 / 286, 16x128x64_4w_6s 143 / 134.  The 128 x
+#: 128 tiles two of which share an SM lead; the 4-stage 128 x 128 x 64 (128 KB, one per SM)
+#: trails the 3-stage one by 12-16 %.  The choices on 8.x and 12.x are reasoned from the limits
+#: (numbatc.kernels.gpus), not measured: no Ampere, Ada or consumer Blackwell GPU was at hand.
+#: On 8.0 / 8.7 (164 KB per SM) 128x128x32_4w_4s (64 KB) keeps two blocks per SM, as the best
+#: tiles did on the H200; on 8.6 / 8.9 / 12.x (100 KB per SM) only its 3-stage form (48 KB)
+#: does.
+TILES = {
+    # M > 64: the first that keeps two blocks per SM, else the first that fits
+    "large": ("128x128x64_4w_3s", "128x128x32_4w_4s", "128x128x32_4w_3s"),
+    # 16 < M <= 64: one tile row, split-K where it leaves SMs idle
+    "mid": ("64x128x64_4w_4s", "64x64x64_4w_3s"),
+    # M <= 16: the deepest pipeline that fits
+    "decode": ("16x128x64_4w_6s", "16x128x64_4w_4s"),
+}
+
+_WHY = {
+    "large": "M > 64",
+    "mid": "16 < M <= 64: one row of 64-row tiles",
+    "decode": "M <= 16: 16-row tiles, the deepest pipeline that fits",
+}
+
+
+def _occupancy(cfg: Sm80Config, lim):
+    """Blocks of ``cfg`` per SM on a GPU of limits ``lim`` (0: it does not fit)."""
+    return gpus.blocks_per_sm(lim, cfg.shared_bytes, cfg.threads)
+
+
+def _pick(p):
+    """(configuration, the reason) that the heuristic takes for problem ``p`` on its GPU."""
+    lim = gpus.limits(p.cc)
+    role = "decode" if p.m <= 16 else "mid" if p.m <= 64 else "large"
+    fitting = [CONFIGS[n] for n in TILES[role] if _occupancy(CONFIGS[n], lim)]
+    if not fitting:  # no GPU of numbatc.kernels.gpus' table gets here (48 KB fits all)
+        raise ValueError(f"no sm80 {role} tile fits the {gpus.kb(lim.shared_per_block)} of "
+                         f"shared memory per block of compute capability {lim.name}")
+    cfg = fitting[0]
+    why = _WHY[role]
+    if role == "large":
+        pairs = [c for c in fitting if _occupancy(c, lim) >= 2]
+        cfg = pairs[0] if pairs else cfg
+        if lim.cc == (9, 0):
+            how = "measured best on the H200"
+        elif lim.shared_per_sm >= 228 * 1024:
+            how = "as measured on the H200, whose 228 KB per SM this GPU has; not measured here"
+        else:
+            how = "reasoned from the limits, not measured"
+        why += (f": the first 128 x 128 tile that keeps two blocks per SM ({how})" if pairs else
+                ": no 128 x 128 tile keeps two blocks per SM here; the first that fits")
+    return cfg, why
+
+
+def explain(p, cfg: Sm80Config):
+    """Why ``cfg`` runs problem ``p`` (NUMBATC_PRINT_CONFIG's line): its shared memory, the
+    blocks one SM of the problem's GPU holds, and the heuristic's reason (or that it was
+    forced)."""
+    lim = gpus.limits(p.cc)
+    n = _occupancy(cfg, lim)
+    pick, why = _pick(p)
+    return (f"{cfg.name}: {gpus.kb(cfg.shared_bytes)}, {n} block{'' if n == 1 else 's'} per SM "
+            f"on cc {lim.name} ({gpus.kb(lim.shared_per_sm)} per SM); "
+            + (why if cfg is pick else f"forced (the heuristic's: {pick.name})"))
+
+
+def _check_fits(p, cfg: Sm80Config):
+    """A ValueError naming the limit where ``cfg`` cannot launch on the problem's GPU."""
+    lim = gpus.limits(p.cc)
+    if not gpus.fits(lim, cfg.shared_bytes, cfg.threads):
+        fitting = sorted(n for n, c in CONFIGS.items() if _occupancy(c, lim))
+        raise ValueError(
+            f"sm80 config {cfg.name} needs {gpus.kb(cfg.shared_bytes)} of shared memory per "
+            f"block; compute capability {lim.name} allows {gpus.kb(lim.shared_per_block)}: "
+            f"choose from {fitting}")
+
+
 def choose(p, name=None):
-    """The configuration for problem ``p`` (``name``: one of CONFIGS, forced): small M gets
-    short tiles, problems that fill the GPU with 128x256 tiles get those, the rest 128x128."""
+    """The configuration for problem ``p`` on its GPU (``p.cc``; ``name``: one of CONFIGS,
+    forced, a ValueError where it does not fit that GPU's shared memory): small M gets short
+    tiles (:data:`TILES`), the rest 128 x 128 tiles that keep two blocks per SM where one does
+    (the measured and reasoned choices are :data:`TILES`' note).  Only configurations whose
+    shared memory fits one block of the GPU are taken (numbatc.kernels.gpus)."""
     if name is not None:
         if name not in CONFIGS:
             raise ValueError(f"no sm80 config {name!r}; choose from {sorted(CONFIGS)}")
+        _check_fits(p, CONFIGS[name])
         return CONFIGS[name]
-    if p.m <= 16:
-        return CONFIGS["16x128x64_4w_6s"]
-    if p.m <= 64:
-        return CONFIGS["64x128x64_4w_4s"]
-    big = CONFIGS["128x256x64_8w_3s"]
-    if grid_for(big, p.m, p.n) >= split_k.NUM_SMS_GUESS:
-        return big
-    return CONFIGS["128x128x64_4w_4s"]
+    return _pick(p)[0]
 
 
 def split(p, cfg: Sm80Config):
     """(K slices, k_chunk) of ``cfg``'s launch for ``p`` (split_k.choose_split: M <= 64 whose
-    tiles leave SMs idle; (1, K): none)."""
-    return split_k.choose_split(cfg, p.m, p.k, grid_for(cfg, p.m, p.n))
+    tiles leave SMs idle, for the problem's GPU's SM count; (1, K): none)."""
+    return split_k.choose_split(cfg, p.m, p.k, grid_for(cfg, p.m, p.n),
+                                sms=gpus.sm_count(p.cc, p.device))
 
 
 def compiled(p, cfg: Sm80Config):
@@ -553,7 +635,15 @@ def compiled(p, cfg: Sm80Config):
 def launch(p, cfg: Sm80Config):
     """Launch ``cfg`` for problem ``p`` on its stream (operands packed where not 16-byte
     aligned, K split where :func:`split` says); the relaunch function or None (see
-    operands.launch_gemm)."""
+    operands.launch_gemm).  A ValueError, before any launch, where ``cfg`` does not fit the
+    problem's GPU; NUMBATC_PRINT_CONFIG prints :func:`explain`'s line."""
+    import os
+
+    _check_fits(p, cfg)
+    if os.environ.get("NUMBATC_PRINT_CONFIG"):
+        import sys
+
+        print(f"numbatc.gemm: sm80_gemm {explain(p, cfg)}", file=sys.stderr)
     slices = split(p, cfg)
     var = variant_for(p, split_k=slices[0] > 1)
     return operands.launch_gemm(launch_flat, p, cfg, var, slices, grid_for(cfg, p.m, p.n),

@@ -21,6 +21,7 @@ The face every kernel module has (``CONFIGS``, ``unsupported``, ``choose``, ``co
 import functools
 import math
 
+from numbatc.kernels import gpus
 from numbatc.kernels.build import load_generated
 from numbatc.kernels.epilogue import CONVERSIONS, QUAD_REDUCTIONS, GemmVariant, to_f32_expr
 from numbatc.kernels.sm80_gemm import (  # the sm80 kernel's main loop, which this one runs
@@ -32,7 +33,7 @@ from numbatc.kernels.sm80_gemm import (  # the sm80 kernel's main loop, which th
 )
 
 __all__ = ["CONFIGS", "MAX_N", "choose", "choose_config", "compiled", "kernel_for",
-           "kernel_source", "launch", "launch_flat", "signature", "unsupported"]
+           "kernel_source", "launch", "launch_flat", "shared_total", "signature", "unsupported"]
 
 #: The widest row the fused kernel holds in one tile.
 MAX_N = 256
@@ -46,20 +47,46 @@ CONFIGS = {
         Sm80Config("64x128x64_4w_4s", 64, 128, 64, 2, 2, 4),
         Sm80Config("32x256x64_8w_4s", 32, 256, 64, 1, 8, 4),
         Sm80Config("64x256x64_8w_3s", 64, 256, 64, 2, 4, 3),
+        # 80 KB: the 256-column rows where a block gets 99 KB (8.6, 8.9, 12.x), which the two
+        # above (144 and 120 KB) exceed; reasoned from the limits, not measured
+        Sm80Config("64x256x32_8w_4s", 64, 256, 32, 2, 4, 4),
     )
 }
 
 _NUM_SMS_GUESS = 132  # H100/H200: only shapes the choice, never correctness
 
 
-def choose_config(m, n):
+def shared_total(cfg: Sm80Config) -> int:
+    """Shared memory of one block: the main loop's stages (dynamic) and the [WARPS_N][BM]
+    float32 row maxima and sums (static)."""
+    return cfg.shared_bytes + 2 * 4 * cfg.warps_n * cfg.bm
+
+
+def _check_fits(cfg: Sm80Config, cc):
+    """A ValueError naming the limit where ``cfg`` cannot launch on a GPU of compute capability
+    ``cc``."""
+    lim = gpus.limits(cc)
+    if not gpus.fits(lim, shared_total(cfg), cfg.threads):
+        raise ValueError(
+            f"sm80_gemm_softmax config {cfg.name} needs {gpus.kb(shared_total(cfg))} of shared "
+            f"memory per block; compute capability {lim.name} allows "
+            f"{gpus.kb(lim.shared_per_block)}")
+
+
+def choose_config(m, n, cc=None):
     """The narrowest tile that holds a row (BN >= n); 64-row tiles when they still give every SM
-    a block, else 32-row tiles (more blocks for the same M)."""
+    a block, else 32-row tiles (more blocks for the same M); of those, only the ones whose
+    shared memory fits one block of a GPU of compute capability ``cc`` (None: the emulation's
+    9.0; numbatc.kernels.gpus): where the preferred one does not, the first of its width that
+    does."""
     if n > MAX_N:
         raise ValueError(f"the fused GEMM + softmax holds rows of at most {MAX_N} columns, got {n}")
     bn = 64 if n <= 64 else 128 if n <= 128 else 256
     bm = 64 if -(-m // 64) >= _NUM_SMS_GUESS else 32
-    return next(c for c in CONFIGS.values() if (c.bm, c.bn) == (bm, bn))
+    lim = gpus.limits(cc)
+    wide = [c for c in CONFIGS.values()
+            if c.bn == bn and gpus.fits(lim, shared_total(c), c.threads)]
+    return next((c for c in wide if c.bm == bm), wide[0])
 
 
 def kernel_source(cfg: Sm80Config, var: GemmVariant) -> str:
@@ -274,13 +301,14 @@ def unsupported(p):
 
 
 def choose(p, name=None):
-    """The configuration for problem ``p`` (``name``: one of CONFIGS, forced; else
-    :func:`choose_config`'s for its shape)."""
+    """The configuration for problem ``p`` (``name``: one of CONFIGS, forced, a ValueError where
+    it does not fit the problem's GPU; else :func:`choose_config`'s for its shape and GPU)."""
     if name is None:
-        return choose_config(p.m, p.n)
+        return choose_config(p.m, p.n, p.cc)
     if name not in CONFIGS:
         raise ValueError(f"no sm80_gemm_softmax config {name!r}; choose from {sorted(CONFIGS)}")
     cfg = CONFIGS[name]
+    _check_fits(cfg, p.cc)
     if cfg.bn < p.n:
         raise ValueError(f"sm80_gemm_softmax config {name!r} holds rows of {cfg.bn} columns, "
                          f"not {p.n}")
@@ -309,6 +337,7 @@ def launch(p, cfg: Sm80Config):
     from numbatc.kernels import operands
 
     cfg, var = compiled(p, cfg)
+    _check_fits(cfg, p.cc)
     emulated = bool(config.ENABLE_CUDASIM)
     keep = []
     with devices.device_scope(p.device):

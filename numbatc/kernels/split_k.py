@@ -35,10 +35,11 @@ def slices(cfg, k, splits):
     return -(-k_tiles // per), per * cfg.bk
 
 
-def choose_split(cfg, m, k, tiles, blocks_per_sm=2, max_m=64):
+def choose_split(cfg, m, k, tiles, blocks_per_sm=2, max_m=64, sms=None):
     """(slices, k_chunk) for a problem of ``tiles`` output tiles of ``cfg``: small-M problems
     whose tiles cannot fill the GPU (M <= 64 gives one tile row; N = 8192 gives 64 tiles for 132
-    SMs) split K so that about ``blocks_per_sm`` blocks per SM stream B at once; each slice
+    SMs; ``sms``: the GPU's SMs, NUM_SMS_GUESS by default) split K so that about
+    ``blocks_per_sm`` blocks per SM stream B at once; each slice
     keeps >= 4 k tiles, at most 16 slices; only for M <= ``max_m``.  (1, k): no split.
     ``NUMBATC_SPLIT_K=<n>`` forces n slices (1: none), for benchmarks."""
     forced = os.environ.get("NUMBATC_SPLIT_K")
@@ -50,7 +51,8 @@ def choose_split(cfg, m, k, tiles, blocks_per_sm=2, max_m=64):
         splits = 1
     else:
         k_tiles = -(-k // cfg.bk)
-        splits = min(blocks_per_sm * NUM_SMS_GUESS // max(1, tiles), k_tiles // 4, 16)
+        sms = NUM_SMS_GUESS if sms is None else sms
+        splits = min(blocks_per_sm * sms // max(1, tiles), k_tiles // 4, 16)
     return slices(cfg, k, splits)
 
 

@@ -66,6 +66,8 @@ def test_gemm_in_the_emulation(m, n, k, dtype, layouts, out_dtype, epilogue):
     ("16x128x64_4w_6s", 17, 130, 200, ("row", "col")),     # 16-row tiles, 2 of 4 inside
     ("128x256x64_8w_3s", 129, 257, 72, ("col", "row")),    # 8 warps, K one whole tile + 8
     ("128x128x32_4w_4s", 130, 129, 70, ("row", "col")),    # BK = 32: 64-byte K-major rows
+    ("128x128x32_4w_3s", 131, 130, 100, ("col", "row")),   # 3 stages of BK = 32, MN-major
+    ("16x128x64_4w_4s", 17, 129, 300, ("row", "row")),     # 4-stage decode tiles (99 KB GPUs)
 ])
 def test_inside_and_edge_tiles_in_the_emulation(name, m, n, k, layouts, monkeypatch):
     """Tiles wholly inside a and b take the unchecked copies (sm80_gemm's load_*_inside) on
