@@ -4,8 +4,9 @@ numbatc.attention.
 
 A checked call validates its arguments, picks a configuration and launches; the launch hands
 back a relaunch function (``intrinsics.launch.PreparedLaunch``: the parameter buffer made once,
-one ``cuLaunchKernel`` per call; numbatc.attention's is still its kernel module's own launch of
-the chosen configuration, for a problem built without the checks).  The front end stores it in
+one ``cuLaunchKernel`` per call; numbatc.attention's takes pointers the same way where the
+kernel module made one -- sm90_attention's configurations -- and is otherwise the module's own
+launch of the chosen configuration, for a problem built without the checks).  The front end stores it in
 :data:`CACHE` as an
 :class:`Entry` under a key holding everything its checks read besides pointer values:
 

@@ -277,7 +277,9 @@ def _launch(p: AttentionProblem):
 # ranges (where they meet, the checks decide, exactly) and scale > 0 and finite; it builds the
 # AttentionProblem from the arrays and launches the checked call's kernel and configuration,
 # whose launch still decides what pointers decide (packing q, k and v; a TMA configuration's
-# cp.async twin).
+# cp.async twin) -- or, where the kernel module handed back a pointer relaunch
+# (dispatch.AttentionRelaunch.fast: sm90_attention's configurations), passes it the pointers,
+# and it launches through a parameter buffer made once unless a start is not 16-byte aligned.
 # ---------------------------------------------------------------------------------------------
 
 _env_key = None  # numbatc.kernels.dispatch.attention_env_key, bound by the first _remember
@@ -300,10 +302,11 @@ class _AttentionWarm(Entry):
     key fixes, ``default_scale`` 1 / sqrt(head_dim), ``lse_alloc`` lse's allocator (None
     without return_lse)."""
 
-    __slots__ = ("spans", "lse_alloc", "fields", "default_scale")
+    __slots__ = ("spans", "lse_alloc", "fields", "default_scale", "fast")
 
     def __init__(self, p: AttentionProblem, relaunch, allocate: bool):
         super().__init__(relaunch, p.q, p.out, allocate)
+        self.fast = getattr(relaunch, "fast", None)  # dispatch.AttentionRelaunch's, or None
         self.spans = (span(p.q), span(p.k), span(p.v))
         self.lse_alloc = None if p.lse is None else alloc.allocator(p.q, p.lse.shape, "float32")
         self.fields = dict(batch=p.batch, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
@@ -323,6 +326,16 @@ class _AttentionWarm(Entry):
             for ptr, size in zip((q_ptr, k_ptr, v_ptr), self.spans):
                 if size and ptr < hi and out_ptr < ptr + size:
                     return MISS  # overlap: the checked path names it
+        fast = self.fast
+        if fast is not None:
+            lse_ptr = 0
+            if self.lse_alloc is not None:
+                lse, lse_ptr = allocate_probed(self.lse_alloc, q)
+                if lse is None:
+                    return MISS
+            if fast(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, scale, self.stream()):
+                return result if self.lse_alloc is None else (result, lse)
+            # pointers the kernel's launch must decide on (packing, a TMA twin): the problem path
         lse = None if self.lse_alloc is None else self.lse_alloc(q)
         as_cuda = arrays.as_cuda_array
         self.relaunch(AttentionProblem(

@@ -214,3 +214,35 @@ def test_the_walk_hands_back_its_choice_unless_printing(monkeypatch, capsys):
     monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
     assert dispatch.launch_attention(attention_problem(head_dim=32)) is None
     assert "sm80_attention, not sm90_attention" in capsys.readouterr().err
+
+
+def test_warm_call_takes_the_pointer_relaunch(rec, torch, monkeypatch):
+    """Where the kernel module handed back a pointer relaunch (dispatch.AttentionRelaunch.fast),
+    a warm call passes it the pointers (lse's allocated, the default scale, the stream) and
+    builds no problem; where it declines (False: a start not 16-byte aligned), the problem
+    path runs."""
+    calls, answer = [], [True]
+
+    def fast(*args):
+        calls.append(args)
+        return answer[0]
+
+    def launch_attention(p):
+        rec.checked.append(p)
+        return dispatch.AttentionRelaunch(None, None, fast)
+
+    monkeypatch.setattr(dispatch, "launch_attention", launch_attention)
+    monkeypatch.setattr(dispatch.AttentionRelaunch, "__call__",
+                        lambda self, p: rec.relaunched.append(p))
+    attention(*qkv(torch), return_lse=True)
+    q, k, v = qkv(torch)
+    out, lse = attention(q, k, v, return_lse=True)
+    assert len(rec.checked) == 1 and rec.relaunched == []
+    assert calls == [(q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, 1 / math.sqrt(64), 0x5150)]
+    answer[0] = False
+    q, k, v = qkv(torch)
+    out = attention(q, k, v, scale=0.5)  # another key (scale given): checked, then warm
+    out = attention(q, k, v, scale=0.5)
+    (p,) = rec.relaunched
+    assert calls[-1][:3] == (q.ptr, k.ptr, v.ptr) and calls[-1][4:6] == (0, 0.5)
+    assert (p.q.ptr, p.out.ptr, p.scale) == (q.ptr, out.ptr, 0.5)

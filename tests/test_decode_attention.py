@@ -164,6 +164,7 @@ def test_forced_splits(monkeypatch):
     seen = []
     monkeypatch.setattr(decode, "launch_flat", lambda *a, split, **k: seen.append(split))
     monkeypatch.setattr(decode, "kernel_arguments", lambda p, keep: ((None,) * 15, 0))
+    monkeypatch.setattr(decode, "pointer_relaunch", lambda *a: None)
     p = _problem(seqlen_k=1000)
     cfg = decode.choose(p)
     monkeypatch.setenv("NUMBATC_DECODE_SPLITS", "4")

@@ -54,8 +54,9 @@ from numbatc.kernels.split_k import release_captured
 
 _EMULATED = bool(config.ENABLE_CUDASIM)
 
-__all__ = ["FAMILIES", "Family", "attention_env_key", "choose", "choose_attention", "env_key",
-           "launch_attention", "launch_gemm", "plan", "release_captured"]
+__all__ = ["AttentionRelaunch", "FAMILIES", "Family", "attention_env_key", "choose",
+           "choose_attention", "env_key", "launch_attention", "launch_gemm", "plan",
+           "release_captured"]
 
 #: The environment variables that steer the choice of kernel and configuration.
 _ENV_VARS = ("NUMBATC_SM80_CONFIG", "NUMBATC_GEMM_KERNEL", "NUMBATC_PRINT_CONFIG",
@@ -76,7 +77,8 @@ def env_key():
 
 
 #: The environment variables that steer numbatc.attention's walk.
-_ATTN_ENV_VARS = ("NUMBATC_ATTN_KERNEL", "NUMBATC_ATTN_CONFIG", "NUMBATC_PRINT_CONFIG")
+_ATTN_ENV_VARS = ("NUMBATC_ATTN_KERNEL", "NUMBATC_ATTN_CONFIG", "NUMBATC_PRINT_CONFIG",
+                  "NUMBATC_DECODE_SPLITS")
 _ATTN_ENV_BYTES = ([os.environ.encodekey(v) for v in _ATTN_ENV_VARS] if _ENV_DATA is not None
                    else None)
 
@@ -86,7 +88,8 @@ def attention_env_key():
     :func:`env_key`: part of numbatc.attention's warm-call key."""
     if _ATTN_ENV_BYTES is not None:
         get = _ENV_DATA.get
-        return (get(_ATTN_ENV_BYTES[0]), get(_ATTN_ENV_BYTES[1]), get(_ATTN_ENV_BYTES[2]))
+        return (get(_ATTN_ENV_BYTES[0]), get(_ATTN_ENV_BYTES[1]), get(_ATTN_ENV_BYTES[2]),
+                get(_ATTN_ENV_BYTES[3]))
     return tuple(os.environ.get(v) for v in _ATTN_ENV_VARS)
 
 
@@ -355,18 +358,30 @@ def launch_attention(p):
     may be 0) on its stream: :func:`choose_attention`'s module and configuration; the module's
     launch prints the choice under NUMBATC_PRINT_CONFIG.
 
-    Returns a relaunch function ``fn(problem)``: the same module's launch of the same
+    Returns a relaunch function ``fn(problem)`` (an :class:`AttentionRelaunch`, whose ``fast``
+    takes pointers where the module made one): the same module's launch of the same
     configuration for a problem equal to ``p`` but in its arrays' pointers, its scale and its
     stream (what the walk reads is then the same; the launch itself still decides what depends
     on pointers: packing q, k, v and a TMA configuration's cp.async twin), or None with
     ``NUMBATC_PRINT_CONFIG`` set (each call prints).  numbatc.attention keeps it for its warm
     calls."""
     module, cfg = choose_attention(p)
-    module.launch(p, cfg)
+    fast = module.launch(p, cfg)
     if os.environ.get("NUMBATC_PRINT_CONFIG"):
         return None
+    return AttentionRelaunch(module, cfg, fast if callable(fast) else None)
 
-    def relaunch(problem):
-        module.launch(problem, cfg)
 
-    return relaunch
+class AttentionRelaunch:
+    """launch_attention's relaunch function: ``self(problem)`` launches ``cfg`` of ``module``
+    for an AttentionProblem; ``fast`` is the module's pointer relaunch where its launch made one
+    (``fast(q, k, v, out, lse, scale, stream_handle)`` -> False where those pointers need the
+    problem path; see sm80_attention.pointer_relaunch), else None."""
+
+    __slots__ = ("module", "cfg", "fast")
+
+    def __init__(self, module, cfg, fast):
+        self.module, self.cfg, self.fast = module, cfg, fast
+
+    def __call__(self, problem):
+        self.module.launch(problem, self.cfg)

@@ -675,7 +675,8 @@ def launch(p, cfg: AttnConfig):
     """Launch ``cfg`` for a :class:`numbatc.attention_api.AttentionProblem` on its stream (batch,
     seqlen_q, heads_q >= 1; seqlen_k may be 0: every row then stores 0); q, k and v packed
     where not 16-byte aligned.  A ValueError, before any launch, where ``cfg`` does not fit the
-    problem's GPU; NUMBATC_PRINT_CONFIG prints the choice and :func:`explain`'s line."""
+    problem's GPU; NUMBATC_PRINT_CONFIG prints the choice and :func:`explain`'s line.  Returns
+    the warm calls' pointer relaunch (:func:`pointer_relaunch`) or None."""
     import os
     import sys
 
@@ -692,6 +693,40 @@ def launch(p, cfg: AttnConfig):
     keep = []
     args, stream = kernel_arguments(p, keep)
     launch_flat(cfg, var, *args, stream=stream)
+    if keep or os.environ.get("NUMBATC_PRINT_CONFIG"):
+        return None  # q, k or v packed (a later call decides again), or no warm calls
+    return pointer_relaunch(kernel_for(cfg, var), grid_for(cfg, p.batch, p.heads_q, p.seqlen_q),
+                            cfg.threads, signature(var), shared_bytes(cfg, var), args,
+                            cfg.block_m)
+
+
+def pointer_relaunch(kernel, grid, threads, sig, shared, args, block_m):
+    """The warm calls' launch of ``kernel`` (sm80_attention's or sm90_attention's cp.async
+    kernel: both take launch_flat's arguments) for problems like the one whose launch ``args``
+    (:func:`kernel_arguments`', on the GPU, nothing packed) are given: ``fn(q, k, v, out, lse,
+    scale, stream_handle)`` with device pointers (lse 0 without it), one cuLaunchKernel through
+    a parameter buffer made here (intrinsics.launch.prepare); True when launched, False where
+    these pointers need the checked path (a start of q, k or v that is not 16-byte aligned: it
+    packs a copy).  None where no prepared launch can be made (the emulation)."""
+    from numba import config
+
+    from intrinsics.launch import prepare
+
+    if config.ENABLE_CUDASIM:
+        return None
+    _q, _k, _v, _out, _lse, _batch, sq, sk, hq, group, q_st, k_st, v_st, o_st, _scale = args
+    prepared = prepare(kernel, grid, threads, sig, shared_bytes=shared)
+    if prepared is None:
+        return None
+    sizes = (sq, sk, hq, group, -(-sq // block_m), *q_st, *k_st, *v_st, *o_st)
+
+    def relaunch(q, k, v, out, lse, scale, stream):
+        if (q | k | v) & 15:
+            return False
+        prepared(stream, q, k, v, out, lse, *sizes, scale * LOG2E)
+        return True
+
+    return relaunch
 
 
 def kernel_arguments(p, keep):

@@ -747,7 +747,8 @@ def compiled(p, cfg: DecodeConfig):
 def launch(p, cfg: DecodeConfig):
     """Launch ``cfg`` for a :class:`numbatc.attention_api.AttentionProblem` on its stream (the
     split kernel, then the combine kernel); q, k and v packed where not 16-byte aligned.
-    ``NUMBATC_DECODE_SPLITS=<n>`` forces the number of key splits (benchmarks, tests)."""
+    ``NUMBATC_DECODE_SPLITS=<n>`` forces the number of key splits (benchmarks, tests).  Returns
+    the warm calls' pointer relaunch (:func:`pointer_relaunch`) or None."""
     _, var = compiled(p, cfg)
     split = splits_for(cfg, var, p)
     forced = os.environ.get("NUMBATC_DECODE_SPLITS")
@@ -769,6 +770,58 @@ def launch(p, cfg: DecodeConfig):
               file=sys.stderr)
     keep = []
     args, stream = kernel_arguments(p, keep)
-    launch_flat(cfg, var, *args, device=p.device, library=getattr(p.q, "library", None),
-                stream=stream, split=split)
+    library = getattr(p.q, "library", None)
+    launch_flat(cfg, var, *args, device=p.device, library=library, stream=stream, split=split)
     split_k.release_captured()  # a captured workspace: both launches are queued
+    if keep or os.environ.get("NUMBATC_PRINT_CONFIG"):
+        return None  # q, k or v packed (a later call decides again), or no warm calls
+    return pointer_relaunch(cfg, var, args, split, p.device, library)
+
+
+def pointer_relaunch(cfg, var, args, split, device, library):
+    """The warm calls' launch of ``cfg`` (both kernels, as launch_flat's) for problems like the
+    one whose launch ``args`` (kernel_arguments', on the GPU, nothing packed) and ``split`` are
+    given: ``fn(q, k, v, out, lse, scale, stream_handle)`` with device pointers (lse 0 without
+    it), two cuLaunchKernel through parameter buffers made here, the workspace the stream's (or
+    torch's allocator's while it captures, as launch_flat's); True when launched, False where a
+    start of q, k or v is not 16-byte aligned (the checked path packs a copy).  None where no
+    prepared launch can be made (the emulation)."""
+    from numba import config
+
+    from intrinsics.launch import prepare
+
+    if config.ENABLE_CUDASIM:
+        return None
+    _q, _k, _v, _out, _lse, batch, sq, sk, hq, group, q_st, k_st, v_st, o_st, _scale = args
+    heads_kv = hq // group
+    rows = sq * group
+    m_blocks = -(-rows // cfg.block_m)
+    n_splits, chunk_keys = split
+    parts = n_splits * cfg.warps
+    o_floats = batch * heads_kv * parts * rows * var.head_dim
+    workspace = split_k.split_workspace(device, o_floats + batch * heads_kv * parts * rows, 1,
+                                        library)
+    split_kernel, combine_kernel = kernel_for(cfg, var)
+    sig_split, sig_combine = signature(var)
+    rpb, threads = combine_shape(var)
+    total_rows = batch * heads_kv * rows
+    first = prepare(split_kernel, m_blocks * n_splits * batch * heads_kv, cfg.threads,
+                    sig_split, shared_bytes=shared_bytes(cfg, var))
+    second = prepare(combine_kernel, -(-total_rows // rpb), threads, sig_combine)
+    if first is None or second is None:
+        return None
+    split_sizes = (sq, sk, heads_kv, group, rows, m_blocks, n_splits, chunk_keys, *q_st, *k_st,
+                   *v_st)
+    combine_sizes = (sq, hq, heads_kv, group, rows, parts, total_rows, *o_st)
+
+    def relaunch(q, k, v, out, lse, scale, stream):
+        if (q | k | v) & 15:
+            return False
+        ws, _ = workspace(stream)
+        ws_lse = ws + 4 * o_floats
+        first(stream, q, k, v, ws, ws_lse, *split_sizes, scale * LOG2E)
+        second(stream, ws, ws_lse, out, lse, *combine_sizes)
+        split_k.release_captured()
+        return True
+
+    return relaunch

@@ -192,8 +192,13 @@ CONFIGS = {
 }
 
 #: The switch: True makes :func:`choose_config` return the TMA configuration (DEFAULT_TMA) for
-#: every head dim; False keeps the cp.async one (DEFAULT), as measured so far.
-TMA_BY_DEFAULT = False
+#: every head dim; False keeps the cp.async one (DEFAULT).  True since 2026-12-02, measured on
+#: the H200 (bench attention --shapes quick, same run, bf16; TFLOP/s TMA / cp.async): hd64
+#: S1024 288.9 / 273.8 (causal 189.2 / 180.0), S4096 376.1 / 362.7 (319.0 / 298.8); hd128 S1024
+#: 401.7 / 356.0 (268.5 / 249.5), S4096 583.1 / 508.4 (467.6 / 414.5); and the TMA default
+#: passed the attention GPU suites (docs/PERFORMANCE.md).  Operands no tensor map describes run
+#: the cp.async twin (:func:`resolve`).
+TMA_BY_DEFAULT = True
 DEFAULT = {64: "n128_2s_ov_pp_fx", 128: "n128_2s_ov_pp_fx"}
 DEFAULT_TMA = {64: "n128_2s_ov_pp_fx_tma", 128: "n128_2s_ov_pp_fx_tma"}
 
@@ -822,7 +827,8 @@ def launch(p, cfg: Sm90AttnConfig):
     """Launch ``cfg`` for a :class:`numbatc.attention_api.AttentionProblem` on its stream (the
     caller checked :func:`unsupported`); a TMA configuration whose operands no tensor map
     describes runs its twin (:func:`resolve`; NUMBATC_PRINT_CONFIG prints the configuration
-    that runs and why it is not ``cfg``)."""
+    that runs and why it is not ``cfg``).  Returns the warm calls' pointer relaunch
+    (sm80_attention.pointer_relaunch's; sm90_attention_tma.launch_attention's) or None."""
     import os
 
     cfg, fallback = resolve(p, cfg)
@@ -837,8 +843,12 @@ def launch(p, cfg: Sm90AttnConfig):
     if cfg.tma:
         from numbatc.kernels import sm90_attention_tma
 
-        sm90_attention_tma.launch_attention(p, cfg, var)
-        return
+        return sm90_attention_tma.launch_attention(p, cfg, var)
     keep = []
     args, stream = sm80_attention.kernel_arguments(p, keep)
     launch_flat(cfg, var, *args, stream=stream)
+    if keep or os.environ.get("NUMBATC_PRINT_CONFIG"):
+        return None  # q, k or v packed (a later call decides again), or no warm calls
+    return sm80_attention.pointer_relaunch(
+        kernel_for(cfg, var), grid_for(p.batch, p.heads_q, p.seqlen_q), cfg.threads,
+        signature(var), shared_bytes(cfg, var.head_dim), args, _BM)

@@ -58,6 +58,8 @@ is not a multiple of 16 bytes -- and seqlen_k == 0 run the cp.async twin
         a.CONFIGS['n128_2s_ov_pp_fx_tma'], a.AttnVariant(128, 'bfloat16', True, True)))"
 """
 
+import os
+
 import numpy as np
 
 __all__ = ["PERSISTENT_TOP", "consumer_loop", "globals_source", "head_source",
@@ -282,16 +284,14 @@ class _Host:
         self._ary = array
 
 
-_MAPS: dict = {}
-_MAPS_LIMIT = 512
-
-
 def operand_map(src, dtype, shape, strides, rows, stream=0):
     """The TensorMap of q, k or v: ``src`` a device pointer (int) on the GPU, a flat array in
     the emulation; ``shape`` (batch, seq, heads, D) and ``strides`` (batch, seq, head) in
     elements (0 for an extent of 1); boxes of (1, ``rows``, 1, 64).  On the GPU the maps are
-    cached per (pointer, geometry): a map describes memory, not an allocation, so a recycled
-    pointer reuses it correctly; building one (a device copy) refuses a capturing ``stream``."""
+    numbatc.kernels.tensor_maps' (one cache per (pointer, geometry) for every TMA kernel; a map
+    made while ``stream`` captures a CUDA graph is written by a kernel the graph records, so
+    operands first seen inside a capture -- a model's activations -- work as numbatc.gemm's
+    do)."""
     from intrinsics.tensormap import TensorMap
 
     eb = 2
@@ -306,26 +306,15 @@ def operand_map(src, dtype, shape, strides, rows, stream=0):
         host = getattr(src, "_ary", src)
         view = np.lib.stride_tricks.as_strided(host, shape=shape, strides=byte_strides)
         return TensorMap.tiled(_Host(view), box, dtype=dt, swizzle=_SWIZZLE)
-    key = (int(src), dt, shape, byte_strides, box)
-    tm = _MAPS.get(key)
-    if tm is None:
-        from numbatc._capture import refuse_if_capturing
+    from numbatc.kernels import tensor_maps
 
-        refuse_if_capturing(stream, "build the tensor maps of q, k and v (a device copy)",
-                            "make one call with these tensors before capturing (the maps are "
-                            "cached)")
-        tm = TensorMap.tiled(int(src), box, dtype=dt, shape=shape, strides=byte_strides,
-                             swizzle=_SWIZZLE)
-        tm.device  # noqa: B018 -- copy it to the device now, once
-        if len(_MAPS) >= _MAPS_LIMIT:
-            _MAPS.clear()
-        _MAPS[key] = tm
-    return tm
+    return tensor_maps.tiled_map(int(src), dt, shape, byte_strides, box, stream)
 
 
 def launch_attention(p, cfg, var):
     """Launch the TMA kernel ``cfg`` for an AttentionProblem whose operands a tensor map
-    describes (:func:`unsupported` is None) on its stream."""
+    describes (:func:`unsupported` is None) on its stream.  Returns the warm calls' pointer
+    relaunch (as sm80_attention.pointer_relaunch's) on the GPU, None in the emulation."""
     from numba import config
 
     from intrinsics.launch import launch as launch_kernel
@@ -348,6 +337,46 @@ def launch_attention(p, cfg, var):
     launch_kernel(kernel, grid, cfg.threads, args,
                   shared_bytes=sm90_attention.shared_bytes(cfg, D), stream=stream, signature=sig)
     keep.append(maps)
+    if config.ENABLE_CUDASIM or os.environ.get("NUMBATC_PRINT_CONFIG"):
+        return None  # the emulation, or no warm calls (each call prints)
+    from intrinsics.launch import prepare
+
+    prepared = prepare(kernel, grid, cfg.threads, sig,
+                       shared_bytes=sm90_attention.shared_bytes(cfg, D))
+    if prepared is None:
+        return None
+    geometry = ((var.dtype, (batch, sq, hq, D), q_st, sm90_attention._BM),
+                (var.dtype, (batch, sk, p.heads_kv, D), k_st, cfg.block_n),
+                (var.dtype, (batch, sk, p.heads_kv, D), v_st, cfg.block_n))
+    sizes = args[5:-1]
+    # the maps' parameters of the last (q, k, v) pointers: a warm call on the same operands (a
+    # benchmark, a decode loop's cache) skips the map lookups.  One tuple, swapped whole, so
+    # threads sharing this function never see a torn entry; it keeps its maps alive.  Maps
+    # written while capturing are not remembered: their memory holds them only once the graph
+    # replays, and an eager call after the capture must not read it before.
+    from numbatc.kernels.tensor_maps import CapturedMap, map_params
+
+    def remembered(q, k, v, ms):
+        if any(isinstance(m, CapturedMap) for m in ms):
+            return (None, None, None, None, None)
+        return (q, k, v, ms, tuple(x for m in ms for x in map_params(m)))
+
+    last = [remembered(q, k, v, maps)]
+
+    def relaunch(q, k, v, out, lse, scale, stream):
+        """Launch for these device pointers (lse 0 without it): True, or False where a start is
+        not 16-byte aligned (no tensor map: the checked path runs the cp.async twin)."""
+        if (q | k | v) & 15:
+            return False
+        pq, pk, pv, _, params = last[0]
+        if pq != q or pk != k or pv != v:
+            ms = tuple(operand_map(ptr, *geo, stream) for ptr, geo in zip((q, k, v), geometry))
+            params = tuple(x for m in ms for x in map_params(m))
+            last[0] = remembered(q, k, v, ms)
+        prepared(stream, *params, out, lse, *sizes, scale * sm90_attention.LOG2E)
+        return True
+
+    return relaunch
 
 
 _BLOCKS = []

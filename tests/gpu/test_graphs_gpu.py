@@ -213,6 +213,38 @@ def test_attention_graph(b, sq, sk, hq, hk, d, causal):
                         f"attention {b}x{sq}x{sk}x{hq}/{hk}x{d}{' causal' if causal else ''}")
 
 
+@pytest.mark.parametrize("config", ["", "sm90:n128_2s_ov_pp_fx_tma", "sm90:n128_2s_ov_pp_fx_tma_pt",
+                                    "sm90:n128_2s_ov_pp_fx", "decode"])
+def test_attention_graph_operands_made_inside_the_capture(config, monkeypatch):
+    """q, k and v made inside the capture (a model's projections: torch's graph pool, addresses
+    no eager call has seen), replayed with fresh inputs, then an eager call and another replay:
+    the TMA configurations' tensor maps for captured operands are written by a kernel the graph
+    records (sm90_gemm_tma._MapSlots), where a host copy would invalidate the capture."""
+    if config:
+        monkeypatch.setenv("NUMBATC_ATTN_KERNEL", config)
+    b, sq, sk, hq, hk, d = (2, 1, 2048, 8, 2, 128) if config == "decode" else \
+        (2, 200, 333, 8, 2, 128)
+    dtype = torch.bfloat16
+
+    def make():
+        return (_randn(b, sq, hq, d), _randn(b, sk, hk, d), _randn(b, sk, hk, d))
+
+    def call(q, k, v):
+        return numbatc.attention(q * 2, k * 0.5, v + 1, causal=True)
+
+    def reference(q, k, v):
+        return _attention_reference(q * 2, k * 0.5, v + 1, True)
+
+    graph = _capture_and_replay(make, call, reference, dtype,
+                                f"attention of captured operands {config or 'default'}")
+    # eager calls at addresses the capture saw, before and after another replay
+    fresh = make()
+    _check(numbatc.attention(*fresh, causal=True), _attention_reference(*fresh, True), dtype,
+           "eager call after the capture")
+    graph.replay()
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(5, 70), (64, 1000), (3, 4, 40000)])
 def test_softmax_graph(shape, dtype):
