@@ -425,8 +425,6 @@ def bench_decode(shapes, dtype="bfloat16", reps=20, heads=(32, 8), head_dim=128,
     """numbatc.attention and torch SDPA (its fastest backend) on decode shapes; GB/s count K
     and V once (2 * B * Sk * Hkv * D * element size); shapes whose K and V exceed
     ``max_bytes`` are skipped."""
-    import inspect
-
     import torch
     import torch.nn.functional as F
 
@@ -434,7 +432,7 @@ def bench_decode(shapes, dtype="bfloat16", reps=20, heads=(32, 8), head_dim=128,
 
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     hq, hkv = heads
-    gqa = "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    gqa = _sdpa_takes_gqa(torch, F)
     rows = []
     progress = Progress(len(shapes), "decode")
     for b, sq, sk in shapes:
@@ -478,6 +476,18 @@ def bench_decode(shapes, dtype="bfloat16", reps=20, heads=(32, 8), head_dim=128,
         q = k = v = out = qt = kt = vt = ref = None
         torch.cuda.empty_cache()
     return rows
+
+
+def _sdpa_takes_gqa(torch, F):
+    """Whether this torch's SDPA takes ``enable_gqa`` (torch >= 2.5), by a tiny call: it is a
+    builtin, which inspect.signature cannot read."""
+    q = torch.zeros(1, 2, 1, 8, device="cuda", dtype=torch.float16)
+    kv = torch.zeros(1, 1, 1, 8, device="cuda", dtype=torch.float16)
+    try:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    except TypeError:
+        return False
+    return True
 
 
 def _chosen_attention(fn):

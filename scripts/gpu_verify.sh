@@ -20,6 +20,11 @@
 #   sanitize   compute-sanitizer memcheck / racecheck / synccheck on scripts/sanitize_cases.py
 #   profile    one Nsight Compute report of a Hopper GEMM (PROFILE_CODE picks the problem,
 #              PROFILE_TAG suffixes its files)
+#   attntests  issues 17 / 20: the attention suites on the default walk (decode, sm90 TMA), their
+#              graph and torch-op tests, the TMA default's sweep (tests.txt, testlogs.txt)
+#   attnbench  scripts/diag/attn_host.py, bench attention quick (default and cp.async), decode
+#   sm80       issue 22's portable kernels forced on the H200: bench gemm --configs (every sm80
+#              tile) and bench attention with NUMBATC_ATTN_KERNEL=sm80
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -39,7 +44,7 @@ if [[ $what == attention ]]; then bash "$here/gpu_attention_tma.sh" all; fi
 
 if [[ $what == api ]]; then
   : "${API_TESTS:=tests/gpu/test_gemm_gpu.py tests/gpu/test_gemm_fp8_gpu.py tests/gpu/test_gemm_interop_gpu.py tests/gpu/test_graphs_gpu.py tests/gpu/test_torch_gpu.py tests/gpu/test_transformers_gpu.py tests/gpu/test_softmax_gpu.py}"
-  $py scripts/pytest_shards.py --shards ${API_SHARDS:-14} --timeout ${API_TIMEOUT:-250} \
+  $py scripts/pytest_shards.py --shards ${API_SHARDS:-14} --timeout ${API_TIMEOUT:-250} ${API_SHARD_ARGS:-} \
     --out /tmp/shards_api $API_TESTS \
     -- --tb=short > /tmp/api_tests.txt 2>&1 &
   ( t 200 $py examples/ex07_transformers.py | tail -6 ) > /tmp/ex07.txt 2>&1 &
@@ -145,6 +150,51 @@ if [[ $what == host ]]; then
   done > "$out/host_overhead.txt"
 fi
 
+if [[ $what == attntests ]]; then
+  # issues 17 / 20: numbatc.attention's suites on the default walk (decode kernel, sm90 with
+  # TMA_BY_DEFAULT's choice, sm80), CUDA graphs and torch ops of attention, the TMA default's
+  # own sweep; the benchmarks' kernels compile into the round's cache meanwhile (attnbench)
+  ( for cfg in "" sm90:n128_2s_ov_pp_fx; do
+      NUMBATC_ATTN_KERNEL=$cfg t 250 $py -m numbatc.bench attention --shapes quick --reps 1 &
+    done
+    t 250 $py -m numbatc.bench decode --shapes quick --reps 1 & wait ) > /tmp/attn_warm.txt 2>&1 &
+  $py scripts/pytest_shards.py --shards ${ATTN_SHARDS:-10} --timeout ${ATTN_TIMEOUT:-330} \
+    --out /tmp/shards_attn tests/gpu/test_decode_attention_gpu.py tests/gpu/test_attention_gpu.py \
+    tests/gpu/test_graphs_gpu.py tests/gpu/test_torch_gpu.py -- -k "attention or decode" \
+    --tb=short > /tmp/attn_tests.txt 2>&1 &
+  $py scripts/pytest_shards.py --shards 3 --timeout ${ATTN_TIMEOUT:-330} --out /tmp/shards_tma \
+    tests/gpu/test_sm90_attention_gpu.py -- --tb=short \
+    -k "${ATTN_TMA_K:-n128_2s_ov_pp_fx_tma and not _pt and not timing}" > /tmp/tma_tests.txt 2>&1 &
+  wait
+  { cat /tmp/attn_tests.txt; echo "== sm90 TMA default's own tests"; cat /tmp/tma_tests.txt
+    echo "[tests done at $((SECONDS - start)) s]"; } > "$out/tests.txt"
+  for f in /tmp/shards_attn/*.log /tmp/shards_tma/*.log; do echo "=== $f"; cat "$f"; done \
+    > "$out/testlogs.txt"
+  grep -E "rror|exit" /tmp/attn_warm.txt > "$out/warm.txt"
+fi
+
+if [[ $what == attnbench ]]; then
+  # the warm host path and graph replay against back-to-back (scripts/diag/attn_host.py), then
+  # bench attention quick for the default and the cp.async twin, and bench decode
+  t 150 $py scripts/diag/attn_host.py > "$out/attn_host.txt"
+  {
+    for cfg in "" sm90:n128_2s_ov_pp_fx; do
+      echo "== ${cfg:-default}"
+      NUMBATC_ATTN_KERNEL=$cfg t 80 $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]|rror"
+    done
+    echo "== decode"
+    t 120 $py -m numbatc.bench decode ${DECODE_ARGS:-}
+    echo "[bench done at $((SECONDS - start)) s]"
+  } > "$out/bench_attn.txt" 2>&1
+fi
+
+if [[ $what == sm80 ]]; then
+  {
+    NUMBATC_GEMM_KERNEL=sm80 t ${SM80_GEMM_LIMIT:-170} $py -m numbatc.bench gemm --shapes quick --configs
+    NUMBATC_ATTN_KERNEL=sm80 t ${SM80_ATTN_LIMIT:-120} $py -m numbatc.bench attention --shapes quick
+  } 2>&1 | grep -vE "^gemm \[" > "$out/sm80_bench.txt"
+fi
+
 if [[ $what == sanitize ]]; then
   {
     for tool in memcheck racecheck synccheck; do
@@ -162,7 +212,7 @@ fi
 if [[ $what == profile ]]; then
   tag=${PROFILE_TAG:-}  # a suffix for the two files, so that one call can profile several problems
   : "${PROFILE_CODE:=a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16); numbatc.gemm(a, a)}"
-  t 200 ncu --clock-control none -k regex:"gemm_kernel|attention_kernel" -c 1 \
+  t ${PROFILE_LIMIT:-200} ncu --clock-control none -k regex:"gemm_kernel|attention_kernel" -c 1 \
     --section SpeedOfLight --section WarpStateStats --section SourceCounters \
     --section MemoryWorkloadAnalysis --import-source no -o /tmp/prof -f \
     $py -c "import torch, numbatc; $PROFILE_CODE; torch.cuda.synchronize()" | tail -5 > "$out/profile$tag.txt"

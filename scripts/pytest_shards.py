@@ -27,23 +27,35 @@ def main():
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--out", default="out/tests")
+    parser.add_argument("--contiguous", action="store_true",
+                        help="shard in contiguous runs of the collected order (one parametrised "
+                             "test's cases, which share kernels, compile in one shard) instead "
+                             "of round-robin")
     parser.add_argument("files", nargs="+")
     args, extra = parser.parse_known_args()
     extra = [e for e in extra if e != "--"]
     os.makedirs(args.out, exist_ok=True)
     ids = collect(args.files, extra)
     print(f"{len(ids)} tests in {args.shards} shards", flush=True)
-    # Round-robin by file keeps each file's tests spread (one file's kernels compile in parallel).
-    shards = [ids[i::args.shards] for i in range(args.shards)]
+    # Round-robin by file keeps each file's tests spread (one file's kernels compile in parallel),
+    # but cases that share a kernel then compile it in several shards at once (the disk cache is
+    # filled by whichever finishes first): --contiguous keeps them together.
+    if args.contiguous:
+        size = -(-len(ids) // args.shards)
+        shards = [ids[i * size:(i + 1) * size] for i in range(args.shards)]
+    else:
+        shards = [ids[i::args.shards] for i in range(args.shards)]
     procs = []
     start = time.time()
     for i, chunk in enumerate(shards):
         if not chunk:
             continue
         log = open(os.path.join(args.out, f"shard{i}.log"), "w")
-        cmd = [sys.executable, "-W", "ignore", "-m", "pytest", "-q", "-m", "gpu", "-rfE",
+        # -v and unbuffered: a shard killed at the limit still shows which of its tests ran
+        cmd = [sys.executable, "-u", "-W", "ignore", "-m", "pytest", "-v", "-m", "gpu", "-rfE",
                "-p", "no:cacheprovider", *extra, *chunk]
-        procs.append((i, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        procs.append((i, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
     for i, proc, log in procs:
         left = max(1.0, args.timeout - (time.time() - start))
         try:
@@ -57,8 +69,16 @@ def main():
     for i, _, _ in procs:
         text = open(os.path.join(args.out, f"shard{i}.log")).read()
         tail = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed|error|skipped)", line)]
-        for count, what in re.findall(r"(\d+) (passed|failed|errors?|skipped)", tail[-1] if tail else ""):
-            totals[what] = totals.get(what, 0) + int(count)
+        if tail:
+            for count, what in re.findall(r"(\d+) (passed|failed|errors?|skipped)", tail[-1]):
+                totals[what] = totals.get(what, 0) + int(count)
+        else:  # killed: count the -v result lines it wrote
+            ran = re.findall(r"::\S+ (PASSED|FAILED|ERROR|SKIPPED)", text)
+            for what in ran:
+                key = what.lower() if what != "ERROR" else "errors"
+                totals["killed shards: " + key] = totals.get("killed shards: " + key, 0) + 1
+            tail = [f"killed after {len(ran)} of {len(shards[i])} tests: "
+                    + ", ".join(f"{ran.count(w)} {w.lower()}" for w in sorted(set(ran)))]
         for line in text.splitlines():
             if line.startswith(("FAILED", "ERROR")):
                 print(f"shard {i}: {line[:300]}")
