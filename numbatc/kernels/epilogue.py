@@ -7,7 +7,8 @@ and the common kernel arguments and launch.
   specialised for besides its tile; :func:`variant_for` reads it off a problem.
 - :func:`epilogue_source` / :func:`full_tile_epilogue`: the device functions (``store_tile``,
   ``value_tile``, ``put_tile`` ...) that store m16n8-shaped accumulator fragments, and the code
-  that calls them for a block's fragments.
+  that calls them for a block's fragments; :func:`block_source` the same over blocks of
+  fragments (``store_frags`` ..., fewer calls for numba to type).
 - :func:`split_source`, :func:`split_epilogue_source`, :data:`SPLIT_HELPERS`: split-K's kernel
   parameters, its K-slice prologue and its deterministic reduction of the slices.
 - :func:`signature`, :func:`launch_gemm_kernel`: the arguments every GEMM kernel takes, and its
@@ -26,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["GemmVariant", "variant_for", "CONVERSIONS", "QUAD_REDUCTIONS", "SPLIT_HELPERS",
-           "epilogue_source", "stores_source", "full_tile_epilogue", "split_source", "split_epilogue_source",
+           "BLOCK_FRAGS", "epilogue_source", "stores_source", "block_source", "full_tile_epilogue",
+           "split_source", "split_epilogue_source",
            "signature", "launch_gemm_kernel", "flat_epilogue_args", "with_epilogue_args",
            "to_f32_expr"]
 
@@ -223,19 +225,60 @@ def store_tile(out, c, bias, acc, r, col, M, N, ldc, ldo, alpha, beta{ea}):
 '''
 
 
-def epilogue_source(var: GemmVariant) -> str:
+def epilogue_source(var: GemmVariant, frags=None) -> str:
     """Source of the epilogue helpers (with the bf16/f16 decoders they use), for kernels that
     store m16n8-shaped fragments (mma.sync's accumulator; wgmma's and tcgen05's are stored in
-    the same layout)."""
-    return CONVERSIONS + stores_source(var)
+    the same layout); with ``frags``, also :func:`block_source`'s functions over that many."""
+    return CONVERSIONS + stores_source(var) + (block_source(var, frags) if frags else "")
 
 
-def full_tile_epilogue(w, tiles, var, inside, indent="    "):
+#: Fragments per epilogue block of a wgmma accumulator (see block_source): 64 columns, one
+#: 128B-swizzled TMA store box.
+BLOCK_FRAGS = 8
+
+
+def block_source(var: GemmVariant, frags=BLOCK_FRAGS) -> str:
+    """``value_frags``, ``put_frags`` and ``store_frags``: value_tile, put_tile and store_tile
+    over ``frags`` consecutive fragments of one accumulator (registers 4q .. 4q + 3 of ``acc``,
+    a UniTuple of 4 * frags, hold fragment q, at columns col + 8q; wgmma's layout).
+
+    NOTE: compile time.  numba types every call site of a device function anew, and a kernel's
+    own statements several times over (a call costs ~1-3 ms on a 2-core host); its body it
+    types once per signature.  A 128 x 256 tile's 32 fragments as four block calls instead of
+    32 fragment calls per path took 1.3 s off numba's 4.5 s for sm90_gemm's
+    128x256x64_3s_pt_tma_ts (scripts/diag/compile_time.py); LLVM inlines the blocks
+    (forceinline), so the SASS is the same code."""
+    ea = ", eargs" if var.epilogue is not None else ""
+    lines = [f"""
+
+@cuda.jit(device=True, forceinline=True)
+def value_frags(c, bias, acc, r, col, ldc, alpha, beta{ea}):
+    return ("""]
+    lines += [f"        value_tile(c, bias, acc[{4 * q}:{4 * q + 4}], r, col + {8 * q}, ldc, alpha, "
+              f"beta{ea}) +" for q in range(frags)]
+    lines[-1] = lines[-1][:-2] + ")"
+    lines.append("""
+
+@cuda.jit(device=True, forceinline=True)
+def put_frags(out, vals, r, col, ldo):""")
+    lines += [f"    put_tile(out, vals[{4 * q}:{4 * q + 4}], r, col + {8 * q}, ldo)"
+              for q in range(frags)]
+    lines.append(f"""
+
+@cuda.jit(device=True, forceinline=True)
+def store_frags(out, c, bias, acc, r, col, M, N, ldc, ldo, alpha, beta{ea}):""")
+    lines += [f"    store_tile(out, c, bias, acc[{4 * q}:{4 * q + 4}], r, col + {8 * q}, M, N, ldc, "
+              f"ldo, alpha, beta{ea})" for q in range(frags)]
+    return "\n".join(lines) + "\n"
+
+
+def full_tile_epilogue(w, tiles, var, inside, indent="    ", unit="tile"):
     """Emit the epilogue of fragments ``tiles`` = [(acc, row, column expressions)]: when
     ``inside`` (the block's whole tile lies in the matrix) every fragment's values first
     (value_tile: its loads of c and of a user epilogue's arrays), then every store (put_tile);
     otherwise store_tile per fragment with its bounds checks.  With nothing to load (no c, no
-    user epilogue) the inside path exists only for out_pairs' 32-bit stores.
+    user epilogue) the inside path exists only for out_pairs' 32-bit stores.  ``unit="frags"``:
+    each entry of ``tiles`` is a block of fragments instead, stored by block_source's functions.
 
     NOTE: store_tile per fragment interleaves each fragment's loads with the previous one's
     stores to ``out``, which may alias c or a user epilogue's arrays, so neither compiler may
@@ -244,25 +287,26 @@ def full_tile_epilogue(w, tiles, var, inside, indent="    "):
     H200).  Values first lets all the loads be in flight together."""
     ea = ", eargs" if var.epilogue is not None else ""
     x = indent
+    store, value, put = f"store_{unit}", f"value_{unit}", f"put_{unit}"
     if var.epilogue is None and var.c_dtype is None and not var.out_pairs:
         # per-element stores either way, and at most the bias (cached) to load: one pass
         for acc, row, col in tiles:
-            w(f"{x}store_tile(out, c, bias, {acc}, {row}, {col}, M, N, ldc, ldo, alpha, beta)")
+            w(f"{x}{store}(out, c, bias, {acc}, {row}, {col}, M, N, ldc, ldo, alpha, beta)")
         return
     w(f"{x}if {inside}:")
     if var.epilogue is None and var.c_dtype is None and var.bias_dtype is None:
         # nothing to load: each fragment's values, then its pair stores
         for acc, row, col in tiles:
-            w(f"{x}    put_tile(out, value_tile(c, bias, {acc}, {row}, {col}, ldc, alpha, beta), "
+            w(f"{x}    {put}(out, {value}(c, bias, {acc}, {row}, {col}, ldc, alpha, beta), "
               f"{row}, {col}, ldo)")
     else:
         for i, (acc, row, col) in enumerate(tiles):
-            w(f"{x}    ev_{i} = value_tile(c, bias, {acc}, {row}, {col}, ldc, alpha, beta{ea})")
+            w(f"{x}    ev_{i} = {value}(c, bias, {acc}, {row}, {col}, ldc, alpha, beta{ea})")
         for i, (acc, row, col) in enumerate(tiles):
-            w(f"{x}    put_tile(out, ev_{i}, {row}, {col}, ldo)")
+            w(f"{x}    {put}(out, ev_{i}, {row}, {col}, ldo)")
     w(f"{x}else:")
     for acc, row, col in tiles:
-        w(f"{x}    store_tile(out, c, bias, {acc}, {row}, {col}, M, N, ldc, ldo, alpha, beta{ea})")
+        w(f"{x}    {store}(out, c, bias, {acc}, {row}, {col}, M, N, ldc, ldo, alpha, beta{ea})")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,139 @@
+"""A GEMM configuration's first compile without a GPU, as ``numbatc precompile --cc 9.0a`` makes it
+(numba's typing, lowering, NVVM and the link, into a fresh disk cache): wall time and where it
+went, one JSON line per configuration, in a fresh process of its own.  The CPU-host side of
+issue 18's first-call target (scripts/diag/first_call.py measures the GPU's).
+
+    python scripts/diag/compile_time.py 128x256x64_3s_pt_tma_ts 64x128x64_6s_w1_tma \\
+        fp8_128x256x128_3s_pt_tma_ts [--repeat 3] [--profile out.prof] [--ptx DIR]
+
+Each configuration runs ``--repeat`` times, each in a new process with a new NUMBATC_CACHE_DIR
+(numba's first compile of the process -- its registries -- is made first and not counted);
+the line gives every run and the median.  bf16 (or e4m3 for fp8_ names) row x col, bf16 out,
+the variant numbatc.gemm runs for aligned operands (out_pairs).  ``--ptx DIR``: each
+configuration's PTX into DIR/<name>.ptx.  Phases: typing+lowering is numba's (device functions
+included), nvvm_ptx NVVM's, link_cubin the assembly of the PTX (nvJitLink).
+"""
+
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _variant(name):
+    from numbatc.kernels import sm90_gemm
+
+    if name.startswith("fp8_"):
+        return sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e4m3fn", "bfloat16", None, None,
+                                        None, b_dtype="float8_e4m3fn", out_pairs=True)
+    return sm90_gemm.Sm90Variant("row", "col", "bfloat16", "bfloat16", None, None, None,
+                                 out_pairs=True)
+
+
+def one(name, profile=None, ptx=None):
+    """Compile ``name`` in this process; returns the phase times (seconds).  ``ptx``: a file
+    to write the kernel's PTX to (for ptxas / nvdisasm)."""
+    times = {}
+
+    def timed(owner, attr, key, outer_only=False):
+        orig = getattr(owner, attr)
+        depth = [0]
+
+        def wrap(*a, **k):
+            depth[0] += 1
+            t = time.perf_counter()
+            try:
+                return orig(*a, **k)
+            finally:
+                depth[0] -= 1
+                if not outer_only or depth[0] == 0:
+                    times[key] = times.get(key, 0.0) + time.perf_counter() - t
+
+        setattr(owner, attr, wrap)
+
+    from numba import cuda, types
+    from numba.cuda import codegen, dispatcher
+
+    from intrinsics import launch as launching
+    from numbatc.kernels import sm90_gemm
+
+    precompile = importlib.import_module("numbatc.precompile")  # (numbatc.precompile: the function)
+
+    timed(dispatcher, "compile_cuda", "typing+lowering", outer_only=True)
+    timed(codegen.CUDACodeLibrary, "get_asm_strs", "nvvm_ptx")
+    timed(codegen.CUDACodeLibrary, "get_ltoir", "nvvm_ltoir")
+    timed(codegen.CUDACodeLibrary, "get_cubin", "link_cubin")
+
+    @cuda.jit
+    def warm(x):  # numba's first compile of the process, not counted
+        x[0] = 1
+
+    cc = (9, 0, "a")
+    with precompile._target(cc):
+        launching.compile_kernel(warm, (types.int32[::1],))
+    times.clear()
+    cfg = sm90_gemm.CONFIGS.get(name) or sm90_gemm.FP8_CONFIGS[name]
+    var = _variant(name)
+    start = time.perf_counter()
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    kernel, sig = precompile._kernel_and_signature(sm90_gemm, cfg, var)
+    times["source+import"] = time.perf_counter() - start
+    with precompile._target(cc):
+        compiled = launching.compile_kernel(kernel, sig)
+    if profile:
+        prof.disable()
+        prof.dump_stats(profile)
+    times["total"] = time.perf_counter() - start
+    if ptx:
+        with open(ptx, "w") as f:
+            f.write(compiled._codelibrary.get_asm_str(cc=cc))
+    return {k: round(v, 3) for k, v in times.items()}
+
+
+def main(argv):
+    repeat, profile, ptx, child, names = 3, None, None, None, []
+    it = iter(argv)
+    for arg in it:
+        if arg == "--repeat":
+            repeat = int(next(it))
+        elif arg == "--profile":
+            profile = next(it)
+        elif arg == "--ptx":
+            ptx = next(it)
+        elif arg == "--child":
+            child = next(it)
+        else:
+            names.append(arg)
+    if child is not None:
+        print(json.dumps(one(child, profile, ptx)))
+        return
+    if ptx:
+        os.makedirs(ptx, exist_ok=True)
+    for name in names:
+        runs = []
+        for _ in range(repeat):
+            with tempfile.TemporaryDirectory() as cache:
+                env = dict(os.environ, NUMBATC_CACHE_DIR=cache)
+                cmd = [sys.executable, __file__, "--child", name]
+                if profile:
+                    cmd += ["--profile", profile]
+                if ptx:
+                    cmd += ["--ptx", os.path.join(ptx, f"{name}.ptx")]
+                out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                if out.returncode:
+                    sys.exit(f"{name}: the child failed ({out.returncode}):\n{out.stderr}")
+                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        median = statistics.median(r["total"] for r in runs)
+        print(json.dumps({"config": name, "median_s": median, "runs": runs}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
