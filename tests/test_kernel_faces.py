@@ -21,10 +21,10 @@ from tests.helpers.problems import (
 )
 
 #: modules of numbatc/kernels that are no kernel of their own: the shared machinery (gpus: the
-#: per-compute-capability limits), and the TMA producer halves of sm90_gemm and sm90_attention
+#: per-compute-capability limits; tensor_maps: the TMA kernels' map cache), and the TMA producer halves of sm90_gemm and sm90_attention
 #: (their configurations are those modules' _tma ones, chosen there)
-SHARED = {"build", "dispatch", "epilogue", "gpus", "operands", "pipeline", "split_k", "tiles",
-          "sm90_gemm_tma", "sm90_attention_tma"}
+SHARED = {"build", "dispatch", "epilogue", "gpus", "operands", "pipeline", "split_k",
+          "tensor_maps", "tiles", "sm90_gemm_tma", "sm90_attention_tma"}
 FACE = ("CONFIGS", "unsupported", "choose", "launch", "compiled")
 
 

@@ -93,7 +93,6 @@ the start, the descriptors without numba-level inlining (see the NOTEs where eac
 """
 
 import functools
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,6 +101,7 @@ from numba import cuda  # a module global: the simulator swaps it in device func
 import intrinsics as nt
 from intrinsics.layout import SmemLayout
 from intrinsics.layout.smem import encode_wgmma_smem_desc
+from numbatc.kernels import tensor_maps as tensor_maps_cache
 from numbatc.kernels.pipeline import tma_pipeline
 from numbatc.kernels.tiles import make_tile_coords
 
@@ -563,62 +563,6 @@ class _Host:
         self._ary = array
 
 
-_MAPS: dict = {}
-_MAPS_LIMIT = 512
-_MAPS_LOCK = threading.Lock()
-
-
-class _CapturedMap:
-    """A tensor map written into a slot of :class:`_MapSlots` by a kernel recorded in a CUDA
-    graph (its ``device`` has what :func:`_map_params` reads)."""
-
-    def __init__(self, tm, device):
-        self.tm, self.device = tm, device
-
-
-class _MapSlots:
-    """Device memory for tensor maps made while a stream captures a CUDA graph, one pool per
-    device, allocated by the first TMA launch outside capture (cuMemAlloc would invalidate a
-    capture).  A new map is encoded on the host (no stream work) and written into its slot by a
-    one-block kernel on the capturing stream -- recorded into the graph, so every replay writes
-    the map before the GEMM reads it (a synchronous host copy cannot be recorded)."""
-
-    SLOTS = 4096  # 512 KB per device
-
-    def __init__(self):
-        self.words = cuda.device_array((self.SLOTS, 16), np.uint64)  # rows 128 B, 64-aligned
-        self.next = 0
-        self.writer = _map_writer()
-        self.writer[1, 16](self.words[0], (np.uint64(0),) * 16)  # compiled before any capture
-        cuda.synchronize()
-
-    def write(self, tm, stream):
-        if self.next == self.SLOTS:
-            from numbatc._capture import CaptureError
-
-            raise CaptureError(f"numbatc.gemm: {self.SLOTS} tensor maps were made while "
-                               "capturing on this device; no slot is left for another")
-        slot = self.words[self.next]
-        self.next += 1
-        words = tuple(np.uint64(w) for w in tm.words)
-        self.writer[1, 16, cuda.external_stream(stream)](slot, words)
-        return _CapturedMap(tm, slot)
-
-
-_SLOTS: dict = {}
-
-
-@functools.cache
-def _map_writer():
-    @cuda.jit
-    def write_map(dst, words):
-        i = cuda.threadIdx.x
-        if i < 16:
-            dst[i] = words[i]
-
-    return write_map
-
-
 def operand_map(cfg, var, op, src, m, n, k, ld, stream=0):
     """The TensorMap of operand ``op`` ('a' or 'b'): ``src`` a device pointer (int) on the GPU,
     a flat array in the emulation (see :func:`_tensor_map`)."""
@@ -637,62 +581,23 @@ def out_map(var, src, m, n, ldo, stream=0):
 
 
 def _tensor_map(src, dtype, shape, strides, box, stream):
-    """A 128B-swizzled tiled TensorMap of ``src`` (natural order shape, byte strides, box).  On
-    the GPU the maps are cached per (pointer, geometry): the map describes memory, not an
-    allocation, so a recycled pointer reuses it correctly.  A new pointer while ``stream``
-    captures a CUDA graph gets its map written by a recorded kernel (:class:`_MapSlots`)."""
+    """A 128B-swizzled tiled TensorMap of ``src`` (natural order shape, byte strides, box): on
+    the GPU numbatc.kernels.tensor_maps' (cached per pointer and geometry; while ``stream``
+    captures a CUDA graph a new one is written by a recorded kernel), in the emulation a view
+    of the flat array."""
     from intrinsics.tensormap import TensorMap
 
     if not isinstance(src, (int, np.integer)):  # the emulation: a view of the flat array
         host = getattr(src, "_ary", src)
         view = np.lib.stride_tricks.as_strided(host, shape=shape, strides=strides)
         return TensorMap.tiled(_Host(view), box, dtype=dtype, swizzle=_SWIZZLE)
-    key = (int(src), dtype, shape, strides, box)
-    tm = _MAPS.get(key)
-    if tm is not None:
-        return tm
-    from numbatc import _capture
-
-    with _MAPS_LOCK:
-        tm = _MAPS.get(key)
-        if tm is not None:
-            return tm
-        device = cuda.current_context().device.id
-        tm = TensorMap.tiled(int(src), box, dtype=dtype, shape=shape, strides=strides,
-                             swizzle=_SWIZZLE)
-        if _capture.is_capturing(stream):
-            slots = _SLOTS.get(device)
-            if slots is None:
-                _capture.refuse_if_capturing(
-                    stream, "allocate the device memory for TMA tensor maps",
-                    "make one numbatc.gemm call on this device before capturing")
-            tm = slots.write(tm, _capture.stream_handle(stream))
-        else:
-            if device not in _SLOTS:
-                _SLOTS[device] = _MapSlots()
-            tm.device  # noqa: B018 -- copy it to the device now, once
-        if len(_MAPS) >= _MAPS_LIMIT:
-            _MAPS.clear()
-        _MAPS[key] = tm
-    return tm
+    return tensor_maps_cache.tiled_map(int(src), dtype, shape, strides, box, stream)
 
 
 def tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream=0):
     """(TensorMap of a, of b) for flat operands as sm90_gemm.launch_flat takes them."""
     return (operand_map(cfg, var, "a", a, m, n, k, lda, stream),
             operand_map(cfg, var, "b", b, m, n, k, ldb, stream))
-
-
-def _map_params(tm):
-    """The 7 kernel parameters of a tensor map's uint64[:] device array (intrinsics.launch's
-    array_params), computed once per map."""
-    params = getattr(tm, "_kernel_params", None)
-    if params is None:
-        from intrinsics.launch import array_params
-
-        params = array_params(tm.device.__cuda_array_interface__["data"][0], (16,), (8,), 8)
-        tm._kernel_params = params
-    return params
 
 
 def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta,
@@ -728,14 +633,18 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
             # the maps' parameters of the last (a, b, out) pointers: a warm call on the same
             # operands (a decode loop, a layer's weight) skips the map lookup.  One tuple,
             # swapped whole, so threads sharing this function never see a torn entry; it keeps
-            # its maps alive (as _MAPS does) and is the lookup's own answer for those pointers.
+            # its maps alive (as tensor_maps' cache does) and is the lookup's own answer for those pointers.
             last = [(None, None, None, None)]
 
             def relaunch(a, b, c, bias, out, alpha, beta, stream, eflat=()):
                 pa, pb, po, params = last[0]
                 if pa != a or pb != b or (tma_store and po != out):
-                    params = tuple(x for tm in maps(a, b, out, stream) for x in _map_params(tm))
-                    last[0] = (a, b, out, params)
+                    ms = maps(a, b, out, stream)
+                    params = tuple(x for tm in ms for x in tensor_maps_cache.map_params(tm))
+                    # a map written while capturing holds its words only after a replay: an
+                    # eager call after the capture must look its pointers up again
+                    if not any(isinstance(tm, tensor_maps_cache.CapturedMap) for tm in ms):
+                        last[0] = (a, b, out, params)
                 extra = () if split is None else split(stream)
                 prepared(stream, *params, c, bias, out, *sizes, alpha, beta, group_m, *extra,
                          *eflat)

@@ -113,7 +113,7 @@ def test_gemm_graph(m, n, k, extra, dtype):
 def test_gemm_graph_operands_made_inside_the_capture(config, monkeypatch):
     """A model's activations are allocated inside the capture (torch's graph pool), at
     addresses no eager call has seen: the TMA kernels' tensor maps for them are written by a
-    kernel recorded into the graph (sm90_gemm_tma._MapSlots), not by a host copy, which would
+    kernel recorded into the graph (numbatc.kernels.tensor_maps.MapSlots), not by a host copy, which would
     invalidate the capture.  Both operands here are made inside the captured region."""
     if config:
         monkeypatch.setenv("NUMBATC_GEMM_KERNEL", config)
@@ -219,7 +219,7 @@ def test_attention_graph_operands_made_inside_the_capture(config, monkeypatch):
     """q, k and v made inside the capture (a model's projections: torch's graph pool, addresses
     no eager call has seen), replayed with fresh inputs, then an eager call and another replay:
     the TMA configurations' tensor maps for captured operands are written by a kernel the graph
-    records (sm90_gemm_tma._MapSlots), where a host copy would invalidate the capture."""
+    records (numbatc.kernels.tensor_maps.MapSlots), where a host copy would invalidate the capture."""
     if config:
         monkeypatch.setenv("NUMBATC_ATTN_KERNEL", config)
     b, sq, sk, hq, hk, d = (2, 1, 2048, 8, 2, 128) if config == "decode" else \
