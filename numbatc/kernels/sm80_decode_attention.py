@@ -54,6 +54,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda  # a module global: the simulator swaps it in device functions
@@ -732,32 +733,52 @@ def launch_flat(cfg, var, q, k, v, out, lse, batch, seqlen_q, seqlen_k, heads_q,
 
     from intrinsics.launch import launch as launch_kernel
 
+    plan = _plan(cfg, var, batch, seqlen_q, seqlen_k, heads_q, group, q_strides, k_strides,
+                 v_strides, o_strides, split)
+    ws, _ = split_k.split_workspace(device, plan.ws_floats, 1, library)(stream)
+    emulated = bool(config.ENABLE_CUDASIM)
+    if emulated:
+        ws_o, ws_lse = ws[:plan.o_floats], ws[plan.o_floats:]
+    else:
+        ws_o, ws_lse = ws, ws + 4 * plan.o_floats
+    split_kernel, combine_kernel = kernel_for(cfg, var)
+    sig_split, sig_combine = (None, None) if emulated else signature(var)
+    launch_kernel(split_kernel, plan.split_grid, cfg.threads,
+                  (q, k, v, ws_o, ws_lse, *plan.split_sizes, np.float32(scale * LOG2E)),
+                  shared_bytes=shared_bytes(cfg, var), stream=stream, signature=sig_split)
+    launch_kernel(combine_kernel, plan.combine_grid, plan.combine_threads,
+                  (ws_o, ws_lse, out, lse, *plan.combine_sizes), stream=stream,
+                  signature=sig_combine)
+
+
+class _Plan(NamedTuple):
+    """The two launches of one problem: grids, the size arguments after the pointers, the
+    workspace (O partials, then lse partials; float32)."""
+    split_grid: int
+    split_sizes: tuple
+    combine_grid: int
+    combine_threads: int
+    combine_sizes: tuple
+    o_floats: int
+    ws_floats: int
+
+
+def _plan(cfg, var, batch, seqlen_q, seqlen_k, heads_q, group, q_strides, k_strides, v_strides,
+          o_strides, split):
     heads_kv = heads_q // group
     rows = seqlen_q * group
     m_blocks = -(-rows // cfg.block_m)
     n_splits, chunk_keys = split
     parts = n_splits * cfg.warps
     o_floats = batch * heads_kv * parts * rows * var.head_dim
-    lse_floats = batch * heads_kv * parts * rows
-    ws, _ = split_k.split_workspace(device, o_floats + lse_floats, 1, library)(stream)
-    emulated = bool(config.ENABLE_CUDASIM)
-    if emulated:
-        ws_o, ws_lse = ws[:o_floats], ws[o_floats:]
-    else:
-        ws_o, ws_lse = ws, ws + 4 * o_floats
-    split_kernel, combine_kernel = kernel_for(cfg, var)
-    sig_split, sig_combine = (None, None) if emulated else signature(var)
-    args = (q, k, v, ws_o, ws_lse, seqlen_q, seqlen_k, heads_kv, group, rows, m_blocks,
-            n_splits, chunk_keys, *q_strides, *k_strides, *v_strides,
-            np.float32(scale * LOG2E))
-    launch_kernel(split_kernel, m_blocks * n_splits * batch * heads_kv, cfg.threads, args,
-                  shared_bytes=shared_bytes(cfg, var), stream=stream, signature=sig_split)
-    rpb, threads = combine_shape(var)
     total_rows = batch * heads_kv * rows
-    args = (ws_o, ws_lse, out, lse, seqlen_q, heads_q, heads_kv, group, rows, parts, total_rows,
-            *o_strides)
-    launch_kernel(combine_kernel, -(-total_rows // rpb), threads, args, stream=stream,
-                  signature=sig_combine)
+    rpb, threads = combine_shape(var)
+    return _Plan(m_blocks * n_splits * batch * heads_kv,
+                 (seqlen_q, seqlen_k, heads_kv, group, rows, m_blocks, n_splits, chunk_keys,
+                  *q_strides, *k_strides, *v_strides),
+                 -(-total_rows // rpb), threads,
+                 (seqlen_q, heads_q, heads_kv, group, rows, parts, total_rows, *o_strides),
+                 o_floats, o_floats + batch * heads_kv * parts * rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -851,26 +872,16 @@ def pointer_relaunch(cfg, var, args, split, device, library):
     if config.ENABLE_CUDASIM:
         return None
     _q, _k, _v, _out, _lse, batch, sq, sk, hq, group, q_st, k_st, v_st, o_st, _scale = args
-    heads_kv = hq // group
-    rows = sq * group
-    m_blocks = -(-rows // cfg.block_m)
-    n_splits, chunk_keys = split
-    parts = n_splits * cfg.warps
-    o_floats = batch * heads_kv * parts * rows * var.head_dim
-    workspace = split_k.split_workspace(device, o_floats + batch * heads_kv * parts * rows, 1,
-                                        library)
+    plan = _plan(cfg, var, batch, sq, sk, hq, group, q_st, k_st, v_st, o_st, split)
+    workspace = split_k.split_workspace(device, plan.ws_floats, 1, library)
     split_kernel, combine_kernel = kernel_for(cfg, var)
     sig_split, sig_combine = signature(var)
-    rpb, threads = combine_shape(var)
-    total_rows = batch * heads_kv * rows
-    first = prepare(split_kernel, m_blocks * n_splits * batch * heads_kv, cfg.threads,
-                    sig_split, shared_bytes=shared_bytes(cfg, var))
-    second = prepare(combine_kernel, -(-total_rows // rpb), threads, sig_combine)
+    first = prepare(split_kernel, plan.split_grid, cfg.threads, sig_split,
+                    shared_bytes=shared_bytes(cfg, var))
+    second = prepare(combine_kernel, plan.combine_grid, plan.combine_threads, sig_combine)
     if first is None or second is None:
         return None
-    split_sizes = (sq, sk, heads_kv, group, rows, m_blocks, n_splits, chunk_keys, *q_st, *k_st,
-                   *v_st)
-    combine_sizes = (sq, hq, heads_kv, group, rows, parts, total_rows, *o_st)
+    split_sizes, combine_sizes, o_floats = plan.split_sizes, plan.combine_sizes, plan.o_floats
 
     def relaunch(q, k, v, out, lse, scale, stream):
         if (q | k | v) & 15:
