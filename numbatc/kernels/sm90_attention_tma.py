@@ -349,30 +349,20 @@ def launch_attention(p, cfg, var):
                 (var.dtype, (batch, sk, p.heads_kv, D), k_st, cfg.block_n),
                 (var.dtype, (batch, sk, p.heads_kv, D), v_st, cfg.block_n))
     sizes = args[5:-1]
-    # the maps' parameters of the last (q, k, v) pointers: a warm call on the same operands (a
-    # benchmark, a decode loop's cache) skips the map lookups.  One tuple, swapped whole, so
-    # threads sharing this function never see a torn entry; it keeps its maps alive.  Maps
-    # written while capturing are not remembered: their memory holds them only once the graph
-    # replays, and an eager call after the capture must not read it before.
-    from numbatc.kernels.tensor_maps import CapturedMap, map_params
+    from numbatc.kernels.tensor_maps import LastMaps
 
-    def remembered(q, k, v, ms):
-        if any(isinstance(m, CapturedMap) for m in ms):
-            return (None, None, None, None, None)
-        return (q, k, v, ms, tuple(x for m in ms for x in map_params(m)))
+    def qkv_maps(q, k, v, stream):
+        return tuple(operand_map(ptr, *geo, stream) for ptr, geo in zip((q, k, v), geometry))
 
-    last = [remembered(q, k, v, maps)]
+    last = LastMaps()
+    last.params((q, k, v), lambda: maps)  # the maps this launch made
 
     def relaunch(q, k, v, out, lse, scale, stream):
         """Launch for these device pointers (lse 0 without it): True, or False where a start is
         not 16-byte aligned (no tensor map: the checked path runs the cp.async twin)."""
         if (q | k | v) & 15:
             return False
-        pq, pk, pv, _, params = last[0]
-        if pq != q or pk != k or pv != v:
-            ms = tuple(operand_map(ptr, *geo, stream) for ptr, geo in zip((q, k, v), geometry))
-            params = tuple(x for m in ms for x in map_params(m))
-            last[0] = remembered(q, k, v, ms)
+        params = last.params((q, k, v), qkv_maps, q, k, v, stream)
         prepared(stream, *params, out, lse, *sizes, scale * sm90_attention.LOG2E)
         return True
 

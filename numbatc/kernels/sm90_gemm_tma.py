@@ -630,21 +630,11 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
         prepared = launching.prepare(kernel, grid, cfg.threads, sig,
                                      shared_bytes=cfg.shared_bytes)
         if prepared is not None:
-            # the maps' parameters of the last (a, b, out) pointers: a warm call on the same
-            # operands (a decode loop, a layer's weight) skips the map lookup.  One tuple,
-            # swapped whole, so threads sharing this function never see a torn entry; it keeps
-            # its maps alive (as tensor_maps' cache does) and is the lookup's own answer for those pointers.
-            last = [(None, None, None, None)]
+            last = tensor_maps_cache.LastMaps()
 
             def relaunch(a, b, c, bias, out, alpha, beta, stream, eflat=()):
-                pa, pb, po, params = last[0]
-                if pa != a or pb != b or (tma_store and po != out):
-                    ms = maps(a, b, out, stream)
-                    params = tuple(x for tm in ms for x in tensor_maps_cache.map_params(tm))
-                    # a map written while capturing holds its words only after a replay: an
-                    # eager call after the capture must look its pointers up again
-                    if not any(isinstance(tm, tensor_maps_cache.CapturedMap) for tm in ms):
-                        last[0] = (a, b, out, params)
+                params = last.params((a, b, out) if tma_store else (a, b), maps, a, b, out,
+                                     stream)
                 extra = () if split is None else split(stream)
                 prepared(stream, *params, c, bias, out, *sizes, alpha, beta, group_m, *extra,
                          *eflat)

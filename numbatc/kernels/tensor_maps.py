@@ -12,6 +12,7 @@ operands first seen while a stream captures a CUDA graph, and a map's kernel par
   cached for later calls (an eager call at the same address after the capture builds its own).
 - :func:`map_params`: the 7 kernel parameters of a map's ``uint64[:]`` device array, computed
   once per map (a prepared launch passes them as they are).
+- :class:`LastMaps`: a relaunch's memo of the last pointers' map parameters.
 """
 
 import functools
@@ -20,7 +21,7 @@ import threading
 import numpy as np
 from numba import cuda
 
-__all__ = ["CapturedMap", "MapSlots", "map_params", "tiled_map"]
+__all__ = ["CapturedMap", "LastMaps", "MapSlots", "map_params", "tiled_map"]
 
 SWIZZLE = 128
 
@@ -125,3 +126,30 @@ def map_params(tm):
         params = array_params(tm.device.__cuda_array_interface__["data"][0], (16,), (8,), 8)
         tm._kernel_params = params
     return params
+
+
+class LastMaps:
+    """A prepared relaunch's memo: the kernel parameters of the maps of the last pointers it
+    was given, so that a warm call on the same operands (a benchmark, a decode loop's cache, a
+    layer's weight) skips the map lookups.  One tuple, swapped whole, so threads sharing the
+    relaunch never see a torn entry; it holds the maps themselves, whose device memory the
+    parameters point at (the cache may drop them).  Maps written while capturing are not
+    remembered: their slots hold them only once the graph replays, and an eager call after the
+    capture must look its pointers up again."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self):
+        self._last = (None, None, None)
+
+    def params(self, ptrs, make, *args):
+        """The flat parameters of ``make(*args)``'s maps (a tuple, in order) for ``ptrs`` (the
+        tuple of pointers they describe)."""
+        last_ptrs, params, _ = self._last
+        if last_ptrs == ptrs:
+            return params
+        maps = make(*args)
+        params = tuple(x for tm in maps for x in map_params(tm))
+        if not any(isinstance(tm, CapturedMap) for tm in maps):
+            self._last = (ptrs, params, maps)
+        return params
