@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+import first_call  # scripts/diag: its timed() wrapper
+
 
 def _variant(name):
     from numbatc.kernels import sm90_gemm
@@ -40,20 +42,7 @@ def one(name, profile=None, ptx=None):
     times = {}
 
     def timed(owner, attr, key, outer_only=False):
-        orig = getattr(owner, attr)
-        depth = [0]
-
-        def wrap(*a, **k):
-            depth[0] += 1
-            t = time.perf_counter()
-            try:
-                return orig(*a, **k)
-            finally:
-                depth[0] -= 1
-                if not outer_only or depth[0] == 0:
-                    times[key] = times.get(key, 0.0) + time.perf_counter() - t
-
-        setattr(owner, attr, wrap)
+        first_call.timed(owner, attr, key, outer_only, times)
 
     from numba import cuda, types
     from numba.cuda import codegen, dispatcher

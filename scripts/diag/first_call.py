@@ -21,7 +21,9 @@ import numpy as np
 T = {}
 
 
-def timed(owner, attr, name, outer_only=False):
+def timed(owner, attr, name, outer_only=False, times=T):
+    """Wrap ``owner.attr`` so that its seconds add up in ``times[name]`` (``outer_only``: only
+    the outermost of nested calls)."""
     orig = getattr(owner, attr)
     depth = [0]
 
@@ -33,7 +35,7 @@ def timed(owner, attr, name, outer_only=False):
         finally:
             depth[0] -= 1
             if not outer_only or depth[0] == 0:
-                T[name] = T.get(name, 0.0) + time.perf_counter() - t
+                times[name] = times.get(name, 0.0) + time.perf_counter() - t
 
     setattr(owner, attr, wrap)
 
