@@ -326,6 +326,7 @@ class _AttentionWarm(Entry):
             for ptr, size in zip((q_ptr, k_ptr, v_ptr), self.spans):
                 if size and ptr < hi and out_ptr < ptr + size:
                     return MISS  # overlap: the checked path names it
+        lse = None
         fast = self.fast
         if fast is not None:
             lse_ptr = 0
@@ -334,9 +335,11 @@ class _AttentionWarm(Entry):
                 if lse is None:
                     return MISS
             if fast(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, scale, self.stream()):
-                return result if self.lse_alloc is None else (result, lse)
-            # pointers the kernel's launch must decide on (packing, a TMA twin): the problem path
-        lse = None if self.lse_alloc is None else self.lse_alloc(q)
+                return result if lse is None else (result, lse)
+            # pointers the kernel's launch must decide on (packing, a TMA twin): the problem
+            # path, with the lse just allocated
+        if lse is None and self.lse_alloc is not None:
+            lse = self.lse_alloc(q)
         as_cuda = arrays.as_cuda_array
         self.relaunch(AttentionProblem(
             q=as_cuda(q, "q"), k=as_cuda(k, "k"), v=as_cuda(v, "v"), out=as_cuda(result, "out"),

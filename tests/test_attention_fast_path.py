@@ -246,3 +246,8 @@ def test_warm_call_takes_the_pointer_relaunch(rec, torch, monkeypatch):
     (p,) = rec.relaunched
     assert calls[-1][:3] == (q.ptr, k.ptr, v.ptr) and calls[-1][4:6] == (0, 0.5)
     assert (p.q.ptr, p.out.ptr, p.scale) == (q.ptr, out.ptr, 0.5)
+    # declined with lse: the problem path gets the lse the warm call allocated for the pointers
+    attention(q, k, v, return_lse=True)
+    out, lse = attention(q, k, v, return_lse=True)
+    p = rec.relaunched[-1]
+    assert calls[-1][4] == lse.ptr == p.lse.ptr and p.out.ptr == out.ptr
