@@ -18,6 +18,7 @@
 #              DeepSeek-V3 shapes, and the quick rows of the defaults
 #   table      the GEMM shape table (bench gemm --shapes table, b col): text, CSV, heatmap PNG
 #   sanitize   compute-sanitizer memcheck / racecheck / synccheck on scripts/sanitize_cases.py
+#              (SANITIZE_KINDS: which of its kinds; default the GEMMs, attention and softmax)
 #   profile    one Nsight Compute report of a Hopper GEMM (PROFILE_CODE picks the problem,
 #              PROFILE_TAG suffixes its files)
 #   attntests  issues 17 / 20: the attention suites on the default walk (decode, sm90 TMA), their
@@ -198,7 +199,7 @@ fi
 if [[ $what == sanitize ]]; then
   {
     for tool in memcheck racecheck synccheck; do
-      for kind in gemm_sm90 gemm_sm90_split gemm_fp8 gemm_sm80 attention_sm80 attention_sm90 softmax; do
+      for kind in ${SANITIZE_KINDS:-gemm_sm90 gemm_sm90_split gemm_fp8 gemm_sm80 attention_sm80 attention_sm90 softmax}; do
         left=$((570 - (SECONDS - start)))
         if (( left < 20 )); then echo "skipped $tool $kind: no time left"; continue; fi
         echo "== $tool $kind"

@@ -5,7 +5,8 @@
 
 Kinds: gemm_sm80, gemm_sm90, gemm_sm90_split (split-K forced), gemm_sm90_persistent, gemm_sm90_ts
 (the TMA store epilogue), gemm_fp8, gemm_fp8_block (blockwise scales), attention_sm80, attention_sm90,
-softmax, gemm_softmax.
+attention_warm (the default kernel's warm call: the pointer relaunch, new pointers each call),
+decode (flash-decoding's split kernel and combine, splits forced), softmax, gemm_softmax.
 Each case prints one line with its max error; a wrong result exits 1 (the sanitizer's own report
 decides the rest). Small shapes keep the sanitizer's slowdown (10-100x) within seconds, and
 ragged ones exercise the edge paths.
@@ -50,25 +51,41 @@ def gemm_fp8():
         check(f"gemm fp8 {m}x{n}x{k}", out, a.float() @ b.float(), 2e-2)
 
 
-def attention(kernel):
-    os.environ["NUMBATC_ATTN_KERNEL"] = kernel
-    for b, s, hq, hkv, d, causal in ATTN:
+def attention(kernel, cases=ATTN, repeat=1):
+    if kernel is not None:
+        os.environ["NUMBATC_ATTN_KERNEL"] = kernel
+    for b, sq, hq, hkv, d, causal, *sk in cases:
         if kernel == "sm90" and d not in (64, 128):
             continue
-        q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        out = torch.full_like(q, float("nan"))
-        numbatc.attention(q, k, v, causal=causal, out=out)
-        rep = hq // hkv
-        qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k.repeat_interleave(rep, 2),
-                                                           v.repeat_interleave(rep, 2)))
-        # the reference by hand: torch's SDPA kernels would be sanitized too (its memory-efficient
-        # kernel reports shared-memory hazards under racecheck)
-        scores = (qt @ kt.transpose(-1, -2)) / d**0.5
-        if causal:  # bottom-right aligned; seqlen_q == seqlen_k here
-            scores = scores.masked_fill(torch.ones(s, s, device="cuda").triu(1).bool(), float("-inf"))
-        ref = torch.softmax(scores, -1) @ vt
-        check(f"attention {kernel} s={s} d={d} causal={causal}", out, ref.transpose(1, 2), 2e-2)
+        for _ in range(repeat):  # fresh tensors each time: a warm call on new pointers
+            attention_case(kernel, b, sq, sk[0] if sk else sq, hq, hkv, d, causal)
+
+
+def attention_case(kernel, b, sq, s, hq, hkv, d, causal):
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    numbatc.attention(q, k, v, causal=causal, out=out)
+    rep = hq // hkv
+    qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k.repeat_interleave(rep, 2),
+                                                       v.repeat_interleave(rep, 2)))
+    # the reference by hand: torch's SDPA kernels would be sanitized too (its memory-efficient
+    # kernel reports shared-memory hazards under racecheck)
+    scores = (qt @ kt.transpose(-1, -2)) / d**0.5
+    if causal:  # bottom-right aligned
+        mask = torch.ones(sq, s, device="cuda").triu(s - sq + 1).bool()
+        scores = scores.masked_fill(mask, float("-inf"))
+    ref = torch.softmax(scores, -1) @ vt
+    check(f"attention {kernel or 'default'} sq={sq} sk={s} d={d} causal={causal}", out,
+          ref.transpose(1, 2), 2e-2)
+
+
+def decode():
+    # seqlen_k >= 1024 takes the flash-decoding kernel; forced splits exercise the combine
+    for splits in ("3", "8"):
+        os.environ["NUMBATC_DECODE_SPLITS"] = splits
+        attention(None, [(2, 1, 8, 2, 128, False, 3001), (1, 4, 8, 2, 64, True, 1500)])
+    os.environ.pop("NUMBATC_DECODE_SPLITS")
 
 
 def softmax():
@@ -127,6 +144,7 @@ KINDS = {
     "gemm_sm90_split": gemm_sm90_split, "gemm_sm90_persistent": gemm_sm90_persistent,
     "gemm_sm90_ts": gemm_sm90_ts, "gemm_fp8_block": gemm_fp8_block,
     "attention_sm80": lambda: attention("sm80"), "attention_sm90": lambda: attention("sm90"),
+    "attention_warm": lambda: attention(None, ATTN, repeat=3), "decode": decode,
     "softmax": softmax, "gemm_softmax": gemm_softmax,
 }
 

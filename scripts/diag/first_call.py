@@ -3,6 +3,10 @@ typing/lowering, NVVM, LTO-IR, nvJitLink, driver JIT, cache load), numba's disk-
 misses for the configuration, and the result against a float32 reference.  One JSON line per shape.
 
     python scripts/diag/first_call.py 4096x4096x4096 16x4096x4096 ...
+    python scripts/diag/first_call.py attn:2x1024x1024x16x4x128c attn:1x1x8192x32x8x128
+
+``attn:BxSQxSKxHQxHKVxD[c]`` is a numbatc.attention call (bf16, ``c``: causal), timed the same way
+(its configuration line names the kernel family and config that ran).
 
 On the H200, for issue 18's first-call target (not yet run there): cold, with
 ``CUDA_CACHE_DISABLE=1`` (and ``NUMBATC_LTO_LINK=1`` for numba's own LTO link), against a cache
@@ -73,6 +77,9 @@ def main(shapes):
     print(json.dumps({"import_s": round(import_s, 3), "numba_init_s": round(init_s, 3)}))
     rng = np.random.default_rng(0)
     for spec in shapes:
+        if spec.startswith("attn:"):
+            first_attention(spec, rng, numbatc)
+            continue
         m, n, k = (int(v) for v in spec.split("x"))
         a32 = rng.standard_normal((m, k), dtype=np.float32)
         w32 = rng.standard_normal((n, k), dtype=np.float32)
@@ -107,6 +114,55 @@ def main(shapes):
                           "disk_hits": getattr(kernel, "_cache_hits", {}).get(sig),
                           "disk_misses": getattr(kernel, "_cache_misses", {}).get(sig),
                           "rel_err": err}), flush=True)
+
+
+def first_attention(spec, rng, numbatc):
+    from numba import cuda
+
+    from numbatc.kernels import dispatch
+
+    dims = spec[5:]
+    causal = dims.endswith("c")
+    b, sq, sk, hq, hkv, d = (int(v) for v in dims.rstrip("c").split("x"))
+    bits = lambda x: (x.view(np.uint32) >> 16).astype(np.uint16)
+    f32 = lambda u: (u.astype(np.uint32) << 16).view(np.float32)
+    q16, k16, v16 = (bits(rng.standard_normal(shape, dtype=np.float32))
+                     for shape in ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, d)))
+    q, k, v = (numbatc.bfloat16(cuda.to_device(x)) for x in (q16, k16, v16))
+    chosen = []
+    choose = dispatch.choose_attention
+
+    def recording(p):
+        module, cfg = choose(p)
+        chosen.append(f"{module.__name__.rsplit('.', 1)[-1]}:{getattr(cfg, 'name', cfg)}")
+        return module, cfg
+
+    dispatch.choose_attention = recording
+    T.clear()
+    t = time.perf_counter()
+    out = numbatc.attention(q, k, v, causal=causal)
+    cuda.synchronize()
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    numbatc.attention(q, k, v, causal=causal)
+    cuda.synchronize()
+    second = time.perf_counter() - t
+    # float64 reference on a few (batch, head) pairs' rows
+    got = f32(out.copy_to_host().view(np.uint16))
+    g = hq // hkv
+    err = 0.0
+    for bi, h in {(0, 0), (b - 1, hq - 1)}:
+        s = f32(q16[bi, :, h]).astype(np.float64) @ f32(k16[bi, :, h // g]).astype(np.float64).T
+        s /= np.sqrt(d)
+        if causal:
+            s[np.triu(np.ones((sq, sk), bool), sk - sq + 1)] = -np.inf
+        p = np.exp(s - s.max(1, keepdims=True))
+        ref = (p / p.sum(1, keepdims=True)) @ f32(v16[bi, :, h // g])
+        err = max(err, float(np.abs(got[bi, :, h] - ref).max() / np.abs(ref).max()))
+    print(json.dumps({"shape": spec, "config": chosen[0] if chosen else None,
+                      "first_s": round(first, 3), "second_s": round(second, 4),
+                      "phases": {key: round(v, 3) for key, v in T.items()}, "rel_err": err}),
+          flush=True)
 
 
 if __name__ == "__main__":
