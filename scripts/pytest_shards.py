@@ -16,6 +16,9 @@ import time
 
 
 def collect(files, extra):
+    # (a -v among the extras would cancel -q and print the tree instead of node ids; the shards
+    # run -v anyway)
+    extra = [e for e in extra if e not in ("-v", "--verbose")]
     cmd = [sys.executable, "-m", "pytest", "-q", "--collect-only", "-m", "gpu",
            "-p", "no:cacheprovider", *extra, *files]
     text = subprocess.run(cmd, capture_output=True, text=True).stdout
@@ -32,8 +35,11 @@ def main():
                              "test's cases, which share kernels, compile in one shard) instead "
                              "of round-robin")
     parser.add_argument("files", nargs="+")
-    args, extra = parser.parse_known_args()
-    extra = [e for e in extra if e != "--"]
+    # everything after "--" is pytest's (argparse would take it as more files)
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, extra = parser.parse_known_args(argv[:cut])
+    extra += argv[cut + 1:]
     os.makedirs(args.out, exist_ok=True)
     ids = collect(args.files, extra)
     print(f"{len(ids)} tests in {args.shards} shards", flush=True)
