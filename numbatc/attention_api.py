@@ -18,13 +18,13 @@ from functools import cached_property
 
 import numpy as np
 
-from numbatc import gemm_api
+from numbatc import _capture, gemm_api
 from numbatc._warm import ABSENT, CACHE, MISS, Entry, remember, span
 from numbatc.interop import alloc, arrays, streams
 from numbatc.interop.arrays import CudaArray
 from numbatc.interop.probes import allocate_probed, probe
 
-__all__ = ["attention", "AttentionProblem", "DTYPES", "HEAD_DIMS"]
+__all__ = ["attention", "attention_varlen", "AttentionProblem", "DTYPES", "HEAD_DIMS"]
 
 #: input (and output) dtypes; softmax and accumulation are float32 for both.
 DTYPES = ("float16", "bfloat16")
@@ -36,6 +36,8 @@ _ACCEPTED_DTYPES = (
 )
 _SHAPES = {"q": "(batch, seqlen_q, heads_q, head_dim)", "k": "(batch, seqlen_k, heads_kv, head_dim)",
            "v": "(batch, seqlen_k, heads_kv, head_dim)", "out": "(batch, seqlen_q, heads_q, head_dim)"}
+_VARLEN_SHAPES = {"q": "(total_q, heads_q, head_dim)", "k": "(total_k, heads_kv, head_dim)",
+                  "v": "(total_k, heads_kv, head_dim)", "out": "(total_q, heads_q, head_dim)"}
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,14 @@ class AttentionProblem:
     (query head h reads key/value head h // group).  ``causal``: query i sees keys
     j <= i + seqlen_k - seqlen_q.  ``scale`` multiplies Q K^T before the softmax.
     ``dispatch.launch_attention`` is called with batch, seqlen_q, heads_q >= 1 (seqlen_k may be
-    0)."""
+    0).
+
+    Variable-length problems (numbatc.attention_varlen, ``varlen`` True): q and out are
+    (total_q, heads_q, head_dim), k and v (total_k, heads_kv, head_dim), ``cu_seqlens_q`` and
+    ``cu_seqlens_k`` int32 (batch + 1,) contiguous device CudaArrays (sequence b: rows
+    cu_seqlens[b] .. cu_seqlens[b + 1] - 1), ``batch`` the number of sequences, ``seqlen_q`` and
+    ``seqlen_k`` max_seqlen_q and max_seqlen_k (the longest sequence may be shorter), lse
+    (heads_q, total_q); causal aligns each sequence's bottom right."""
 
     q: CudaArray
     k: CudaArray
@@ -67,6 +76,12 @@ class AttentionProblem:
     device: int | None
     cc: tuple | None
     stream_handle: int
+    cu_seqlens_q: CudaArray | None = None
+    cu_seqlens_k: CudaArray | None = None
+
+    @property
+    def varlen(self) -> bool:
+        return self.cu_seqlens_q is not None
 
     @property
     def group(self) -> int:
@@ -82,14 +97,17 @@ def _device_capability(device):
     return gemm_api._device_capability(device)
 
 
-def _check_4d(name, ca):
-    if ca.ndim != 4:
-        raise ValueError(f"{name} must be 4-D {_SHAPES[name]}, got shape {ca.shape}")
-    if ca.size and ca.shape[3] > 1 and ca.strides[3] != 1:
+def _check_4d(name, ca, shapes=_SHAPES):
+    """``ca`` has ``shapes[name]``'s rank (4, or 3 for numbatc.attention_varlen's), a contiguous
+    last dimension and no negative stride."""
+    ndim = shapes[name].count(",") + 1
+    if ca.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {shapes[name]}, got shape {ca.shape}")
+    if ca.size and ca.shape[-1] > 1 and ca.strides[-1] != 1:
         raise ValueError(
             f"{name} (shape {ca.shape}) has strides {ca.strides} (in elements): numbatc.attention "
             "reads any strides whose last dimension (head_dim) is contiguous, without copying; "
-            f"this one has stride {ca.strides[3]} there: make it contiguous first"
+            f"this one has stride {ca.strides[-1]} there: make it contiguous first"
         )
     if ca.size and any(s < 0 for n, s in zip(ca.shape, ca.strides) if n > 1):
         raise ValueError(f"{name} has a negative stride {ca.strides}; reverse views are not supported")
@@ -168,64 +186,18 @@ def _attention_checked(q, k, v, causal, scale, out, return_lse):
     """The whole call: check -> allocate -> launch; (the result, the AttentionProblem or None
     for an empty one, the relaunch function dispatch.launch_attention returned or None)."""
     # --- operands: library, rank, dtype, shapes --------------------------------------------
-    Q = arrays.as_cuda_array(q, "q")
-    K = arrays.as_cuda_array(k, "k")
-    V = arrays.as_cuda_array(v, "v")
-    for name, ca in (("q", Q), ("k", K), ("v", V)):
-        _check_4d(name, ca)
-    for name, ca in (("q", Q), ("k", K), ("v", V)):
-        if ca.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {ca.dtype}, not supported; supported: {_ACCEPTED_DTYPES}")
-    if not Q.dtype == K.dtype == V.dtype:
-        raise TypeError(f"q, k and v must have one dtype; got q {Q.dtype}, k {K.dtype}, v {V.dtype}")
+    Q, K, V = _operands(q, k, v, _SHAPES)
     batch, seqlen_q, heads_q, head_dim = Q.shape
     if K.shape != V.shape:
         raise ValueError(f"k and v must have the same shape {_SHAPES['k']}; got k {K.shape}, v {V.shape}")
     kb, seqlen_k, heads_kv, kd = K.shape
     if kb != batch:
         raise ValueError(f"q has batch {batch} but k and v have batch {kb}")
-    if kd != head_dim:
-        raise ValueError(f"q has head_dim {head_dim} but k and v have head_dim {kd}")
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be a multiple of 8 from 8 to 256, got {head_dim}")
-    if heads_kv == 0 and heads_q != 0 or heads_kv and heads_q % heads_kv:
-        raise ValueError(
-            f"heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv}): query head h reads "
-            "key/value head h // (heads_q // heads_kv)"
-        )
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
-    if not isinstance(return_lse, (bool, np.bool_)):
-        raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
+    _check_heads(head_dim, kd, heads_q, heads_kv)
+    _check_flags(causal, return_lse)
     scale = _scale(scale, head_dim)
-
-    # --- out ------------------------------------------------------------------------------------
-    OUT = None
-    if out is not None:
-        OUT = arrays.as_cuda_array(out, "out")
-        _check_4d("out", OUT)
-        if OUT.shape != Q.shape:
-            raise ValueError(f"out must have q's shape {Q.shape}, got {OUT.shape}")
-        if OUT.dtype != Q.dtype:
-            raise TypeError(f"out has dtype {OUT.dtype}; it must have the inputs' dtype {Q.dtype}")
-        if OUT.readonly:
-            raise ValueError("out is read-only")
-        if _overlapping(OUT):
-            raise ValueError(f"out (shape {OUT.shape}, strides {OUT.strides}) has overlapping "
-                             "elements: it cannot be written")
-        for name, other in (("q", Q), ("k", K), ("v", V)):
-            if OUT.shares_memory(other):
-                raise ValueError(f"out overlaps {name} in memory; numbatc.attention cannot write its "
-                                 "result over an input: pass a separate out")
-
-    # --- device ---------------------------------------------------------------------------------
-    device = arrays.same_device(Q, K, V, OUT, names=("q", "k", "v", "out"))
-    cc = None
-    if device is not None:
-        cc = _device_capability(device)
-        if tuple(cc) < _MIN_CC:
-            raise ValueError(f"numbatc.attention needs a GPU of compute capability 8.0 (sm_80, "
-                             f"Ampere) or newer; device {device} is sm_{cc[0]}{cc[1]}")
+    OUT = _checked_out(out, Q, K, V, _SHAPES)
+    device, cc = _checked_device(Q, K, V, OUT)
 
     # --- results --------------------------------------------------------------------------------
     if OUT is None:
@@ -250,6 +222,77 @@ def _attention_checked(q, k, v, causal, scale, out, return_lse):
     return done, problem, _launch(problem)
 
 
+def _operands(q, k, v, shapes):
+    """(Q, K, V) CudaArrays of one supported dtype, of ``shapes``' rank, k and v alike."""
+    Q = arrays.as_cuda_array(q, "q")
+    K = arrays.as_cuda_array(k, "k")
+    V = arrays.as_cuda_array(v, "v")
+    for name, ca in (("q", Q), ("k", K), ("v", V)):
+        _check_4d(name, ca, shapes)
+    for name, ca in (("q", Q), ("k", K), ("v", V)):
+        if ca.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {ca.dtype}, not supported; supported: {_ACCEPTED_DTYPES}")
+    if not Q.dtype == K.dtype == V.dtype:
+        raise TypeError(f"q, k and v must have one dtype; got q {Q.dtype}, k {K.dtype}, v {V.dtype}")
+    if K.shape != V.shape:
+        raise ValueError(f"k and v must have the same shape {shapes['k']}; got k {K.shape}, v {V.shape}")
+    return Q, K, V
+
+
+def _check_heads(head_dim, kd, heads_q, heads_kv):
+    if kd != head_dim:
+        raise ValueError(f"q has head_dim {head_dim} but k and v have head_dim {kd}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be a multiple of 8 from 8 to 256, got {head_dim}")
+    if heads_kv == 0 and heads_q != 0 or heads_kv and heads_q % heads_kv:
+        raise ValueError(
+            f"heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv}): query head h reads "
+            "key/value head h // (heads_q // heads_kv)"
+        )
+
+
+def _check_flags(causal, return_lse):
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    if not isinstance(return_lse, (bool, np.bool_)):
+        raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
+
+
+def _checked_out(out, Q, K, V, shapes):
+    """out's CudaArray (None for none), checked: q's shape and dtype, writable, not
+    overlapping itself or an input."""
+    OUT = None
+    if out is not None:
+        OUT = arrays.as_cuda_array(out, "out")
+        _check_4d("out", OUT, shapes)
+        if OUT.shape != Q.shape:
+            raise ValueError(f"out must have q's shape {Q.shape}, got {OUT.shape}")
+        if OUT.dtype != Q.dtype:
+            raise TypeError(f"out has dtype {OUT.dtype}; it must have the inputs' dtype {Q.dtype}")
+        if OUT.readonly:
+            raise ValueError("out is read-only")
+        if _overlapping(OUT):
+            raise ValueError(f"out (shape {OUT.shape}, strides {OUT.strides}) has overlapping "
+                             "elements: it cannot be written")
+        for name, other in (("q", Q), ("k", K), ("v", V)):
+            if OUT.shares_memory(other):
+                raise ValueError(f"out overlaps {name} in memory; numbatc.attention cannot write its "
+                                 "result over an input: pass a separate out")
+    return OUT
+
+
+def _checked_device(Q, K, V, OUT):
+    """(device ordinal or None, its compute capability or None): one device, 8.0 or newer."""
+    device = arrays.same_device(Q, K, V, OUT, names=("q", "k", "v", "out"))
+    cc = None
+    if device is not None:
+        cc = _device_capability(device)
+        if tuple(cc) < _MIN_CC:
+            raise ValueError(f"numbatc.attention needs a GPU of compute capability 8.0 (sm_80, "
+                             f"Ampere) or newer; device {device} is sm_{cc[0]}{cc[1]}")
+    return device, cc
+
+
 def _launch(p: AttentionProblem):
     """Pick the kernel family and launch: numbatc.kernels.dispatch's attention table.
 
@@ -265,6 +308,169 @@ def _launch(p: AttentionProblem):
     from numbatc.kernels import dispatch
 
     return dispatch.launch_attention(p)
+
+
+# ---------------------------------------------------------------------------------------------
+# numbatc.attention_varlen: packed sequences of different lengths (flash-attn's varlen form)
+# ---------------------------------------------------------------------------------------------
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                     causal=False, scale=None, out=None, return_lse=False):
+    """:func:`attention` over ``batch`` sequences of different lengths packed along one row
+    axis, with flash-attn's ``flash_attn_varlen_func`` conventions.
+
+    q (total_q, heads_q, head_dim); k, v (total_k, heads_kv, head_dim): sequence b owns rows
+    ``cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1`` of q (and of the output) and rows
+    ``cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1`` of k and v.  ``cu_seqlens_q`` and
+    ``cu_seqlens_k``: (batch + 1,) prefix sums starting at 0, non-decreasing (a sequence may be
+    empty), ending at total_q and total_k; int32 contiguous CUDA arrays on q's device, or host
+    arrays (NumPy of any integer dtype, lists, CPU tensors: copied to the device each call).
+    ``max_seqlen_q`` / ``max_seqlen_k``: at least the longest sequence's length (the grid
+    covers max_seqlen_q rows per sequence and head, so a much larger value costs idle blocks).
+    dtypes, head dims, GQA (heads_q a multiple of heads_kv), ``scale`` and ``out`` as in
+    :func:`attention`; ``causal`` is aligned to the bottom right of each sequence (query i of a
+    sequence of lengths (len_q, len_k) sees keys j <= i + len_k - len_q).  Returns the output
+    (total_q, heads_q, head_dim), or ``(out, lse)`` with ``return_lse=True``, lse float32
+    (heads_q, total_q) as flash-attn's (-inf, and output 0, for a query that sees no key).
+
+    Checks: device cu_seqlens are read back to the host (a small copy that waits for the
+    stream) and checked against the rules above, except while the stream captures a CUDA
+    graph, where their values cannot be read: they are then not checked.  Whatever they hold,
+    the kernel clamps them to the rows of q and k (no read or write outside the arrays); values
+    that break the rules then give unspecified rows, and rows past max_seqlen_q of a sequence
+    are not written.  Host cu_seqlens cannot be copied under capture (a CaptureError).  Runs the
+    portable kernel (sm80_attention) on every GPU; no warm call (each call is checked)."""
+    Q, K, V = _operands(q, k, v, _VARLEN_SHAPES)
+    total_q, heads_q, head_dim = Q.shape
+    total_k, heads_kv, kd = K.shape
+    _check_heads(head_dim, kd, heads_q, heads_kv)
+    _check_flags(causal, return_lse)
+    scale = _scale(scale, head_dim)
+    max_seqlen_q = _max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _max_seqlen("max_seqlen_k", max_seqlen_k)
+    OUT = _checked_out(out, Q, K, V, _VARLEN_SHAPES)
+    device, cc = _checked_device(Q, K, V, OUT)
+    stream = streams.stream_handle(q)
+    CU_Q, host_q = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, q, Q, device, stream)
+    CU_K, host_k = _cu_seqlens("cu_seqlens_k", cu_seqlens_k, q, Q, device, stream)
+    if CU_Q.shape != CU_K.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have one shape (batch + 1,); got "
+                         f"{CU_Q.shape} and {CU_K.shape}")
+    batch = CU_Q.shape[0] - 1
+    if host_q is None and not _capture.is_capturing(stream):
+        host_q, host_k = _host_copy(CU_Q, stream), _host_copy(CU_K, stream)
+    if host_q is not None:
+        _check_prefix_sums("cu_seqlens_q", host_q, total_q, "max_seqlen_q", max_seqlen_q)
+        _check_prefix_sums("cu_seqlens_k", host_k, total_k, "max_seqlen_k", max_seqlen_k)
+
+    if OUT is None:
+        result = alloc.allocate_like(q, Q.shape, Q.dtype)
+        OUT = arrays.as_cuda_array(result, "out")
+    else:
+        result = out
+    lse_result = LSE = None
+    if return_lse:
+        lse_result = alloc.allocate_like(q, (heads_q, total_q), "float32")
+        LSE = arrays.as_cuda_array(lse_result, "lse")
+    done = (result, lse_result) if return_lse else result
+    if batch == 0 or total_q == 0 or heads_q == 0 or max_seqlen_q == 0:
+        return done
+    problem = AttentionProblem(
+        q=Q, k=K, v=V, out=OUT, lse=LSE, batch=batch, seqlen_q=max_seqlen_q,
+        seqlen_k=max_seqlen_k, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
+        causal=bool(causal), scale=scale, dtype=Q.dtype,
+        device=device if device is not None else OUT.device, cc=cc, stream_handle=stream,
+        cu_seqlens_q=CU_Q, cu_seqlens_k=CU_K)
+    _launch(problem)
+    return done
+
+
+def _max_seqlen(name, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int (the longest sequence's length or more), got "
+                        f"{value!r}")
+    if not 0 <= value < 2**31:
+        raise ValueError(f"{name} must be in 0 .. 2**31 - 1, got {value}")
+    return int(value)
+
+
+def _is_host(x):
+    """True for what attention_varlen takes as host prefix sums: NumPy arrays, lists, tuples
+    and CPU tensors."""
+    if isinstance(x, (np.ndarray, list, tuple)):
+        return True
+    return (arrays.library_of(x) == "torch" and x.device.type == "cpu")
+
+
+def _cu_seqlens(name, x, q, Q, device, stream):
+    """(int32 (batch + 1,) contiguous device CudaArray on q's device, its values on the host or
+    None) for a cu_seqlens argument: a device array checked, a host array copied over."""
+    if _is_host(x):
+        host = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+        if host.ndim != 1 or host.size == 0:
+            raise ValueError(f"{name} must be 1-D (batch + 1,), got shape {host.shape}")
+        if host.dtype.kind not in "iu":
+            raise TypeError(f"{name} must hold integers (int32 on the device), got dtype "
+                            f"{host.dtype}")
+        if host.min() < -2**31 or host.max() >= 2**31:
+            raise ValueError(f"{name}'s values must fit in int32, got {host.min()} .. "
+                             f"{host.max()}")
+        host = np.ascontiguousarray(host, dtype=np.int32)
+        _capture.refuse_if_capturing(stream, f"copy host {name} to the device",
+                                     "pass them as an int32 device array")
+        dev = alloc.allocate_like(q, host.shape, "int32")
+        CU = arrays.as_cuda_array(dev, name)
+        _host_to_device(CU, host, stream)
+        return CU, host
+    CU = arrays.as_cuda_array(x, name)
+    if CU.dtype != "int32":
+        raise TypeError(f"{name} must be int32 (flash-attn's prefix sums), got {CU.dtype}")
+    if CU.ndim != 1 or CU.shape[0] == 0:
+        raise ValueError(f"{name} must be 1-D (batch + 1,), got shape {CU.shape}")
+    if CU.shape[0] > 1 and CU.strides[0] != 1:
+        raise ValueError(f"{name} must be contiguous, got stride {CU.strides[0]} (in elements)")
+    arrays.same_device(Q, CU, names=("q", name))  # a ValueError naming both where they differ
+    return CU, None
+
+
+def _host_copy(ca, stream):
+    """The values of a small device array, copied to the host on ``stream`` (waits for it)."""
+    from numbatc.interop.views import kernel_view
+
+    s = streams.numba_stream(stream, ca.device)
+    host = kernel_view(ca).copy_to_host(stream=s)
+    s.synchronize()
+    return host
+
+
+def _host_to_device(ca, host, stream):
+    """Copy ``host`` into the device array ``ca`` on ``stream`` (pageable memory: the copy is
+    staged before this returns)."""
+    from numbatc.interop.views import kernel_view
+
+    kernel_view(ca).copy_to_device(host, stream=streams.numba_stream(stream, ca.device))
+
+
+def _check_prefix_sums(name, cu, total, max_name, max_seqlen):
+    """ValueError unless ``cu`` (host values) starts at 0, does not decrease, ends at ``total``
+    and has no step above ``max_seqlen``."""
+    cu = np.asarray(cu, dtype=np.int64)
+    if cu[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {cu[0]}")
+    steps = np.diff(cu)
+    if (steps < 0).any():
+        b = int(np.argmax(steps < 0))
+        raise ValueError(f"{name} must not decrease: {name}[{b + 1}] = {cu[b + 1]} < "
+                         f"{name}[{b}] = {cu[b]}")
+    if cu[-1] != total:
+        raise ValueError(f"{name}'s last entry {cu[-1]} must be the number of rows "
+                         f"({'total_q of q' if name.endswith('q') else 'total_k of k and v'}): "
+                         f"{total}")
+    if steps.size and steps.max() > max_seqlen:
+        b = int(np.argmax(steps))
+        raise ValueError(f"{max_name} ({max_seqlen}) is smaller than sequence {b}'s length "
+                         f"{steps[b]} ({name}[{b + 1}] - {name}[{b}])")
 
 
 # ---------------------------------------------------------------------------------------------

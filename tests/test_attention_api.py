@@ -325,3 +325,111 @@ def test_print_config_names_the_tma_fallback(monkeypatch, capsys):
         "NUMBATC_ATTN_KERNEL=sm90:n128_2s_ov_pp_fx_tma\n"
         "numbatc.attention B=2 Sq=5 Sk=0 Hq=4 Hkv=2 D=64: sm90_attention n128_2s_ov_pp_fx "
         "float16 (not n128_2s_ov_pp_fx_tma: seqlen_k is 0 (no key to load))\n")
+
+
+# --- numbatc.attention_varlen ------------------------------------------------------------------
+
+
+@pytest.fixture
+def cu_values(monkeypatch):
+    """Device prefix sums as fakes whose values the check reads from this dict (ptr -> values);
+    ``cu(values)`` makes one."""
+    from numbatc import attention_api
+
+    held = {}
+    monkeypatch.setattr(attention_api, "_host_copy", lambda ca, stream: held[ca.ptr])
+    monkeypatch.setattr(attention_api, "_host_to_device", lambda ca, host, stream: None)
+
+    def cu(vals, dtype="int32", **kw):
+        f = FakeCuda((len(vals),), dtype, **kw)
+        held[f.ptr] = np.array(vals)
+        return f
+    return cu
+
+
+def varlen_qkv(tq=12, tk=20, hq=4, hkv=2, d=64, dtype="float16"):
+    return (FakeCuda((tq, hq, d), dtype), FakeCuda((tk, hkv, d), dtype),
+            FakeCuda((tk, hkv, d), dtype))
+
+
+def test_varlen_problem_reaches_the_portable_kernel(launched, cu_values):
+    q, k, v = varlen_qkv()
+    out, lse = numbatc.attention_varlen(q, k, v, cu_values([0, 5, 5, 12]),
+                                        cu_values([0, 0, 9, 20]), 7, 11, causal=True,
+                                        return_lse=True)
+    (p,) = launched
+    assert p.varlen and (p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.group) == (3, 7, 11, 4, 2)
+    assert p.q.shape == p.out.shape == out.shape == (12, 4, 64) and p.lse.shape == lse.shape == (4, 12)
+    assert p.cu_seqlens_q.dtype == "int32" and p.causal
+    # head_dim 64 on the fake 9.0 GPU would go to sm90_attention: varlen runs the portable kernel
+    assert dispatch.choose_attention(p)[0] is sm80_attention
+
+
+def test_varlen_host_cu_seqlens_are_copied(launched, cu_values):
+    q, k, v = varlen_qkv()
+    numbatc.attention_varlen(q, k, v, [0, 5, 12], np.array([0, 9, 20], np.int64), 7, 11)
+    (p,) = launched
+    assert p.cu_seqlens_q.dtype == p.cu_seqlens_k.dtype == "int32"
+    assert p.cu_seqlens_q.shape == (3,)
+
+
+def test_varlen_empty_launches_nothing(launched, cu_values):
+    q, k, v = varlen_qkv(tq=0)
+    out = numbatc.attention_varlen(q, k, v, cu_values([0, 0]), cu_values([0, 20]), 0, 20)
+    assert out.shape == (0, 4, 64) and not launched
+    q, k, v = varlen_qkv(tq=0, tk=0)
+    numbatc.attention_varlen(q, k, v, cu_values([0]), cu_values([0]), 0, 0)  # no sequence
+    assert not launched
+
+
+@pytest.mark.parametrize("cq, ck, mq, mk, msg", [
+    ([1, 5, 12], [0, 9, 20], 7, 11, "cu_seqlens_q must start at 0"),
+    ([0, 7, 5, 12], [0, 9, 9, 20], 7, 11, r"must not decrease: cu_seqlens_q\[2\] = 5"),
+    ([0, 5, 11], [0, 9, 20], 7, 11, "cu_seqlens_q's last entry 11 must be the number of rows"),
+    ([0, 5, 12], [0, 9, 21], 7, 11, "cu_seqlens_k's last entry 21"),
+    ([0, 5, 12], [0, 9, 20], 6, 11, r"max_seqlen_q \(6\) is smaller than sequence 1's length 7"),
+    ([0, 5, 12], [0, 9, 20], 7, 10, r"max_seqlen_k \(10\) is smaller than sequence 1's length 11"),
+    ([0, 5, 12], [0, 20], 7, 20, "must have one shape"),
+])
+def test_varlen_bad_prefix_sums(cu_values, cq, ck, mq, mk, msg):
+    q, k, v = varlen_qkv()
+    with pytest.raises(ValueError, match=msg):
+        numbatc.attention_varlen(q, k, v, cu_values(cq), cu_values(ck), mq, mk)
+    with pytest.raises(ValueError, match=msg):  # host arrays: the same checks
+        numbatc.attention_varlen(q, k, v, np.array(cq), ck, mq, mk)
+
+
+def test_varlen_bad_cu_seqlens_arrays(cu_values):
+    q, k, v = varlen_qkv()
+    good = cu_values([0, 5, 12])
+    with pytest.raises(TypeError, match="cu_seqlens_q must be int32"):
+        numbatc.attention_varlen(q, k, v, cu_values([0, 5, 12], "int64"), good, 7, 11)
+    with pytest.raises(ValueError, match=r"cu_seqlens_k must be 1-D \(batch \+ 1,\)"):
+        numbatc.attention_varlen(q, k, v, good, FakeCuda((3, 1), "int32"), 7, 11)
+    with pytest.raises(ValueError, match="cu_seqlens_q must be 1-D"):
+        numbatc.attention_varlen(q, k, v, [], [], 7, 11)
+    with pytest.raises(ValueError, match="cu_seqlens_q must be contiguous"):
+        numbatc.attention_varlen(q, k, v, FakeCuda((3,), "int32", strides=(2,)), good, 7, 11)
+    with pytest.raises(ValueError, match="device"):
+        numbatc.attention_varlen(q, k, v, cu_values([0, 5, 12], device=1), good, 7, 11)
+    with pytest.raises(TypeError, match="must hold integers"):
+        numbatc.attention_varlen(q, k, v, [0.0, 5.0, 12.0], good, 7, 11)
+    with pytest.raises(TypeError, match="max_seqlen_q must be an int"):
+        numbatc.attention_varlen(q, k, v, good, good, 7.0, 11)
+    with pytest.raises(ValueError, match="max_seqlen_k must be in 0"):
+        numbatc.attention_varlen(q, k, v, good, good, 7, -1)
+
+
+def test_varlen_bad_operands(cu_values):
+    cq, ck = cu_values([0, 5, 12]), cu_values([0, 9, 20])
+    q, k, v = varlen_qkv()
+    with pytest.raises(ValueError, match=r"q must be 3-D \(total_q, heads_q, head_dim\)"):
+        numbatc.attention_varlen(FakeCuda((1, 12, 4, 64)), k, v, cq, ck, 7, 11)
+    with pytest.raises(TypeError, match="one dtype"):
+        numbatc.attention_varlen(bf16((12, 4, 64)), k, v, cq, ck, 7, 11)
+    with pytest.raises(ValueError, match="head_dim 64 but k and v have head_dim 32"):
+        numbatc.attention_varlen(q, *varlen_qkv(d=32)[1:], cq, ck, 7, 11)
+    with pytest.raises(ValueError, match=r"heads_q \(4\) must be a multiple of heads_kv \(3\)"):
+        numbatc.attention_varlen(q, *varlen_qkv(hkv=3)[1:], cq, ck, 7, 11)
+    with pytest.raises(ValueError, match="out must have q's shape"):
+        numbatc.attention_varlen(q, k, v, cq, ck, 7, 11, out=FakeCuda((12, 4, 32)))

@@ -30,16 +30,18 @@ def ptxas_report(ptx, arch):
     return registers, spills
 
 
-@pytest.mark.parametrize("head_dim, dtype, causal, arch, max_spill", [
-    (64, "bfloat16", True, "sm_80", 0),
-    (128, "float16", False, "sm_80", 0),
-    (128, "bfloat16", True, "sm_90a", 0),
-    (40, "bfloat16", True, "sm_80", 0),       # padded to 48, rows padded to an odd chunk count
-    (256, "bfloat16", True, "sm_80", 256),    # known: ~170 bytes (see choose_config)
+@pytest.mark.parametrize("head_dim, dtype, causal, arch, max_spill, varlen", [
+    (64, "bfloat16", True, "sm_80", 0, False),
+    (128, "float16", False, "sm_80", 0, False),
+    (128, "bfloat16", True, "sm_90a", 0, False),
+    (40, "bfloat16", True, "sm_80", 0, False),   # padded to 48, rows padded to an odd chunk count
+    (256, "bfloat16", True, "sm_80", 256, False),  # known: ~170 bytes (see choose_config)
+    (128, "bfloat16", True, "sm_90a", 0, True),    # numbatc.attention_varlen's variant
+    (64, "float16", False, "sm_80", 0, True),
 ])
-def test_chosen_config_assembles(head_dim, dtype, causal, arch, max_spill):
+def test_chosen_config_assembles(head_dim, dtype, causal, arch, max_spill, varlen):
     cfg = attn.choose_config(head_dim)
-    var = attn.AttnVariant(head_dim, dtype, causal, with_lse=True)
+    var = attn.AttnVariant(head_dim, dtype, causal, with_lse=True, varlen=varlen)
     ptx = compile_ptx(attn.kernel_for(cfg, var), attn.signature(var), arch)
     ptx_type = "bf16" if dtype == "bfloat16" else "f16"
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}.{ptx_type}.f32" in ptx

@@ -33,6 +33,7 @@ by numba-cuda (``numbatc.kernels.build.load_generated``).  Accumulators are name
 variables (``s_<i>_<j>``, ``o_<i>_<d>``) so that they live in registers.
 """
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -83,12 +84,15 @@ class AttnConfig:
 @dataclass(frozen=True)
 class AttnVariant:
     """What a kernel is specialised for besides its tiles: head_dim (a multiple of 8, <= 256),
-    the input/output dtype, causal masking, and whether the log-sum-exp is stored."""
+    the input/output dtype, causal masking, whether the log-sum-exp is stored, and ``varlen``:
+    packed variable-length sequences (numbatc.attention_varlen), each block reading its
+    sequence's rows from the cu_seqlens prefix sums (see :func:`kernel_source`)."""
 
     head_dim: int
     dtype: str  # 'bfloat16' | 'float16'
     causal: bool
     with_lse: bool
+    varlen: bool = False
 
     @property
     def padded_dim(self):
@@ -288,7 +292,17 @@ def store_o_rows(w, ind, D, row, reg):
 
 
 def kernel_source(cfg: AttnConfig, var: AttnVariant) -> str:
-    """Python source of the kernel for one configuration and variant."""
+    """Python source of the kernel for one configuration and variant.
+
+    A varlen variant takes (total_q, total_k) where the others take (Sq, Sk), and two more
+    arguments, cu_q and cu_k (int32, batch + 1 prefix sums): "batch" b is sequence b, rows
+    cu_q[b] .. cu_q[b + 1] - 1 of q and out (the seq stride steps rows; the batch strides are
+    not used), rows cu_k[b] .. cu_k[b + 1] - 1 of k and v, and lse is (heads_q, total_q).  The
+    grid covers m_blocks (max_seqlen_q's) query blocks per (sequence, head); a block that
+    starts past its sequence's end returns at once.  The prefix sums are clamped to
+    [0, total] and made non-decreasing in the kernel, so that whatever they hold no block reads
+    or writes a row outside q, k, v, out or lse (numbatc.attention_varlen checks the values,
+    except under CUDA graph capture)."""
     D, DP = var.head_dim, var.padded_dim
     PE, swizzled = shared_layout(DP)
     BM, BN, T = cfg.block_m, cfg.block_n, cfg.threads
@@ -368,11 +382,14 @@ def store_pair(out, base, v0, v1):
 
     # --- the kernel ------------------------------------------------------------------------------
     # q, k, v, out: flat (element (b, s, h, d) at b * sb + s * ss + h * sh + d); lse: (B, Hq, Sq).
+    # varlen: element (row, h, d) at row * ss + h * sh + d; lse: (Hq, total_q).
+    sizes = "total_q, total_k" if var.varlen else "Sq, Sk"
+    extra = ", cu_q, cu_k" if var.varlen else ""
     w(f'''
 
 @cuda.jit(cache=True)
-def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss, q_sh, k_sb,
-                     k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh, scale_log2):
+def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss, q_sh, k_sb,
+                     k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh, scale_log2{extra}):
     smem = cuda.shared.array(0, np.uint16, alignment=1024)
     t = cuda.threadIdx.x
     lane = t % 32
@@ -387,8 +404,20 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
     m0 = (m_blocks - 1 - pid % m_blocks) * {BM}
     b = bh // Hq
     h = bh % Hq
-    hk = h // group
-    off = Sk - Sq  # causal: query i sees keys j <= i + off
+    hk = h // group''')
+    if var.varlen:
+        w(f'''    # Sequence b: rows q0 .. q0 + Sq - 1 of q and out, k0 .. k0 + Sk - 1 of k and v; the
+    # prefix sums clamped to the tensors' rows (whatever cu_seqlens holds, no row outside them).
+    q0 = min(max(np.int64(cu_q[b]), 0), total_q)
+    Sq = min(max(np.int64(cu_q[b + 1]), q0), total_q) - q0
+    k0 = min(max(np.int64(cu_k[b]), 0), total_k)
+    Sk = min(max(np.int64(cu_k[b + 1]), k0), total_k) - k0
+    if m0 >= Sq:
+        return  # a block past its sequence's end (the grid covers max_seqlen_q)''')
+    # the element offsets of row 0 of this block's sequence (batch entry b)
+    row0 = ({x: f"{r} * {x}_ss" for x, r in (("q", "q0"), ("k", "k0"), ("v", "k0"), ("o", "q0"))}
+            if var.varlen else {x: f"b * {x}_sb" for x in "qkvo"})
+    w(f'''    off = Sk - Sq  # causal: query i sees keys j <= i + off
     n_tiles = (Sk + {BN - 1}) // {BN}''')
     if var.causal:
         w(f'''    last = m0 + {BM - 1} + off  # the last key the block's last query sees
@@ -396,13 +425,13 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         n_tiles = 0
     else:
         n_tiles = min(n_tiles, last // {BN} + 1)''')
-    w(f'''    k_start = b * k_sb + hk * k_sh
-    v_start = b * v_sb + hk * v_sh
+    w(f'''    k_start = {row0["k"]} + hk * k_sh
+    v_start = {row0["v"]} + hk * v_sh
     wrow = warp * {16 * MI}
     row_base = m0 + wrow + g  # this lane's first query row (then + 8, + 16, + 24)
 
     # Prologue: Q and the first K/V tile in flight together.
-    load_q(smem, 0, q, b * q_sb + h * q_sh + m0 * q_ss, q_ss, Sq - m0, t)
+    load_q(smem, 0, q, {row0["q"]} + h * q_sh + m0 * q_ss, q_ss, Sq - m0, t)
     if n_tiles > 0:
         load_kv(smem, {QE}, k, k_start, k_ss, Sk, t)
         load_kv(smem, {QE + 2 * KE}, v, v_start, v_ss, Sk, t)
@@ -505,7 +534,7 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
     nt.cp_async_wait_all()
 
     # Epilogue: O / l per row (0 for a row that saw no key), stored as {var.dtype}.
-    o_start = b * o_sb + h * o_sh''')
+    o_start = {row0["o"]} + h * o_sh''')
     for i in range(MI):
         for h in range(2):
             w(f"    l = quad_sum(l_{i}_{h})")
@@ -513,7 +542,8 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
             if var.with_lse:
                 w(f"    row = row_base + {16 * i + 8 * h}")
                 w("    if tq == 0 and row < Sq:")
-                w(f"        lse[bh * Sq + row] = (m_{i}_{h} + math.log2(l)) * LN2 if l > ZERO else NEG_INF")
+                at = "h * total_q + q0 + row" if var.varlen else "bh * Sq + row"
+                w(f"        lse[{at}] = (m_{i}_{h} + math.log2(l)) * LN2 if l > ZERO else NEG_INF")
         # NOTE: scaled in place before any store: computing the scaled values as store
         # arguments let LLVM hoist them all above the row checks, doubling O's registers
         # (spills at head_dim 256).
@@ -542,7 +572,9 @@ def signature(var: AttnVariant):
     from numba import types
 
     u16 = types.CPointer(types.uint16)
-    return (u16, u16, u16, u16, types.CPointer(types.float32)) + (types.int64,) * 17 + (types.float32,)
+    cu = (types.CPointer(types.int32),) * 2 if var.varlen else ()  # cu_q, cu_k
+    return ((u16, u16, u16, u16, types.CPointer(types.float32)) + (types.int64,) * 17
+            + (types.float32,) + cu)
 
 
 def grid_for(cfg: AttnConfig, batch, heads_q, seqlen_q):
@@ -550,21 +582,33 @@ def grid_for(cfg: AttnConfig, batch, heads_q, seqlen_q):
 
 
 def launch_flat(cfg: AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seqlen_q, seqlen_k,
-                heads_q, group, q_strides, k_strides, v_strides, o_strides, scale, stream=0):
+                heads_q, group, q_strides, k_strides, v_strides, o_strides, scale, stream=0,
+                varlen=None):
     """Launch the kernel.  q, k, v, out, lse are flat: device pointers (ints) on the GPU, 1-d
     arrays in the emulation; strides are (batch, seq, head) in elements, 16-byte multiples for
     q, k, v (and their starts 16-byte aligned).  ``lse`` is (batch, heads_q, seqlen_q) float32,
-    written only for variants with_lse."""
+    written only for variants with_lse.
+
+    A varlen variant takes ``varlen=(cu_q, cu_k, max_seqlen_q)`` (flat int32 operands, the grid's
+    query rows per sequence); ``batch`` is then the number of sequences, ``seqlen_q`` and
+    ``seqlen_k`` the rows of q and k (total_q, total_k), the batch strides are unused and lse
+    is (heads_q, total_q)."""
     from numba import config
 
     from intrinsics.launch import launch as launch_kernel
 
+    if var.varlen != (varlen is not None):
+        raise ValueError(f"launch_flat: a {'varlen' if var.varlen else 'fixed-length'} variant "
+                         f"takes varlen={'(cu_q, cu_k, max_seqlen_q)' if var.varlen else 'None'}")
     kernel = kernel_for(cfg, var)
-    m_blocks = -(-seqlen_q // cfg.block_m)
+    rows = seqlen_q if varlen is None else varlen[2]
+    m_blocks = -(-rows // cfg.block_m)
     args = (q, k, v, out, lse, seqlen_q, seqlen_k, heads_q, group, m_blocks, *q_strides,
             *k_strides, *v_strides, *o_strides, np.float32(scale * LOG2E))
+    if varlen is not None:
+        args += tuple(varlen[:2])
     sig = None if config.ENABLE_CUDASIM else signature(var)
-    launch_kernel(kernel, grid_for(cfg, batch, heads_q, seqlen_q), cfg.threads, args,
+    launch_kernel(kernel, grid_for(cfg, batch, heads_q, rows), cfg.threads, args,
                   shared_bytes=shared_bytes(cfg, var), stream=stream, signature=sig)
 
 
@@ -573,9 +617,18 @@ def launch_flat(cfg: AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seq
 # ---------------------------------------------------------------------------------------------
 
 
+def _stepped(shape, strides):
+    """(batch, seq, head) strides of a (batch, seq, head, dim) or varlen (rows, head, dim)
+    array (batch stride 0); 0 for a dimension of extent 1 (never stepped)."""
+    pairs = list(zip(shape, strides))[:-1]
+    if len(pairs) == 2:
+        pairs.insert(0, (1, 0))
+    return tuple(s if n > 1 else 0 for n, s in pairs)
+
+
 def _strides3(ca):
-    """(batch, seq, head) strides in elements; 0 for a dimension of extent 1 (never stepped)."""
-    return tuple(s if n > 1 else 0 for n, s in zip(ca.shape[:3], ca.strides[:3]))
+    """(batch, seq, head) strides in elements (:func:`_stepped`)."""
+    return _stepped(ca.shape, ca.strides)
 
 
 def _aligned(ca):
@@ -617,6 +670,8 @@ def _operand(ca, stream, keep):
     emulated = bool(config.ENABLE_CUDASIM)
     if _aligned(ca) and not emulated:
         return ca.ptr, _strides3(ca)
+    if ca.ndim == 3 and not emulated:  # varlen (rows, head, dim): copy4 takes 4-d views
+        ca = dataclasses.replace(ca, shape=(1, *ca.shape), strides=(0, *ca.strides))
     view = kernel_view(ca)
     if not _aligned(ca):
         if emulated:
@@ -631,8 +686,7 @@ def _operand(ca, stream, keep):
             packed = cuda.device_array(view.shape, dtype=view.dtype, stream=stream)
             _COPY[0][min(-(-view.size // 256), 65535), 256, stream](view, packed)
             view = packed
-    strides = tuple(s // view.dtype.itemsize if n > 1 else 0
-                    for n, s in zip(view.shape[:3], view.strides[:3]))
+    strides = _stepped(view.shape, [s // view.dtype.itemsize for s in view.strides])
     return operands.flat(view, keep), strides
 
 
@@ -668,7 +722,7 @@ def choose(p, name=None):
 def compiled(p, cfg: AttnConfig):
     """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
     arguments)."""
-    return cfg, AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None)
+    return cfg, AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None, p.varlen)
 
 
 def launch(p, cfg: AttnConfig):
@@ -684,7 +738,9 @@ def launch(p, cfg: AttnConfig):
     _check_fits(cfg, p.head_dim, p.cc)
     if os.environ.get("NUMBATC_PRINT_CONFIG"):
         packed = [n for n, ca in (("q", p.q), ("k", p.k), ("v", p.v)) if not _aligned(ca)]
-        print(f"numbatc.attention B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k} Hq={p.heads_q} "
+        shape = (f"varlen sequences={p.batch} max_seqlen_q={p.seqlen_q} max_seqlen_k="
+                 f"{p.seqlen_k}" if p.varlen else f"B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k}")
+        print(f"numbatc.attention {shape} Hq={p.heads_q} "
               f"Hkv={p.heads_kv} D={p.head_dim}{' causal' if p.causal else ''}: sm80_attention "
               f"{cfg.name} {p.dtype}{' +lse' if var.with_lse else ''}"
               f"{' (packed, not 16-byte aligned: ' + ', '.join(packed) + ')' if packed else ''}",
@@ -692,9 +748,9 @@ def launch(p, cfg: AttnConfig):
         print(f"numbatc.attention: sm80_attention {explain(p, cfg)}", file=sys.stderr)
     keep = []
     args, stream = kernel_arguments(p, keep)
-    launch_flat(cfg, var, *args, stream=stream)
-    if keep or os.environ.get("NUMBATC_PRINT_CONFIG"):
-        return None  # q, k or v packed (a later call decides again), or no warm calls
+    launch_flat(cfg, var, *args, stream=stream, varlen=varlen_arguments(p, keep))
+    if keep or p.varlen or os.environ.get("NUMBATC_PRINT_CONFIG"):
+        return None  # q, k or v packed (a later call decides again), varlen, or no warm calls
     return pointer_relaunch(kernel_for(cfg, var), grid_for(cfg, p.batch, p.heads_q, p.seqlen_q),
                             cfg.threads, signature(var), shared_bytes(cfg, var), args,
                             cfg.block_m)
@@ -751,6 +807,18 @@ def kernel_arguments(p, keep):
     else:
         out = p.out.ptr
         lse = p.lse.ptr if p.lse is not None else 0
-    args = (q, k, v, out, lse, p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.group,
+    sizes = ((p.q.shape[0], p.k.shape[0]) if p.varlen  # total_q, total_k (launch_flat)
+             else (p.seqlen_q, p.seqlen_k))
+    args = (q, k, v, out, lse, p.batch, *sizes, p.heads_q, p.group,
             q_st, k_st, v_st, _strides3(p.out), p.scale)
     return args, stream if emulated else p.stream_handle
+
+
+def varlen_arguments(p, keep):
+    """launch_flat's ``varlen`` for an AttentionProblem: (cu_q, cu_k, max_seqlen_q) with the
+    prefix sums flat (device pointers on the GPU, 1-d arrays in the emulation), or None for a
+    fixed-length problem."""
+    if not p.varlen:
+        return None
+    return (operands.flat_array(p.cu_seqlens_q, keep), operands.flat_array(p.cu_seqlens_k, keep),
+            p.seqlen_q)

@@ -789,7 +789,10 @@ def _plan(cfg, var, batch, seqlen_q, seqlen_k, heads_q, group, q_strides, k_stri
 def unsupported(p):
     """Why this kernel cannot compute attention problem ``p``, or None: it computes every
     problem numbatc.attention accepts (bf16 / f16, head_dim a multiple of 8 up to 256), at any
-    seqlen_q (rows past 32 take more m blocks, each reading the keys again)."""
+    seqlen_q (rows past 32 take more m blocks, each reading the keys again), but not packed
+    variable-length sequences (numbatc.attention_varlen)."""
+    if p.varlen:
+        return "variable-length sequences (numbatc.attention_varlen) run on sm80_attention"
     if p.dtype not in _PTX_TYPE:
         return f"sm80_decode_attention takes bfloat16 or float16, not {p.dtype}"
     if p.head_dim % 8 or not 8 <= p.head_dim <= 256:

@@ -794,6 +794,8 @@ def launch_flat(cfg: Sm90AttnConfig, var: AttnVariant, q, k, v, out, lse, batch,
 def unsupported(p):
     """Why this kernel cannot compute problem ``p`` (a numbatc.attention_api.AttentionProblem), or
     None."""
+    if p.varlen:
+        return "variable-length sequences (numbatc.attention_varlen) run on sm80_attention"
     if p.head_dim not in HEAD_DIMS:
         return f"head_dim {p.head_dim} is not one of {HEAD_DIMS}"
     if p.dtype not in _PTX_TYPE:

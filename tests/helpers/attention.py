@@ -137,3 +137,74 @@ def sm90(monkeypatch, device_cc):
         return used
 
     return force
+
+
+# --- numbatc.attention_varlen --------------------------------------------------------------
+
+
+def prefix_sums(lengths):
+    """int32 (len(lengths) + 1,) prefix sums starting at 0 (flash-attn's cu_seqlens)."""
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+def reference_varlen(q, k, v, lens_q, lens_k, causal, scale):
+    """(out, lse (heads_q, total_q), weighted |v|, |s| bound (heads_q, total_q)) in float64:
+    :func:`reference` per sequence, each its own batch of one."""
+    hq = q.shape[1]
+    out, wabs = np.zeros(q.shape), np.zeros(q.shape)
+    lse, sbound = np.full((hq, q.shape[0]), -np.inf), np.zeros((hq, q.shape[0]))
+    cq, ck = prefix_sums(lens_q), prefix_sums(lens_k)
+    for b in range(len(lens_q)):
+        rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        o, l, w, s = reference(q[None, rows], k[None, keys], v[None, keys], causal, scale)
+        out[rows], wabs[rows], lse[:, rows], sbound[:, rows] = o[0], w[0], l[0], s[0]
+    return out, lse, wabs, sbound
+
+
+def check_varlen(lens_q, lens_k, hq, hkv, d, causal, dtype="bfloat16", lib="numba", scale=None,
+                 views=None, host_cu=False, max_seqlen=None):
+    """One numbatc.attention_varlen call (output poisoned with NaN, lse asked) against
+    :func:`reference_varlen`.  ``views(q, k, v, dtype)`` makes the device q, k, v (default:
+    contiguous arrays of ``lib``); ``host_cu`` passes the prefix sums as NumPy arrays;
+    ``max_seqlen``: (max_seqlen_q, max_seqlen_k), default the longest lengths."""
+    tq, tk = int(sum(lens_q)), int(sum(lens_k))
+    q, k, v = values((tq, hq, d), dtype), values((tk, hkv, d), dtype), values((tk, hkv, d), dtype)
+    if views is None:
+        dq, dk, dv = (to_device(x, dtype, lib) for x in (q, k, v))
+    else:
+        dq, dk, dv = views(q, k, v, dtype)
+    cq, ck = prefix_sums(lens_q), prefix_sums(lens_k)
+    if not host_cu:
+        if lib == "torch":
+            import torch
+
+            cq, ck = (torch.from_numpy(c).cuda() for c in (cq, ck))
+        else:
+            cq, ck = cuda.to_device(cq), cuda.to_device(ck)
+    mq, mk = max_seqlen or (max(lens_q, default=0), max(lens_k, default=0))
+    out = to_device(np.full(q.shape, np.nan), dtype, lib)
+    got, lse = numbatc.attention_varlen(dq, dk, dv, cq, ck, mq, mk, causal=causal, scale=scale,
+                                        out=out, return_lse=True)
+    assert got is out
+    cuda.synchronize()
+    got = to_host(got, dtype)
+    lse = to_host(lse, "float32") if hasattr(lse, "cpu") else lse.copy_to_host().astype(np.float64)
+    ref, ref_lse, wabs, sbound = reference_varlen(q, k, v, lens_q, lens_k, causal,
+                                                  scale or 1 / math.sqrt(d))
+    what = (f"attention_varlen lens_q={list(lens_q)} lens_k={list(lens_k)} hq={hq} hkv={hkv} "
+            f"d={d} causal={causal} {dtype} {lib}")
+    assert lse.shape == (hq, tq), f"{what}: lse shape {lse.shape}"
+    tol = 2 * ROUNDING[dtype] * (np.abs(ref) + wabs) + 1e-6
+    bad = ~(np.abs(got - ref) <= tol)  # NaN (an unwritten element) counts as bad
+    if bad.any():
+        i = tuple(np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: {bad.sum()} bad outputs, first at {i}: got {got[i]!r}, "
+                             f"want {ref[i]!r} +- {tol[i]:.3g}")
+    empty = np.isinf(ref_lse)
+    assert np.array_equal(np.isneginf(lse), empty), f"{what}: lse -inf where no key is seen, only there"
+    lse_tol = 1e-5 * (1 + sbound)
+    bad = ~(np.abs(np.where(empty, 0, lse) - np.where(empty, 0, ref_lse)) <= lse_tol)
+    if bad.any():
+        i = tuple(np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: {bad.sum()} bad lse, first at {i}: got {lse[i]!r}, "
+                             f"want {ref_lse[i]!r} +- {lse_tol[i]:.3g}")

@@ -1,0 +1,115 @@
+"""numbatc.attention_varlen on the GPU against a per-sequence float64 reference: the
+FlashAttention suite's awkward length pairs (113/203, 1/239, 1023/1024), empty sequences (no
+queries, no keys), causal and not, GQA, bf16 and f16, device and host cu_seqlens, packed qkv
+views, the portable kernel forced and the default walk; outputs poisoned (NaN) before every
+call, fresh random data every run, lse checked.  Reference and tolerance:
+tests/helpers/attention.py (check_varlen).  Tests marked ``emulation`` also run in the CPU
+emulation (tiny)."""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import numbatc
+from numbatc import attention_api
+from tests.helpers.attention import NP_DTYPE, check_varlen, prefix_sums, to_device, values
+
+pytestmark = pytest.mark.gpu(cc=(8, 0))
+
+# (lens_q, lens_k): the awkward pairs, a sequence with no queries and one with no keys
+AWKWARD = ([113, 1, 1023, 0, 17], [203, 239, 1024, 5, 0])
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("causal, hq", [(True, 2), (False, 1)], ids=["causal-gqa", "full"])
+def test_emulated_three_sequences(causal, hq, monkeypatch):
+    monkeypatch.setenv("NUMBATC_ATTN_CONFIG", "m64n64_w4_qreg")  # 128 threads: half the time
+    check_varlen([1, 17, 40], [1, 17, 40] if causal else [40, 1, 17], hq, 1, 40, causal)
+
+
+@pytest.mark.emulation
+def test_garbage_cu_seqlens_stay_inside_the_arrays(monkeypatch):
+    """With the value checks off (as under graph capture), prefix sums that decrease, run past
+    the rows or are negative touch nothing outside q, k, v, out and lse: out and lse are views
+    into NaN-filled buffers whose guard rows must stay NaN (the emulation also bounds-checks
+    every flat access)."""
+    monkeypatch.setattr(attention_api, "_check_prefix_sums", lambda *a: None)
+    hq, d, tq, tk = 1, 16, 12, 10
+    q, k = values((tq, hq, d), "bfloat16"), values((tk, hq, d), "bfloat16")
+    buf = to_device(np.full((tq + 8, hq, d), np.nan), "bfloat16")
+    out = buf[4:4 + tq] if not hasattr(buf, "data") else numbatc.bfloat16(buf.data[4:4 + tq])
+    cq = cuda.to_device(np.array([0, 9, 3, 1000, -5, 12], np.int32))
+    ck = cuda.to_device(np.array([-7, 4, 2000, 6, 6, 3], np.int32))
+    dq, dk = to_device(q, "bfloat16"), to_device(k, "bfloat16")
+    numbatc.attention_varlen(dq, dk, dk, cq, ck, 16, 16, causal=True, out=out)
+    cuda.synchronize()
+    host = buf.data.copy_to_host() if hasattr(buf, "data") else buf.copy_to_host()
+    nan = np.uint16(0x7FC0)  # bf16 NaN, as to_device wrote it
+    assert (host[:4] == nan).all() and (host[4 + tq:] == nan).all(), "a write outside out"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_awkward_lengths(d, causal):
+    check_varlen(*AWKWARD, 4, 2, d, causal, "bfloat16")
+
+
+@pytest.mark.parametrize("d", [40, 256])
+def test_other_head_dims_and_f16(d):
+    check_varlen(*AWKWARD, 6, 1, d, True, "float16")
+
+
+def test_every_sequence_alike_and_max_seqlen_above_the_longest():
+    check_varlen([257] * 3, [129] * 3, 2, 2, 64, True, max_seqlen=(400, 300))
+
+
+def test_host_cu_seqlens():
+    check_varlen([5, 300, 1], [77, 1, 600], 4, 1, 64, True, host_cu=True)
+
+
+def test_torch_packed_qkv_views():
+    """q, k and v as slices of one (total, 3, heads, head_dim) tensor (read in place) and torch
+    cu_seqlens; then a k whose start is one element off 16 bytes (packed first)."""
+    torch = pytest.importorskip("torch")
+
+    def packed(q, k, v, dtype):
+        x = np.stack([q, k, v], axis=1).astype(NP_DTYPE[dtype])
+        t = torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16).cuda()
+        return t[:, 0], t[:, 1], t[:, 2]
+
+    lens = [113, 1, 1023, 0, 17]
+    check_varlen(lens, lens, 4, 4, 64, True, lib="torch", views=packed)
+
+    def misaligned(q, k, v, dtype):
+        dev = [torch.from_numpy(x.astype(NP_DTYPE[dtype]).view(np.uint16)).view(torch.bfloat16).cuda()
+               for x in (q, k, v)]
+        buf = torch.empty(k.size + 1, dtype=torch.bfloat16, device="cuda")
+        km = buf[1:].view(k.shape)
+        km.copy_(dev[1])
+        return dev[0], km, dev[2]
+
+    check_varlen([100, 3], [77, 200], 2, 1, 64, False, lib="torch", views=misaligned)
+
+
+@pytest.mark.parametrize("kernel", ["sm80", "sm90", None], ids=["sm80", "sm90-asked", "default"])
+def test_forced_and_default_walk(kernel, monkeypatch, capsys):
+    """sm80 forced, sm90 asked for (it declines varlen: the portable kernel runs) and the
+    default; NUMBATC_PRINT_CONFIG names sm80_attention."""
+    if kernel:
+        monkeypatch.setenv("NUMBATC_ATTN_KERNEL", kernel)
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    check_varlen([113, 1], [203, 239], 4, 2, 128, True)
+    err = capsys.readouterr().err
+    assert "sm80_attention" in err and "varlen" in err, err
+
+
+def test_device_cu_seqlens_values_are_checked():
+    q = to_device(values((10, 2, 64), "bfloat16"), "bfloat16")
+    good = cuda.to_device(prefix_sums([4, 6]))
+    with pytest.raises(ValueError, match="must not decrease"):
+        numbatc.attention_varlen(q, q, q, cuda.to_device(np.array([0, 7, 5, 10], np.int32)),
+                                 cuda.to_device(prefix_sums([4, 6, 0])), 10, 10)
+    with pytest.raises(ValueError, match="last entry"):
+        numbatc.attention_varlen(q, q, q, good, cuda.to_device(prefix_sums([4, 5])), 6, 6)
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        numbatc.attention_varlen(q, q, q, good, good, 5, 6)
