@@ -99,16 +99,32 @@ class Progress:
             print(line, file=sys.stderr, flush=True)
 
 
+#: how _time_gpu times a call: "stream" (back-to-back launches) or "graph" (CUDA graph replay);
+#: set by ``--timing``
+TIMING = "stream"
+
+
 def _time_gpu(fn, torch, reps, warmup=3):
     """Median milliseconds per call of ``fn`` on the current stream, by CUDA events around
     back-to-back calls: each timed group enqueues enough calls to last about a millisecond, so
     the host's time between calls overlaps the GPU's work as it does in a real program (the
     host cost of a call shows only where it exceeds the kernel's; see first_call_s and
     host_overhead_us for it).  Timing one call per event pair after a synchronisation would add
-    the call's host time to every figure (docs/PERFORMANCE.md has figures taken that way)."""
+    the call's host time to every figure (docs/PERFORMANCE.md has figures taken that way).
+
+    With ``TIMING == "graph"`` (``--timing graph``) the group of calls is captured once into a
+    CUDA graph and the replays are timed: GPU time alone, the host's launch cost removed for
+    numbatc and the reference alike (what a serving stack that replays graphs sees).  A call
+    that cannot be captured is timed back to back and the row says so (``_time_gpu.fallbacks``)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    if TIMING == "graph":
+        try:
+            return _time_graph(fn, torch, reps)
+        except Exception as e:  # noqa: BLE001 -- any capture failure: time it back to back
+            torch.cuda.synchronize()
+            _time_gpu.fallbacks.append(f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -120,6 +136,39 @@ def _time_gpu(fn, torch, reps, warmup=3):
         start.record()
         for _ in range(inner):
             fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / inner)
+    return statistics.median(times)
+
+
+_time_gpu.fallbacks = []
+
+
+def _time_graph(fn, torch, reps):
+    """Median milliseconds per call of ``fn`` replayed from a CUDA graph of enough calls to
+    last about a millisecond (at most 200; one call first measures how many)."""
+    def captured(count):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(count):
+                fn()
+        graph.replay()  # the first replay uploads the graph
+        torch.cuda.synchronize()
+        return graph
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    one = captured(1)
+    start.record()
+    one.replay()
+    end.record()
+    end.synchronize()
+    inner = max(1, min(200, int(1.0 / max(start.elapsed_time(end), 1e-3))))
+    graph = captured(inner) if inner > 1 else one
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / inner)
@@ -858,6 +907,11 @@ def _parser():
     common.add_argument("--reps", type=int, default=20, metavar="N",
                         help="timed launches per measurement (default 20; the median is shown)")
     common.add_argument("--csv", metavar="FILE", help="also write the table as CSV to FILE")
+    common.add_argument("--timing", default="stream", choices=("stream", "graph"),
+                        help="stream (default): back-to-back calls, the host's launch cost "
+                             "shows where it exceeds the kernel's; graph: the calls captured in "
+                             "a CUDA graph and replayed, GPU time alone, for numbatc and the "
+                             "reference alike")
     parser = argparse.ArgumentParser(
         prog="python -m numbatc.bench", description=__doc__.splitlines()[0],
         epilog="Each subcommand has its own --help.  Needs a CUDA GPU and PyTorch with CUDA "
@@ -929,7 +983,21 @@ def main(argv=None):
         build = " (a CPU-only build)" if torch.version.cuda is None else ""
         parser.error(f"torch {torch.__version__}{build} sees no CUDA GPU. {_NEEDS}"
                      + (f"; {_GET_TORCH}" if build else ""))
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, timing "
+          f"{args.timing}", flush=True)
+    global TIMING
+    TIMING = args.timing
+    try:
+        return _main(args)
+    finally:
+        if _time_gpu.fallbacks:
+            print(f"timed back to back, not from a graph ({len(_time_gpu.fallbacks)} calls): "
+                  + "; ".join(sorted(set(_time_gpu.fallbacks))), flush=True)
+
+
+def _main(args):
+    import torch
+
     if args.what == "attention":
         return main_attention(args)
     if args.what == "decode":
