@@ -91,6 +91,8 @@ def _result(name, x, shape, dtype, inputs):
         raise ValueError(f"{name} has a negative stride {ca.strides}")
     if ca.readonly:
         raise ValueError(f"{name} is read-only")
+    if not ca.size:
+        return ca  # nothing is written
     if _overlapping(ca):
         raise ValueError(f"{name} (shape {ca.shape}, strides {ca.strides}) has overlapping "
                          "elements: it cannot be written")

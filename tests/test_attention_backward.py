@@ -114,6 +114,10 @@ def test_one_empty_sequence_still_launches(launched, sq, sk):
     """seqlen_q == 0: dk, dv must be written (zeros); seqlen_k == 0: dq (zeros)."""
     numbatc.attention_backward(*args(sq=sq, sk=sk))
     assert len(launched) == 1
+    # an empty result array given (a Numba one has strides 0) is taken as it is
+    empty = FakeCuda((2, 0, 4, 64), strides=(0, 0, 0, 0)) if sq == 0 else None
+    numbatc.attention_backward(*args(sq=sq, sk=sk), dq=empty)
+    assert len(launched) == 2
 
 
 # --- errors ----------------------------------------------------------------------------------
