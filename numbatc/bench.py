@@ -23,6 +23,13 @@ memory-efficient backends on each shape, measured in the same run), head_dim 64,
 seqlen 512..16384 with batch * seqlen = 16384 tokens and heads * head_dim = 2048, causal and not;
 TFLOP/s count 4 * B * H * S^2 * D, halved when causal.
 
+``python -m numbatc.bench attention-backward [--shapes quick] [--csv F] [--configs]``:
+numbatc.attention_backward (dQ, dK, dV from out, lse and dO) against the backward of torch's
+``scaled_dot_product_attention`` (``torch.autograd.grad`` of its output; the fastest of its
+flash, cuDNN and memory-efficient backends on each shape, same run), on the forward benchmark's
+shapes (head_dim 64 and 128); TFLOP/s count the backward's five GEMMs, 10 * B * H * S^2 * D
+(2.5 times the forward's), halved when causal.
+
 ``python -m numbatc.bench decode [--shapes quick] [--csv F] [--configs]``: numbatc.attention on
 decode shapes (the flash-decoding kernel, numbatc.kernels.sm80_decode_attention) against torch
 SDPA (fastest backend, GQA through ``enable_gqa`` or expanded K/V): batch 1 / 8 / 32 x seqlen_q
@@ -461,6 +468,94 @@ def bench_attention(shapes, dtype="bfloat16", reps=20, causal_modes=(False, True
     return rows
 
 
+#: (head_dim, seqlen) of the backward benchmark: batch * seqlen = 16384, heads * head_dim = 2048
+ATTENTION_BACKWARD_SHAPES = {
+    "all": [(d, s) for d in (64, 128) for s in (1024, 2048, 4096, 8192, 16384)],
+    "quick": [(d, s) for d in (64, 128) for s in (1024, 4096)],
+}
+
+
+def bench_attention_backward(shapes, dtype="bfloat16", reps=20, causal_modes=(False, True)):
+    """numbatc.attention_backward and the backward of torch SDPA (its fastest backend) on
+    (batch, seqlen, heads, head_dim) inputs: the same q, k, v, and dO; ours from numbatc's
+    forward's out and lse, SDPA's through autograd (``torch.autograd.grad`` with retain_graph:
+    the backward alone is timed).  max_abs_err: dq, dk, dv against SDPA's."""
+    import torch
+    import torch.nn.functional as F
+
+    import numbatc
+
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    rows = []
+    cases = [(d, s, c) for d, s in shapes for c in causal_modes]
+    progress = Progress(len(cases), "attention backward")
+    for d, s, causal in cases:
+        b, h = max(1, 16384 // s), max(1, 2048 // d)
+        q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=tdt) for _ in range(4))
+        out, lse = numbatc.attention(q, k, v, causal=causal, return_lse=True)
+        grads = tuple(torch.empty_like(x) for x in (q, k, v))
+
+        def ours_call():
+            numbatc.attention_backward(q, k, v, out, lse, do, causal=causal, dq=grads[0],
+                                       dk=grads[1], dv=grads[2])
+
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        ours_call()
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        flops = 10.0 * b * h * s * s * d / (2 if causal else 1)
+        r = max(3, min(reps, int(4e13 / flops)))
+        ours = _time_gpu(ours_call, torch, r)
+        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+        dot = do.transpose(1, 2)
+        theirs, backend, ref = float("inf"), "none", None
+        for name, context in _sdpa_backends(torch):
+            try:
+                with context():
+                    o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                    ref = torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True)
+                    ms = _time_gpu(lambda: torch.autograd.grad(o, (qt, kt, vt), dot,
+                                                               retain_graph=True), torch, r)
+            except RuntimeError:  # this backend does not take the shape
+                continue
+            if ms < theirs:
+                theirs, backend = ms, name
+            o = None
+        err = float("nan") if ref is None else max(
+            (g - x.transpose(1, 2)).abs().max().item() for g, x in zip(grads, ref))
+        rows.append(dict(batch=b, seqlen=s, heads=h, head_dim=d, causal=causal, dtype=dtype,
+                         numbatc_ms=ours, ref_ms=theirs, numbatc_tflops=flops / ours / 1e9,
+                         ref_tflops=flops / theirs / 1e9, ratio=theirs / ours, ref_backend=backend,
+                         first_call_s=first, max_abs_err=err))
+        progress.step(f"d={d} s={s}{' causal' if causal else ''}: {rows[-1]['ratio']:.2f}x SDPA "
+                      f"backward ({backend})")
+        q = k = v = do = out = lse = grads = qt = kt = vt = dot = ref = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main_attention_backward(args):
+    """``python -m numbatc.bench attention-backward``: the sweep, then the table (and --csv)."""
+    import os
+
+    shapes = ATTENTION_BACKWARD_SHAPES.get(args.shapes, ATTENTION_BACKWARD_SHAPES["all"])
+    rows = bench_attention_backward(shapes, args.dtype, args.reps)
+    if args.configs:
+        from numbatc.kernels.sm80_attention_backward import CONFIGS
+
+        for name in CONFIGS:
+            os.environ["NUMBATC_ATTN_BWD_CONFIG"] = name
+            for row in bench_attention_backward(shapes, args.dtype, args.reps):
+                row["config"] = name
+                rows.append(row)
+        os.environ.pop("NUMBATC_ATTN_BWD_CONFIG")
+    print_attention_table(rows)
+    if args.csv:
+        write_csv(rows, args.csv)
+    return 0
+
+
 #: decode shapes (batch, seqlen_q, seqlen_k); 32 query heads over 8 KV heads, head_dim 128
 DECODE_ATTENTION_SHAPES = {
     "all": [(b, sq, sk) for b in (1, 8, 32) for sq in (1, 4)
@@ -884,6 +979,8 @@ _SUBCOMMANDS = {
     "gemm": "numbatc.gemm against cuBLAS (torch.matmul; torch._scaled_mm for float8)",
     "attention": "numbatc.attention against torch's scaled_dot_product_attention (fastest "
                  "backend)",
+    "attention-backward": "numbatc.attention_backward against the backward of torch's "
+                          "scaled_dot_product_attention (fastest backend)",
     "decode": "numbatc.attention on decode shapes (flash-decoding) against torch SDPA, in GB/s of "
               "K and V against the copy bandwidth",
     "softmax": "numbatc.softmax against torch.softmax, then numbatc.gemm_softmax",
@@ -953,6 +1050,15 @@ def _parser():
     attention.add_argument("--configs", action="store_true",
                            help="also time every sm80_attention configuration "
                                 "(NUMBATC_ATTN_CONFIG)")
+    backward = sub.add_parser("attention-backward", parents=[common],
+                              help=_SUBCOMMANDS["attention-backward"],
+                              description=_SUBCOMMANDS["attention-backward"])
+    backward.add_argument("--shapes", default="all", choices=sorted(ATTENTION_BACKWARD_SHAPES),
+                          help="all (default): head_dim 64/128 x seqlen 1024..16384; quick: "
+                               "head_dim 64/128 x seqlen 1024/4096")
+    backward.add_argument("--configs", action="store_true",
+                          help="also time every sm80_attention_backward configuration "
+                               "(NUMBATC_ATTN_BWD_CONFIG)")
     decode = sub.add_parser("decode", parents=[common], help=_SUBCOMMANDS["decode"],
                             description=_SUBCOMMANDS["decode"])
     decode.add_argument("--shapes", default="all", choices=sorted(DECODE_ATTENTION_SHAPES),
@@ -1000,6 +1106,8 @@ def _main(args):
 
     if args.what == "attention":
         return main_attention(args)
+    if args.what == "attention-backward":
+        return main_attention_backward(args)
     if args.what == "decode":
         return main_decode(args)
     if args.what == "softmax":

@@ -74,6 +74,7 @@ def test_bench_help_names_every_subcommand():
 @pytest.mark.parametrize("sub, options", [
     ("gemm", ["--shapes", "--dtype", "--reps", "--csv", "--png", "--configs"]),
     ("attention", ["--shapes", "--dtype", "--reps", "--csv", "--png", "--configs"]),
+    ("attention-backward", ["--shapes", "--dtype", "--reps", "--csv", "--configs"]),
     ("softmax", ["--shapes", "--dtype", "--reps", "--csv"]),
     ("epilogue", ["--shapes", "--dtype", "--reps", "--csv"]),
     ("transformers", ["--shapes", "--reps", "--csv"]),

@@ -83,8 +83,9 @@ def test_kernel_module_has_the_face(name, monkeypatch):
 
 def test_the_dispatch_table_holds_the_gemm_and_attention_kernel_modules():
     """Every family in the table has the face; the GEMM kinds hold every GEMM kernel module and
-    the attention kind every attention one (the softmax ones are numbatc.softmax's to walk),
-    each walk closed by a portable kernel."""
+    the attention kind every attention forward one (the softmax ones are numbatc.softmax's to
+    walk, sm80_attention_backward numbatc.attention_backward's), each walk closed by a portable
+    kernel."""
     def tabled(*kinds):
         return {f.module.__name__.rsplit(".", 1)[1] for kind in kinds
                 for f in dispatch.FAMILIES[kind]}
@@ -92,5 +93,6 @@ def test_the_dispatch_table_holds_the_gemm_and_attention_kernel_modules():
     assert set(dispatch.FAMILIES) == {"dense", "fp8", "block_scaled", "attention"}
     assert tabled("dense", "fp8", "block_scaled") == {
         n for n in _kernel_modules() if "attention" not in n and "softmax" not in n}
-    assert tabled("attention") == {n for n in _kernel_modules() if "attention" in n}
+    assert tabled("attention") == {n for n in _kernel_modules()
+                                   if "attention" in n and "backward" not in n}
     assert dispatch.FAMILIES["dense"][-1].cc == () and dispatch.FAMILIES["attention"][-1].cc == ()

@@ -53,6 +53,31 @@ def _attention_lse_ref(q, k, v, causal=False, scale=None):
     return o.to(q.dtype).contiguous(), lse.float().contiguous()
 
 
+def _attention_backward_ref(q, k, v, out, lse, dout, causal=False, scale=None, dlse=None):
+    """FA2's formulas in float64 (no autograd inside a kernel): dS = P (dO V^T - D), D =
+    rowsum(dO * O) - dlse; dK and dV summed over each group of query heads."""
+    scale = scale or q.shape[-1] ** -0.5
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    g = hq // hkv
+    qd, do = q.double(), dout.double()
+    kd, vd = k.double().repeat_interleave(g, dim=2), v.double().repeat_interleave(g, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", qd, kd) * scale
+    if causal:
+        s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq), float("-inf"))
+    p = torch.softmax(s, -1)
+    o = torch.einsum("bhqk,bkhd->bqhd", p, vd)
+    dd = (do * o).sum(-1).transpose(1, 2)  # (b, h, q)
+    if dlse is not None:
+        dd = dd - dlse.double()
+    ds = p * (torch.einsum("bqhd,bkhd->bhqk", do, vd) - dd[..., None])
+    dq = torch.einsum("bhqk,bkhd->bqhd", ds, kd) * scale
+    dk = (torch.einsum("bhqk,bqhd->bkhd", ds, qd) * scale).reshape(b, sk, hkv, g, d).sum(3)
+    dv = torch.einsum("bhqk,bqhd->bkhd", p, do).reshape(b, sk, hkv, g, d).sum(3)
+    return (dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(),
+            dv.to(v.dtype).contiguous())
+
+
 def _softmax_ref(x):
     return torch.softmax(x.double(), -1).to(x.dtype).contiguous()
 
@@ -63,7 +88,8 @@ def _gemm_softmax_ref(a, b, bias=None, scale=1.0):
 
 
 _REFS = {"gemm": _gemm_ref, "attention": _attention_ref, "attention_lse": _attention_lse_ref,
-         "softmax": _softmax_ref, "gemm_softmax": _gemm_softmax_ref}
+         "attention_backward": _attention_backward_ref, "softmax": _softmax_ref,
+         "gemm_softmax": _gemm_softmax_ref}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -89,8 +115,8 @@ def test_import_numbatc_does_not_import_torch():
 
 def test_register_is_idempotent():
     assert numbatc.torch.register() is numbatc.torch.OPS
-    assert set(numbatc.torch.OPS) == {"gemm", "attention", "attention_lse", "softmax",
-                                      "gemm_softmax"}
+    assert set(numbatc.torch.OPS) == {"gemm", "attention", "attention_lse",
+                                      "attention_backward", "softmax", "gemm_softmax"}
 
 
 @pytest.mark.parametrize("out_dtype", [None, torch.float32])
@@ -136,6 +162,11 @@ OPCHECK_CASES = [
     ("attention", lambda: (_rand(1, 5, 4, 16), _rand(1, 7, 2, 16), _rand(1, 7, 2, 16)),
      {"causal": True}),
     ("attention_lse", lambda: (_rand(2, 3, 2, 8), _rand(2, 3, 2, 8), _rand(2, 3, 2, 8)), {}),
+    ("attention_backward", lambda: (_rand(1, 5, 4, 16), _rand(1, 7, 2, 16), _rand(1, 7, 2, 16),
+                                    _rand(1, 5, 4, 16), torch.randn(1, 4, 5),
+                                    _rand(1, 5, 4, 16)), {"causal": True}),
+    ("attention_lse", lambda: tuple(torch.randn(1, 6, 2, 8, requires_grad=True)
+                                    for _ in range(3)), {}),  # its autograd formula too
     ("softmax", lambda: (_rand(5, 70, dtype=torch.float16),), {}),
     ("gemm_softmax", lambda: (_rand(4, 8), _rand(8, 12), None, 0.25), {}),
 ]
@@ -147,6 +178,54 @@ def test_opcheck(name, make, kwargs):
     kernel, and that dynamo / AOT autograd can trace the op."""
     op = getattr(torch.ops.numbatc, name).default
     torch.library.opcheck(op, make(), kwargs)
+
+
+def test_attention_backward_fake_shapes():
+    with FakeTensorMode():
+        q = torch.empty(2, 7, 8, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 11, 2, 64, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(2, 8, 7, device="cuda")
+        dq, dk, dv = torch.ops.numbatc.attention_backward(q, k, k, q, lse, q, True)
+        assert dq.shape == q.shape and dk.shape == dv.shape == k.shape
+        assert dq.dtype == dk.dtype == torch.bfloat16 and dv.device.type == "cuda"
+        with pytest.raises(RuntimeError, match=r"lse .* must be \(batch, heads_q, seqlen_q\)"):
+            torch.ops.numbatc.attention_backward(q, k, k, q, lse.transpose(1, 2), q)
+
+
+def _plain_attention(q, k, v, causal, scale):
+    """(out, lse) with torch's own autograd (float64)."""
+    g = q.shape[2] // k.shape[2]
+    kk, vv = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq), float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1), vv), torch.logsumexp(s, -1)
+
+
+@pytest.mark.parametrize("op", ["attention", "attention_lse"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_autograd_formulas_run_attention_backward(op, causal):
+    """loss.backward() through the ops (their CPU stand-ins here) runs the registered formulas,
+    which call numbatc::attention_backward: the gradients of q, k, v (GQA) match torch's own
+    autograd in float64, through lse too; sum()'s expanded gradient is taken."""
+    q, k, v = (torch.randn(*s, dtype=torch.float64, requires_grad=True)
+               for s in ((2, 5, 4, 8), (2, 7, 2, 8), (2, 7, 2, 8)))
+    w, wl = torch.randn(2, 5, 4, 8, dtype=torch.float64), torch.randn(2, 4, 5, dtype=torch.float64)
+    if op == "attention":
+        loss = (torch.ops.numbatc.attention(q, k, v, causal, 0.3) * w).sum()
+    else:
+        out, lse = torch.ops.numbatc.attention_lse(q, k, v, causal, 0.3)
+        loss = (out * w).sum() + (lse.double() * wl).sum()
+    got = torch.autograd.grad(loss, (q, k, v))
+    out, lse = _plain_attention(q, k, v, causal, 0.3)
+    ref_loss = (out * w).sum() + ((lse * wl).sum() if op == "attention_lse" else 0)
+    want = torch.autograd.grad(ref_loss, (q, k, v))
+    for g, r in zip(got, want):  # lse is float32: its gradient is rounded once
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+    got = torch.autograd.grad(torch.ops.numbatc.attention(q, k, v, causal, None).sum(), (q,))
+    want = torch.autograd.grad(_plain_attention(q, k, v, causal, 8 ** -0.5)[0].sum(), (q,))
+    torch.testing.assert_close(got[0], want[0])
 
 
 def test_compile_fullgraph_traces_the_plain_functions():

@@ -822,3 +822,13 @@ def varlen_arguments(p, keep):
         return None
     return (operands.flat_array(p.cu_seqlens_q, keep), operands.flat_array(p.cu_seqlens_k, keep),
             p.seqlen_q)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pieces numbatc.kernels.sm80_attention_backward builds on (public names for them)
+# ---------------------------------------------------------------------------------------------
+
+emit_loader = _loader
+operand = _operand
+strides3 = _strides3
+aligned = _aligned

@@ -7,11 +7,18 @@ each with a fake (meta) implementation giving the result's shape, dtype and stri
     numbatc::attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None)
                   -> Tensor
     numbatc::attention_lse(... as attention) -> (Tensor out, Tensor lse)
+    numbatc::attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
+                  Tensor dout, bool causal=False, float? scale=None, Tensor? dlse=None)
+                  -> (Tensor dq, Tensor dk, Tensor dv)
     numbatc::softmax(Tensor x) -> Tensor
     numbatc::gemm_softmax(Tensor a, Tensor b, Tensor? bias=None, float scale=1.) -> Tensor
 
 The kernels are registered for CUDA tensors only; results are new row-major (contiguous)
-tensors, as the eager calls return.  Forward only (no autograd formula).  ``register()`` also
+tensors, as the eager calls return.  ``attention`` and ``attention_lse`` have autograd
+formulas (``torch.library.register_autograd``) that run ``attention_backward``, so
+``loss.backward()`` works through them: attention_lse's saves its lse (and takes the gradient
+through lse too); attention's saves its output and recomputes the lse with one more forward
+(call attention_lse where that forward counts).  The others are forward only.  ``register()`` also
 tells dynamo to trace ``numbatc.gemm`` / ``attention`` / ``softmax`` / ``gemm_softmax`` as
 these ops (``torch.compiler.substitute_in_graph``), so a model calling the plain functions
 compiles with fullgraph=True too; arguments the ops do not take (out=, a user epilogue, FP8
@@ -100,6 +107,27 @@ def _define():
         return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]),
                                                  dtype=torch.float32)
 
+    @torch.library.custom_op("numbatc::attention_backward", mutates_args=(),
+                             device_types="cuda")
+    def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                           dout: Tensor, causal: bool = False, scale: Optional[float] = None,
+                           dlse: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+        return tuple(numbatc.attention_backward(q, k, v, out, lse, dout, causal=causal,
+                                                scale=scale, dlse=dlse))
+
+    @attention_backward.register_fake
+    def _(q, k, v, out, lse, dout, causal=False, scale=None, dlse=None):
+        _check_attention(q, k, v)
+        torch._check(out.shape == q.shape and dout.shape == q.shape, lambda: (
+            f"numbatc::attention_backward: out {tuple(out.shape)} and dout "
+            f"{tuple(dout.shape)} must have q's shape {tuple(q.shape)}"))
+        torch._check(lse.shape == (q.shape[0], q.shape[2], q.shape[1]), lambda: (
+            f"numbatc::attention_backward: lse {tuple(lse.shape)} must be (batch, heads_q, "
+            f"seqlen_q) = {(q.shape[0], q.shape[2], q.shape[1])}"))
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    _register_attention_autograd(attention, attention_lse)
+
     @torch.library.custom_op("numbatc::softmax", mutates_args=(), device_types="cuda")
     def softmax(x: Tensor) -> Tensor:
         return numbatc.softmax(x)
@@ -120,8 +148,55 @@ def _define():
             f"numbatc::gemm_softmax: a {tuple(a.shape)} @ b {tuple(b.shape)}"))
         return a.new_empty((a.shape[0], b.shape[1]))
 
-    OPS.update(gemm=gemm, attention=attention, attention_lse=attention_lse, softmax=softmax,
-               gemm_softmax=gemm_softmax)
+    OPS.update(gemm=gemm, attention=attention, attention_lse=attention_lse,
+               attention_backward=attention_backward, softmax=softmax, gemm_softmax=gemm_softmax)
+
+
+def _attention_args(inputs):
+    """(q, k, v, causal, scale) of an attention op's inputs (the schema's defaults filled)."""
+    q, k, v, *rest = inputs
+    return q, k, v, bool(rest[0]) if rest else False, rest[1] if len(rest) > 1 else None
+
+
+def _register_attention_autograd(attention, attention_lse):
+    """The autograd formulas of numbatc::attention and numbatc::attention_lse (see the module
+    docstring): dq, dk, dv from numbatc::attention_backward; causal and scale get none."""
+
+    def grads(ctx, grad_out, grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        elif grad_out.stride(-1) != 1:  # an expanded gradient (sum()'s): head_dim must be dense
+            grad_out = grad_out.contiguous()
+        dq, dk, dv = torch.ops.numbatc.attention_backward(q, k, v, out, lse, grad_out,
+                                                          ctx.causal, ctx.scale, grad_lse)
+        return dq, dk, dv, None, None
+
+    def setup_lse(ctx, inputs, output):
+        q, k, v, ctx.causal, ctx.scale = _attention_args(inputs)
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse)
+
+    def backward_lse(ctx, grad_out, grad_lse):
+        return grads(ctx, grad_out, grad_lse)
+
+    attention_lse.register_autograd(backward_lse, setup_context=setup_lse)
+
+    def setup(ctx, inputs, output):
+        q, k, v, ctx.causal, ctx.scale = _attention_args(inputs)
+        ctx.save_for_backward(q, k, v, output)
+
+    def backward(ctx, grad_out):
+        q, k, v, out = ctx.saved_tensors
+        # the forward kept no lse: recompute it (its out is the saved one, bit for bit)
+        _, lse = torch.ops.numbatc.attention_lse(q, k, v, ctx.causal, ctx.scale)
+        if grad_out.stride(-1) != 1:
+            grad_out = grad_out.contiguous()
+        dq, dk, dv = torch.ops.numbatc.attention_backward(q, k, v, out, lse, grad_out,
+                                                          ctx.causal, ctx.scale, None)
+        return dq, dk, dv, None, None
+
+    attention.register_autograd(backward, setup_context=setup)
 
 
 def _eager_only(what):
