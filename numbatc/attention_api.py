@@ -549,7 +549,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
     for name, ca in (("q", Q), ("k_cache", K), ("v_cache", V)):
         _check_4d(name, ca, shapes)
         if ca.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {ca.dtype}, not supported; supported: {_ACCEPTED_DTYPES}")
+            raise TypeError(f"{name} has dtype {ca.dtype}, not supported; supported: "
+                            f"{_ACCEPTED_DTYPES}")
     if not Q.dtype == K.dtype == V.dtype:
         raise TypeError(f"q, k_cache and v_cache must have one dtype; got q {Q.dtype}, k_cache "
                         f"{K.dtype}, v_cache {V.dtype}")

@@ -794,7 +794,8 @@ def launch(p, cfg: AttnConfig):
     launch_flat(cfg, var, *args, stream=stream, varlen=varlen_arguments(p, keep),
                 kv=kv_arguments(p, keep))
     if keep or p.varlen or p.kv_cache or os.environ.get("NUMBATC_PRINT_CONFIG"):
-        return None  # q, k or v packed (a later call decides again), varlen, KV cache, no warm calls
+        return None  # q, k or v packed (a later call decides again), varlen, KV cache, or
+        # no warm calls
     return pointer_relaunch(kernel_for(cfg, var), grid_for(cfg, p.batch, p.heads_q, p.seqlen_q),
                             cfg.threads, signature(var), shared_bytes(cfg, var), args,
                             cfg.block_m)

@@ -289,7 +289,8 @@ def check_kvcache(b, sq, lens, hq, hkv, d, causal, dtype="bfloat16", page_size=N
         raise AssertionError(f"{what}: {bad.sum()} bad outputs, first at {i}: got {got[i]!r}, "
                              f"want {ref[i]!r} +- {tol[i]:.3g}")
     empty = np.isinf(ref_lse)
-    assert np.array_equal(np.isneginf(lse), empty), f"{what}: lse -inf where no key is seen, only there"
+    assert np.array_equal(np.isneginf(lse), empty), (f"{what}: lse -inf where no key is seen, "
+                                                      "only there")
     lse_tol = 1e-5 * (1 + sbound)
     bad = ~(np.abs(np.where(empty, 0, lse) - np.where(empty, 0, ref_lse)) <= lse_tol)
     if bad.any():
