@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 from numbatc.interop import bfloat16, float4_e2m1, float8_e4m3, float8_e5m2  # noqa: E402
 from numbatc.gemm_api import gemm  # noqa: E402  (the module is numbatc.gemm_api)
 from numbatc.softmax_api import gemm_softmax, softmax  # noqa: E402  (the module is numbatc.softmax_api)
-from numbatc.attention_api import attention, attention_varlen  # noqa: E402  (the module is numbatc.attention_api)
+from numbatc.attention_api import attention, attention_varlen, attention_with_kvcache  # noqa: E402  (the module is numbatc.attention_api)
 from numbatc.attention_backward_api import attention_backward  # noqa: E402  (the module is numbatc.attention_backward_api)
 from numbatc._capture import CaptureError  # noqa: E402
 from numbatc.precompile import precompile  # noqa: E402  (the function; it hides the module)

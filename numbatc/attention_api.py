@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 from functools import cached_property
 
 import numpy as np
@@ -24,7 +25,8 @@ from numbatc.interop import alloc, arrays, streams
 from numbatc.interop.arrays import CudaArray
 from numbatc.interop.probes import allocate_probed, probe
 
-__all__ = ["attention", "attention_varlen", "AttentionProblem", "DTYPES", "HEAD_DIMS"]
+__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "AttentionProblem", "DTYPES",
+           "HEAD_DIMS", "PAGE_MULTIPLE"]
 
 #: input (and output) dtypes; softmax and accumulation are float32 for both.
 DTYPES = ("float16", "bfloat16")
@@ -57,7 +59,14 @@ class AttentionProblem:
     ``cu_seqlens_k`` int32 (batch + 1,) contiguous device CudaArrays (sequence b: rows
     cu_seqlens[b] .. cu_seqlens[b + 1] - 1), ``batch`` the number of sequences, ``seqlen_q`` and
     ``seqlen_k`` max_seqlen_q and max_seqlen_k (the longest sequence may be shorter), lse
-    (heads_q, total_q); causal aligns each sequence's bottom right."""
+    (heads_q, total_q); causal aligns each sequence's bottom right.
+
+    KV-cache problems (numbatc.attention_with_kvcache, ``kv_cache`` True): ``cache_seqlens`` an
+    int32 (batch,) contiguous device CudaArray (sequence b's key count), ``seqlen_k`` the
+    cache's capacity (what any sequence may hold: the kernels clamp cache_seqlens to it); k and
+    v (batch, seqlen_cache, heads_kv, head_dim), or, ``paged`` (``block_table`` an int32 (batch,
+    max_blocks) device CudaArray, last dimension contiguous), (num_blocks, page_size, heads_kv,
+    head_dim) pages, key j of sequence b in page block_table[b, j // page_size]."""
 
     q: CudaArray
     k: CudaArray
@@ -78,10 +87,21 @@ class AttentionProblem:
     stream_handle: int
     cu_seqlens_q: CudaArray | None = None
     cu_seqlens_k: CudaArray | None = None
+    cache_seqlens: CudaArray | None = None
+    block_table: CudaArray | None = None
+    page_size: int = 0
 
     @property
     def varlen(self) -> bool:
         return self.cu_seqlens_q is not None
+
+    @property
+    def kv_cache(self) -> bool:
+        return self.cache_seqlens is not None
+
+    @property
+    def paged(self) -> bool:
+        return self.block_table is not None
 
     @property
     def group(self) -> int:
@@ -471,6 +491,201 @@ def _check_prefix_sums(name, cu, total, max_name, max_seqlen):
         b = int(np.argmax(steps))
         raise ValueError(f"{max_name} ({max_seqlen}) is smaller than sequence {b}'s length "
                          f"{steps[b]} ({name}[{b + 1}] - {name}[{b}])")
+
+
+# ---------------------------------------------------------------------------------------------
+# numbatc.attention_with_kvcache: a KV cache, contiguous or paged (flash_attn_with_kvcache's form)
+# ---------------------------------------------------------------------------------------------
+
+#: a paged cache's page_size must be a multiple of this (vLLM's 16, flash-attn's 256 ...): the
+#: kernels look a page up once per 16-key group of a tile, which then never straddles a page
+PAGE_MULTIPLE = 16
+_KV_SHAPES = {"q": _SHAPES["q"], "out": _SHAPES["out"],
+              "k_cache": "(batch, seqlen_cache, heads_kv, head_dim)",
+              "v_cache": "(batch, seqlen_cache, heads_kv, head_dim)"}
+_PAGED_SHAPES = {**_KV_SHAPES, "k_cache": "(num_blocks, page_size, heads_kv, head_dim)",
+                 "v_cache": "(num_blocks, page_size, heads_kv, head_dim)"}
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
+                           causal=False, scale=None, out=None, return_lse=False):
+    """:func:`attention` of new queries against a KV cache, contiguous or paged, with flash-attn's
+    ``flash_attn_with_kvcache`` conventions (its k=/v= append of new keys into the cache, rotary
+    embeddings, cache_batch_idx, windows and softcap are not provided: write new keys into the
+    cache first).
+
+    q (batch, seqlen_q, heads_q, head_dim).  Without ``block_table``, k_cache and v_cache are
+    (batch, seqlen_cache, heads_kv, head_dim) and sequence b uses its first
+    ``cache_seqlens[b]`` keys.  With ``block_table`` (int32 (batch, max_blocks_per_seq), last
+    dimension contiguous) they are pages (num_blocks, page_size, heads_kv, head_dim), the vLLM /
+    FlashInfer layout: key j of sequence b is row ``j % page_size`` of page
+    ``block_table[b, j // page_size]``; page_size must be a multiple of 16 (:data:`PAGE_MULTIPLE`:
+    vLLM's 16, flash-attn's 256 ...).  ``cache_seqlens``: int32 (batch,) on q's device, a host
+    array (NumPy, list, CPU tensor: copied each call) or an int for every sequence; block_table
+    may be a host array too.  dtypes (float16 / bfloat16, one for all), head dims (multiples of
+    8 up to 256), GQA / MQA (heads_q a multiple of heads_kv), ``scale`` and ``out`` as in
+    :func:`attention`.  ``causal`` aligns each sequence's bottom right: query i sees keys
+    j <= i + cache_seqlens[b] - seqlen_q (a query that sees no key gets 0 and lse -inf).
+    Returns the output (q's shape), or ``(out, lse)`` with ``return_lse=True``, lse float32
+    (batch, heads_q, seqlen_q).
+
+    Kernels: seqlen_q <= 16 runs the flash-decoding kernel (sm80_decode_attention, each
+    sequence's keys split across blocks by its own length), longer queries (prefill over a
+    cached prefix) the portable kernel (sm80_attention); both on every GPU of compute
+    capability 8.0 and newer.  No warm call (each call is checked).
+
+    Checks: device cache_seqlens and block_table are read back to the host (a small copy that
+    waits for the stream) and checked -- 0 <= cache_seqlens[b] <= the cache's capacity
+    (seqlen_cache, or max_blocks_per_seq * page_size) and the entries a sequence uses
+    (its first ceil(cache_seqlens[b] / page_size)) in 0 .. num_blocks - 1 -- except while the
+    stream captures a CUDA graph, where they are not.  Whatever they hold, the kernels clamp
+    cache_seqlens to the capacity and page numbers to 0 .. num_blocks - 1: no read outside
+    k_cache or v_cache (results of values that break the rules are unspecified)."""
+    paged = block_table is not None
+    shapes = _PAGED_SHAPES if paged else _KV_SHAPES
+    Q = arrays.as_cuda_array(q, "q")
+    K = arrays.as_cuda_array(k_cache, "k_cache")
+    V = arrays.as_cuda_array(v_cache, "v_cache")
+    for name, ca in (("q", Q), ("k_cache", K), ("v_cache", V)):
+        _check_4d(name, ca, shapes)
+        if ca.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {ca.dtype}, not supported; supported: "
+                            f"{_ACCEPTED_DTYPES}")
+    if not Q.dtype == K.dtype == V.dtype:
+        raise TypeError(f"q, k_cache and v_cache must have one dtype; got q {Q.dtype}, k_cache "
+                        f"{K.dtype}, v_cache {V.dtype}")
+    if K.shape != V.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape {shapes['k_cache']}; got "
+                         f"k_cache {K.shape}, v_cache {V.shape}")
+    batch, seqlen_q, heads_q, head_dim = Q.shape
+    blocks, rows, heads_kv, kd = K.shape
+    _check_heads(head_dim, kd, heads_q, heads_kv)
+    _check_flags(causal, return_lse)
+    scale = _scale(scale, head_dim)
+    OUT = _checked_out(out, Q, K, V, shapes)
+    device, cc = _checked_device(Q, K, V, OUT)
+    stream = streams.stream_handle(q)
+    BT = host_bt = None
+    page_size = 0
+    if paged:
+        page_size = rows
+        if page_size == 0 or page_size % PAGE_MULTIPLE:
+            raise ValueError(f"page_size (k_cache.shape[1]) must be a positive multiple of "
+                             f"{PAGE_MULTIPLE}, got {page_size}")
+        BT, host_bt = _int32_input("block_table", block_table, 2, "(batch, max_blocks_per_seq)",
+                                   Q)
+        if BT.shape[0] != batch:
+            raise ValueError(f"block_table has {BT.shape[0]} rows; it must have one per sequence "
+                             f"(batch {batch})")
+        capacity = BT.shape[1] * page_size if blocks else 0
+        room = (f"the pages block_table holds ({BT.shape[1]} a sequence x page_size "
+                f"{page_size})" if blocks else "the pages of k_cache (none)")
+    else:
+        if blocks != batch:
+            raise ValueError(f"q has batch {batch} but k_cache and v_cache have batch {blocks}")
+        capacity = rows
+        room = f"the cache's seqlen_cache ({rows})"
+    if capacity >= 2**31:
+        raise ValueError(f"the cache holds {capacity} keys a sequence; at most 2**31 - 1")
+    if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens,
+                                                                       (bool, np.bool_)):
+        if not 0 <= cache_seqlens < 2**31:
+            raise ValueError(f"cache_seqlens must be in 0 .. 2**31 - 1, got {cache_seqlens}")
+        cache_seqlens = np.full(batch, cache_seqlens, np.int32)
+    CS, host_cs = _int32_input("cache_seqlens", cache_seqlens, 1, "(batch,)", Q)
+    if CS.shape != (batch,):
+        raise ValueError(f"cache_seqlens must have shape (batch,) = ({batch},), got {CS.shape}")
+
+    if OUT is None:
+        result = alloc.allocate_like(q, Q.shape, Q.dtype)
+        OUT = arrays.as_cuda_array(result, "out")
+    else:
+        result = out
+    lse_result = LSE = None
+    if return_lse:
+        lse_result = alloc.allocate_like(q, (batch, heads_q, seqlen_q), "float32")
+        LSE = arrays.as_cuda_array(lse_result, "lse")
+    done = (result, lse_result) if return_lse else result
+    if batch == 0 or seqlen_q == 0 or heads_q == 0:
+        return done
+    if host_cs is not None:
+        CS = _int32_to_device("cache_seqlens", host_cs, q, stream)
+    if host_bt is not None:
+        BT = _int32_to_device("block_table", host_bt, q, stream)
+    if not _capture.is_capturing(stream):
+        if host_cs is None:
+            host_cs = _host_copy(CS, stream)
+        if paged and host_bt is None:
+            host_bt = _host_copy(BT, stream)
+        _check_cache(host_cs, capacity, room, host_bt, page_size, blocks)
+    problem = AttentionProblem(
+        q=Q, k=K, v=V, out=OUT, lse=LSE, batch=batch, seqlen_q=seqlen_q, seqlen_k=capacity,
+        heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, causal=bool(causal), scale=scale,
+        dtype=Q.dtype, device=device if device is not None else OUT.device, cc=cc,
+        stream_handle=stream, cache_seqlens=CS, block_table=BT, page_size=page_size)
+    _launch(problem)
+    return done
+
+
+def _int32_input(name, x, ndim, shape, Q):
+    """(int32 CudaArray, None) for a device array, checked (int32, ``ndim``-D, last dimension
+    contiguous, q's device); (a stand-in with the shape, the int32 host values) for a host one
+    (copied over by :func:`_int32_to_device` when there is something to compute)."""
+    if _is_host(x):
+        host = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+        if host.ndim != ndim:
+            raise ValueError(f"{name} must be {ndim}-D {shape}, got shape {host.shape}")
+        if host.dtype.kind not in "iu":
+            raise TypeError(f"{name} must hold integers (int32 on the device), got dtype "
+                            f"{host.dtype}")
+        if host.size and (host.min() < -2**31 or host.max() >= 2**31):
+            raise ValueError(f"{name}'s values must fit in int32, got {host.min()} .. "
+                             f"{host.max()}")
+        host = np.ascontiguousarray(host, dtype=np.int32)
+        return SimpleNamespace(shape=host.shape), host
+    ca = arrays.as_cuda_array(x, name)
+    if ca.dtype != "int32":
+        raise TypeError(f"{name} must be int32, got {ca.dtype}")
+    if ca.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {shape}, got shape {ca.shape}")
+    if ca.size and ca.shape[-1] > 1 and ca.strides[-1] != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension, got strides "
+                         f"{ca.strides} (in elements)")
+    if ca.size and any(s < 0 for n, s in zip(ca.shape, ca.strides) if n > 1):
+        raise ValueError(f"{name} has a negative stride {ca.strides}")
+    arrays.same_device(Q, ca, names=("q", name))  # a ValueError naming both where they differ
+    return ca, None
+
+
+def _int32_to_device(name, host, q, stream):
+    """A device copy of host int32 values, on q's device and ``stream``."""
+    _capture.refuse_if_capturing(stream, f"copy host {name} to the device",
+                                 "pass it as an int32 device array")
+    ca = arrays.as_cuda_array(alloc.allocate_like(q, host.shape, "int32"), name)
+    _host_to_device(ca, host, stream)
+    return ca
+
+
+def _check_cache(seqlens, capacity, room, table, page_size, blocks):
+    """ValueError unless every 0 <= seqlens[b] <= capacity and, for a paged cache, the
+    block_table entries each sequence uses are page numbers of k_cache."""
+    seqlens = np.asarray(seqlens, dtype=np.int64)
+    if seqlens.size and seqlens.min() < 0:
+        b = int(np.argmin(seqlens))
+        raise ValueError(f"cache_seqlens[{b}] = {seqlens[b]} is negative")
+    if seqlens.size and seqlens.max() > capacity:
+        b = int(np.argmax(seqlens))
+        raise ValueError(f"cache_seqlens[{b}] = {seqlens[b]} is more keys than {room}")
+    if table is None:
+        return
+    used = -(-seqlens // page_size)
+    table = np.asarray(table, dtype=np.int64)
+    bad = (np.arange(table.shape[1])[None, :] < used[:, None]) & ((table < 0) | (table >= blocks))
+    if bad.any():
+        b, j = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"block_table[{b}, {j}] = {table[b, j]} is not a page of k_cache (0 .. "
+                         f"{blocks - 1}); sequence {b} uses its first {used[b]} entries "
+                         f"(cache_seqlens {seqlens[b]}, page_size {page_size})")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,7 +35,9 @@ decode shapes (the flash-decoding kernel, numbatc.kernels.sm80_decode_attention)
 SDPA (fastest backend, GQA through ``enable_gqa`` or expanded K/V): batch 1 / 8 / 32 x seqlen_q
 1 / 4 x seqlen_k 4096 .. 131072, 32 query heads over 8 KV heads, head_dim 128, no mask (SDPA's
 is_causal aligns top-left, numbatc's bottom-right); the device's copy bandwidth is measured
-first and each row gives GB/s of K and V read once and that as % of it.
+first and each row gives GB/s of K and V read once and that as % of it.  ``--paged N``:
+numbatc.attention_with_kvcache over pages of N rows (shuffled block tables), timed as CUDA graph
+replays, against SDPA on the same keys gathered into a contiguous cache.
 
 ``python -m numbatc.bench softmax [--shapes quick] [--csv F]``: numbatc.softmax against
 torch.softmax (rows 1024..32768 x row lengths 256..32768; GB/s of one read and one write, ratio),
@@ -594,21 +596,7 @@ def bench_decode(shapes, dtype="bfloat16", reps=20, heads=(32, 8), head_dim=128,
         first = time.perf_counter() - t0
         config = _chosen_attention(lambda: numbatc.attention(q, k, v, out=out))
         ours = _time_gpu(lambda: numbatc.attention(q, k, v, out=out), torch, reps)
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # SDPA's (B, H, S, D), same memory
-        extra = {"enable_gqa": True} if gqa else {}
-        if not gqa:  # an old torch: K and V expanded to every query head (not timed)
-            kt, vt = (x.repeat_interleave(hq // hkv, dim=1) for x in (kt, vt))
-        theirs, backend, ref = float("inf"), "none", None
-        for name, context in _sdpa_backends(torch):
-            try:
-                with context():
-                    ref = F.scaled_dot_product_attention(qt, kt, vt, **extra)
-                    ms = _time_gpu(lambda: F.scaled_dot_product_attention(qt, kt, vt, **extra),
-                                   torch, reps)
-            except RuntimeError:  # this backend does not take the shape
-                continue
-            if ms < theirs:
-                theirs, backend = ms, name
+        theirs, backend, ref = _sdpa_decode(q, k, v, gqa, reps)
         err = float("nan") if ref is None else (out - ref.transpose(1, 2)).abs().max().item()
         rows.append(dict(batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv,
                          head_dim=head_dim, dtype=dtype, numbatc_ms=ours, ref_ms=theirs,
@@ -617,7 +605,108 @@ def bench_decode(shapes, dtype="bfloat16", reps=20, heads=(32, 8), head_dim=128,
                          max_abs_err=err, config=config))
         progress.step(f"b={b} sq={sq} sk={sk}: {rows[-1]['numbatc_gbs']:.0f} GB/s, "
                       f"{rows[-1]['ratio']:.2f}x SDPA ({backend})")
-        q = k = v = out = qt = kt = vt = ref = None
+        q = k = v = out = ref = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _sdpa_decode(q, k, v, gqa, reps):
+    """(ms, backend, output in SDPA's (B, H, Sq, D)) of torch SDPA's fastest backend on q
+    (B, Sq, Hq, D) against contiguous k, v (B, Sk, Hkv, D); (inf, 'none', None) where none
+    takes the shape."""
+    import torch
+    import torch.nn.functional as F
+
+    hq, hkv = q.shape[2], k.shape[2]
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # SDPA's (B, H, S, D), same memory
+    extra = {"enable_gqa": True} if gqa else {}
+    if not gqa:  # an old torch: K and V expanded to every query head (not timed)
+        kt, vt = (x.repeat_interleave(hq // hkv, dim=1) for x in (kt, vt))
+    theirs, backend, ref = float("inf"), "none", None
+    for name, context in _sdpa_backends(torch):
+        try:
+            with context():
+                out = F.scaled_dot_product_attention(qt, kt, vt, **extra)
+                ms = _time_gpu(lambda: F.scaled_dot_product_attention(qt, kt, vt, **extra),
+                               torch, reps)
+        except RuntimeError:  # this backend does not take the shape
+            continue
+        ref = out
+        if ms < theirs:
+            theirs, backend = ms, name
+    return theirs, backend, ref
+
+
+def bench_decode_paged(shapes, page_size, dtype="bfloat16", reps=20, heads=(32, 8),
+                       head_dim=128, max_bytes=24e9):
+    """numbatc.attention_with_kvcache on decode shapes over a paged cache (``page_size`` rows a
+    page, every sequence's pages shuffled over the pool, cache_seqlens = seqlen_k), timed as
+    serving runs it: the call captured once in a CUDA graph and the graph replayed (a checked
+    call reads cache_seqlens and the block table back to the host: its time, synchronised, is
+    the row's ``checked_call_us``).  Reference: torch SDPA's fastest backend on the same keys
+    gathered into a contiguous cache (the gather not timed).  GB/s count K and V once."""
+    import torch
+    import torch.nn.functional as F
+
+    import numbatc
+
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    hq, hkv = heads
+    gqa = _sdpa_takes_gqa(torch, F)
+    rows = []
+    progress = Progress(len(shapes), f"decode paged {page_size}")
+    for b, sq, sk in shapes:
+        kv_bytes = 2 * b * sk * hkv * head_dim * 2
+        if 2 * kv_bytes > max_bytes:  # the pages and the gathered copy
+            progress.step(f"b={b} sq={sq} sk={sk}: skipped ({kv_bytes / 1e9:.0f} GB of K and V)")
+            continue
+        blocks = -(-sk // page_size)
+        q = torch.randn(b, sq, hq, head_dim, device="cuda", dtype=tdt)
+        kp, vp = (torch.randn(b * blocks, page_size, hkv, head_dim, device="cuda", dtype=tdt)
+                  for _ in range(2))
+        table = torch.randperm(b * blocks, device="cuda").to(torch.int32).view(b, blocks)
+        seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+        out = torch.empty_like(q)
+
+        def call():
+            numbatc.attention_with_kvcache(q, kp, vp, seqlens, block_table=table, out=out)
+
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        config = _chosen_attention(call)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+        checked_us = (time.perf_counter() - t0) / 5 * 1e6
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            call()  # warm on a side stream before capturing, as torch asks
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        ours = _time_gpu(graph.replay, torch, reps)
+        graph.replay()
+        kc, vc = (x[table.long()].reshape(b, blocks * page_size, hkv, head_dim)[:, :sk]
+                  for x in (kp, vp))
+        theirs, backend, ref = _sdpa_decode(q, kc, vc, gqa, reps)
+        torch.cuda.synchronize()
+        err = float("nan") if ref is None else (out - ref.transpose(1, 2)).abs().max().item()
+        rows.append(dict(batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv,
+                         head_dim=head_dim, dtype=dtype, page_size=page_size, numbatc_ms=ours,
+                         ref_ms=theirs, numbatc_gbs=kv_bytes / ours / 1e6,
+                         ref_gbs=kv_bytes / theirs / 1e6, ratio=theirs / ours,
+                         ref_backend=backend, first_call_s=first, checked_call_us=checked_us,
+                         max_abs_err=err, config=f"{config} paged{page_size}"))
+        progress.step(f"b={b} sq={sq} sk={sk}: {rows[-1]['numbatc_gbs']:.0f} GB/s, "
+                      f"{rows[-1]['ratio']:.2f}x SDPA ({backend}), checked call "
+                      f"{checked_us:.0f} us")
+        q = kp = vp = kc = vc = out = ref = graph = None
         torch.cuda.empty_cache()
     return rows
 
@@ -681,7 +770,12 @@ def main_decode(args):
     copy_gbs = copy_bandwidth(torch)
     print(f"device copy bandwidth: {copy_gbs:.0f} GB/s (read + write of 1 GiB)", flush=True)
     shapes = DECODE_ATTENTION_SHAPES[args.shapes]
-    rows = bench_decode(shapes, args.dtype, args.reps)
+    if args.paged:
+        rows = bench_decode_paged(shapes, args.paged, args.dtype, args.reps)
+        if args.configs:
+            raise SystemExit("--configs times numbatc.attention's configurations; drop --paged")
+    else:
+        rows = bench_decode(shapes, args.dtype, args.reps)
     if args.configs:
         from numbatc.kernels import sm80_decode_attention as decode
 
@@ -1067,6 +1161,10 @@ def _parser():
     decode.add_argument("--configs", action="store_true",
                         help="also time every sm80_decode_attention configuration "
                              "(NUMBATC_ATTN_KERNEL=decode:<name>)")
+    decode.add_argument("--paged", type=int, default=0, metavar="PAGE_SIZE",
+                        help="numbatc.attention_with_kvcache over a paged cache of PAGE_SIZE "
+                             "rows a page (a multiple of 16; shuffled pages), CUDA-graph "
+                             "replays timed, against SDPA on the gathered cache")
     for name, table in (("softmax", SOFTMAX_SHAPES), ("epilogue", EPILOGUE_SHAPES),
                         ("transformers", TRANSFORMERS_SHAPES)):
         p = sub.add_parser(name, parents=[common], help=_SUBCOMMANDS[name],

@@ -84,15 +84,20 @@ class AttnConfig:
 @dataclass(frozen=True)
 class AttnVariant:
     """What a kernel is specialised for besides its tiles: head_dim (a multiple of 8, <= 256),
-    the input/output dtype, causal masking, whether the log-sum-exp is stored, and ``varlen``:
+    the input/output dtype, causal masking, whether the log-sum-exp is stored, ``varlen``:
     packed variable-length sequences (numbatc.attention_varlen), each block reading its
-    sequence's rows from the cu_seqlens prefix sums (see :func:`kernel_source`)."""
+    sequence's rows from the cu_seqlens prefix sums, and the KV-cache forms
+    (numbatc.attention_with_kvcache): ``kv_cache``, each sequence's key count from
+    cache_seqlens, ``paged`` (with kv_cache), keys read through a block table (see
+    :func:`kernel_source`)."""
 
     head_dim: int
     dtype: str  # 'bfloat16' | 'float16'
     causal: bool
     with_lse: bool
     varlen: bool = False
+    kv_cache: bool = False
+    paged: bool = False
 
     @property
     def padded_dim(self):
@@ -302,7 +307,16 @@ def kernel_source(cfg: AttnConfig, var: AttnVariant) -> str:
     starts past its sequence's end returns at once.  The prefix sums are clamped to
     [0, total] and made non-decreasing in the kernel, so that whatever they hold no block reads
     or writes a row outside q, k, v, out or lse (numbatc.attention_varlen checks the values,
-    except under CUDA graph capture)."""
+    except under CUDA graph capture).
+
+    A KV-cache variant takes Sk_cap (the cache's capacity: seqlen_cache, or the block table's
+    pages times page_size) where the others take Sk, and five more arguments, ``seqlens, bt,
+    bt_sb, page_size, pages``: batch entry b has ``min(max(seqlens[b], 0), Sk_cap)`` keys (no
+    read past the cache whatever seqlens holds), causal aligned to its bottom right.  A paged
+    one reads key j of sequence b at page ``bt[b * bt_sb + j // page_size]`` (clamped to 0 ..
+    pages - 1), row j % page_size, k's and v's batch strides stepping pages
+    (numbatc.kernels.tiles.make_paged_kv_loader: one lookup per 16-row group of a tile, K and
+    V together)."""
     D, DP = var.head_dim, var.padded_dim
     PE, swizzled = shared_layout(DP)
     BM, BN, T = cfg.block_m, cfg.block_n, cfg.threads
@@ -358,6 +372,10 @@ def store_pair(out, base, v0, v1):
 ''')
     _loader(w, "kv", BN, DP // 8, D // 8, T)
     _loader(w, "q", BM, DP // 8, D // 8, T)
+    if var.paged:
+        w(f"""
+from numbatc.kernels.tiles import make_paged_kv_loader  # noqa: E402
+load_kv_paged = make_paged_kv_loader({BN}, {PE}, {swizzled}, {DP // 8}, {D // 8}, {T})""")
 
     # --- per-lane ldmatrix offsets ---------------------------------------------------------------
     # Lane l names row lr(l) and chunk cc + g(l) of its matrix (cc even, a compile-time constant):
@@ -383,8 +401,9 @@ def store_pair(out, base, v0, v1):
     # --- the kernel ------------------------------------------------------------------------------
     # q, k, v, out: flat (element (b, s, h, d) at b * sb + s * ss + h * sh + d); lse: (B, Hq, Sq).
     # varlen: element (row, h, d) at row * ss + h * sh + d; lse: (Hq, total_q).
-    sizes = "total_q, total_k" if var.varlen else "Sq, Sk"
-    extra = ", cu_q, cu_k" if var.varlen else ""
+    sizes = "total_q, total_k" if var.varlen else "Sq, Sk_cap" if var.kv_cache else "Sq, Sk"
+    extra = (", cu_q, cu_k" if var.varlen else
+             ", seqlens, bt, bt_sb, page_size, pages" if var.kv_cache else "")
     w(f'''
 
 @cuda.jit(cache=True)
@@ -414,6 +433,8 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
     Sk = min(max(np.int64(cu_k[b + 1]), k0), total_k) - k0
     if m0 >= Sq:
         return  # a block past its sequence's end (the grid covers max_seqlen_q)''')
+    if var.kv_cache:
+        w("    Sk = min(max(np.int64(seqlens[b]), 0), Sk_cap)  # this sequence's keys, clamped")
     # the element offsets of row 0 of this block's sequence (batch entry b)
     row0 = ({x: f"{r} * {x}_ss" for x, r in (("q", "q0"), ("k", "k0"), ("v", "k0"), ("o", "q0"))}
             if var.varlen else {x: f"b * {x}_sb" for x in "qkvo"})
@@ -425,6 +446,15 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
         n_tiles = 0
     else:
         n_tiles = min(n_tiles, last // {BN} + 1)''')
+    def load_tile(ks, vs, key0, kg, vg, ind="        "):
+        """Source of one K and V tile's loads: keys key0 .. (kg, vg: their first rows)."""
+        if var.paged:
+            return (f"load_kv_paged(smem, {ks}, {vs}, k, v, hk * k_sh, hk * v_sh, {key0}, "
+                    f"Sk - {key0}, t, bt, b * bt_sb, page_size, pages, k_sb, k_ss, v_sb, v_ss)")
+        rlim = "Sk" if key0 == "0" else f"Sk - {key0}"
+        return (f"load_kv(smem, {ks}, k, {kg}, k_ss, {rlim}, t)\n"
+                f"{ind}load_kv(smem, {vs}, v, {vg}, v_ss, {rlim}, t)")
+
     w(f'''    k_start = {row0["k"]} + hk * k_sh
     v_start = {row0["v"]} + hk * v_sh
     wrow = warp * {16 * MI}
@@ -433,8 +463,7 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
     # Prologue: Q and the first K/V tile in flight together.
     load_q(smem, 0, q, {row0["q"]} + h * q_sh + m0 * q_ss, q_ss, Sq - m0, t)
     if n_tiles > 0:
-        load_kv(smem, {QE}, k, k_start, k_ss, Sk, t)
-        load_kv(smem, {QE + 2 * KE}, v, v_start, v_ss, Sk, t)
+        {load_tile(QE, QE + 2 * KE, "0", "k_start", "v_start")}
     nt.cp_async_commit_group()
 ''')
     lane_vars("qa", "wrow + lane % 16", "lane // 16")
@@ -460,8 +489,8 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
         if n + 1 < n_tiles:
             nxt = (n + 1) * {BN}
             st = (n + 1) % 2
-            load_kv(smem, {QE} + st * {KE}, k, k_start + nxt * k_ss, k_ss, Sk - nxt, t)
-            load_kv(smem, {QE + 2 * KE} + st * {KE}, v, v_start + nxt * v_ss, v_ss, Sk - nxt, t)
+            {load_tile(f"{QE} + st * {KE}", f"{QE + 2 * KE} + st * {KE}", "nxt",
+                       "k_start + nxt * k_ss", "v_start + nxt * v_ss", "            ")}
         nt.cp_async_commit_group()
         n0 = n * {BN}
         kst = np.int32({QE} + (n % 2) * {KE})
@@ -573,6 +602,8 @@ def signature(var: AttnVariant):
 
     u16 = types.CPointer(types.uint16)
     cu = (types.CPointer(types.int32),) * 2 if var.varlen else ()  # cu_q, cu_k
+    if var.kv_cache:  # seqlens, bt, bt_sb, page_size, pages
+        cu = (types.CPointer(types.int32),) * 2 + (types.int64,) * 3
     return ((u16, u16, u16, u16, types.CPointer(types.float32)) + (types.int64,) * 17
             + (types.float32,) + cu)
 
@@ -583,7 +614,7 @@ def grid_for(cfg: AttnConfig, batch, heads_q, seqlen_q):
 
 def launch_flat(cfg: AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seqlen_q, seqlen_k,
                 heads_q, group, q_strides, k_strides, v_strides, o_strides, scale, stream=0,
-                varlen=None):
+                varlen=None, kv=None):
     """Launch the kernel.  q, k, v, out, lse are flat: device pointers (ints) on the GPU, 1-d
     arrays in the emulation; strides are (batch, seq, head) in elements, 16-byte multiples for
     q, k, v (and their starts 16-byte aligned).  ``lse`` is (batch, heads_q, seqlen_q) float32,
@@ -592,11 +623,17 @@ def launch_flat(cfg: AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seq
     A varlen variant takes ``varlen=(cu_q, cu_k, max_seqlen_q)`` (flat int32 operands, the grid's
     query rows per sequence); ``batch`` is then the number of sequences, ``seqlen_q`` and
     ``seqlen_k`` the rows of q and k (total_q, total_k), the batch strides are unused and lse
-    is (heads_q, total_q)."""
+    is (heads_q, total_q).
+
+    A KV-cache variant takes ``kv``, :func:`kv_arguments`' (seqlens, block table, its row
+    stride, page_size, pages); ``seqlen_k`` is then the cache's capacity."""
     from numba import config
 
     from intrinsics.launch import launch as launch_kernel
 
+    if var.kv_cache != (kv is not None):
+        raise ValueError(f"launch_flat: a {'KV-cache' if var.kv_cache else 'fixed-length'} "
+                         f"variant takes kv={'(...)' if var.kv_cache else 'None'}")
     if var.varlen != (varlen is not None):
         raise ValueError(f"launch_flat: a {'varlen' if var.varlen else 'fixed-length'} variant "
                          f"takes varlen={'(cu_q, cu_k, max_seqlen_q)' if var.varlen else 'None'}")
@@ -607,6 +644,8 @@ def launch_flat(cfg: AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seq
             *k_strides, *v_strides, *o_strides, np.float32(scale * LOG2E))
     if varlen is not None:
         args += tuple(varlen[:2])
+    if kv is not None:
+        args += tuple(kv)
     sig = None if config.ENABLE_CUDASIM else signature(var)
     launch_kernel(kernel, grid_for(cfg, batch, heads_q, rows), cfg.threads, args,
                   shared_bytes=shared_bytes(cfg, var), stream=stream, signature=sig)
@@ -722,7 +761,8 @@ def choose(p, name=None):
 def compiled(p, cfg: AttnConfig):
     """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
     arguments)."""
-    return cfg, AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None, p.varlen)
+    return cfg, AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None, p.varlen,
+                            p.kv_cache, p.paged)
 
 
 def launch(p, cfg: AttnConfig):
@@ -740,6 +780,9 @@ def launch(p, cfg: AttnConfig):
         packed = [n for n, ca in (("q", p.q), ("k", p.k), ("v", p.v)) if not _aligned(ca)]
         shape = (f"varlen sequences={p.batch} max_seqlen_q={p.seqlen_q} max_seqlen_k="
                  f"{p.seqlen_k}" if p.varlen else f"B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k}")
+        if p.kv_cache:
+            shape += (f" (KV cache{', paged: page_size ' + str(p.page_size) if p.paged else ''}"
+                      f"; Sk the capacity, lengths from cache_seqlens)")
         print(f"numbatc.attention {shape} Hq={p.heads_q} "
               f"Hkv={p.heads_kv} D={p.head_dim}{' causal' if p.causal else ''}: sm80_attention "
               f"{cfg.name} {p.dtype}{' +lse' if var.with_lse else ''}"
@@ -748,9 +791,11 @@ def launch(p, cfg: AttnConfig):
         print(f"numbatc.attention: sm80_attention {explain(p, cfg)}", file=sys.stderr)
     keep = []
     args, stream = kernel_arguments(p, keep)
-    launch_flat(cfg, var, *args, stream=stream, varlen=varlen_arguments(p, keep))
-    if keep or p.varlen or os.environ.get("NUMBATC_PRINT_CONFIG"):
-        return None  # q, k or v packed (a later call decides again), varlen, or no warm calls
+    launch_flat(cfg, var, *args, stream=stream, varlen=varlen_arguments(p, keep),
+                kv=kv_arguments(p, keep))
+    if keep or p.varlen or p.kv_cache or os.environ.get("NUMBATC_PRINT_CONFIG"):
+        return None  # q, k or v packed (a later call decides again), varlen, KV cache, or
+        # no warm calls
     return pointer_relaunch(kernel_for(cfg, var), grid_for(cfg, p.batch, p.heads_q, p.seqlen_q),
                             cfg.threads, signature(var), shared_bytes(cfg, var), args,
                             cfg.block_m)
@@ -822,6 +867,21 @@ def varlen_arguments(p, keep):
         return None
     return (operands.flat_array(p.cu_seqlens_q, keep), operands.flat_array(p.cu_seqlens_k, keep),
             p.seqlen_q)
+
+
+def kv_arguments(p, keep):
+    """launch_flat's ``kv`` for an AttentionProblem of numbatc.attention_with_kvcache: (seqlens,
+    block table, its row stride in elements, page_size, pages) with the int32 arrays flat
+    (device pointers on the GPU, 1-d arrays in the emulation; cache_seqlens stands in for the
+    block table of an unpaged cache, page_size and pages 0 there), or None for other problems."""
+    if not p.kv_cache:
+        return None
+    seqlens = operands.flat_array(p.cache_seqlens, keep)
+    if not p.paged:
+        return (seqlens, seqlens, 0, 0, 0)
+    bt = p.block_table
+    bt_sb = bt.strides[0] if bt.shape[0] > 1 else 0
+    return (seqlens, operands.flat_array(bt, keep), bt_sb, p.page_size, p.k.shape[0])
 
 
 # ---------------------------------------------------------------------------------------------

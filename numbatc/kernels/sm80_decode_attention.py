@@ -62,7 +62,8 @@ from numba import cuda  # a module global: the simulator swaps it in device func
 import intrinsics as nt
 from numbatc.kernels import split_k
 from numbatc.kernels.build import load_generated
-from numbatc.kernels.sm80_attention import kernel_arguments, shared_layout
+from numbatc.kernels.sm80_attention import kv_arguments, kernel_arguments, shared_layout
+from numbatc.kernels.tiles import make_paged_kv_loader
 
 __all__ = ["CONFIGS", "DecodeConfig", "DecodeVariant", "MAX_SEQLEN_Q", "MIN_SEQLEN_K",
            "choose", "choose_config", "compiled", "declines", "kernel_for", "kernel_source",
@@ -120,13 +121,19 @@ class DecodeConfig:
 
 @dataclass(frozen=True)
 class DecodeVariant:
-    """head_dim (a multiple of 8, <= 256), the input/output dtype, causal masking, and whether
-    the combine kernel stores the log-sum-exp."""
+    """head_dim (a multiple of 8, <= 256), the input/output dtype, causal masking, whether
+    the combine kernel stores the log-sum-exp, and the KV-cache forms
+    (numbatc.attention_with_kvcache): ``kv_cache``, each sequence's key count read from
+    cache_seqlens (clamped to the cache) and its keys split into the grid's splits by that
+    count; ``paged`` (with kv_cache), the keys read through a block table (one page lookup per
+    16-row group of a tile: numbatc.kernels.tiles.make_paged_kv_loader)."""
 
     head_dim: int
     dtype: str  # 'bfloat16' | 'float16'
     causal: bool
     with_lse: bool
+    kv_cache: bool = False
+    paged: bool = False
 
     @property
     def padded_dim(self):
@@ -234,7 +241,14 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
     q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, scale_log2)``: one block's keys
     [split * chunk, min(seqlen_k, (split + 1) * chunk)) for its rows, each warp's partial to the
     workspace (see the module docstring).  q, k, v: flat, element (b, s, h, d) at b * sb + s * ss
-    + h * sh + d."""
+    + h * sh + d.
+
+    KV-cache variants take five more arguments, ``seqlens, bt, bt_sb, page_size, pages``: Sk is
+    then the cache's capacity (seqlen_cache, or the block table's pages times page_size) and
+    sequence b has ``min(max(seqlens[b], 0), Sk)`` keys, split into chunks of ceil(its tiles /
+    n_splits) tiles (chunk_keys unused); paged ones read key j of sequence b at page
+    ``bt[b * bt_sb + j // page_size]`` (clamped to 0 .. pages - 1), row j % page_size, with k's
+    and v's batch strides stepping pages."""
     D, DP = var.head_dim, var.padded_dim
     PE, SWIZZLED = shared_layout(DP)
     MI, W, KPW, STAGES = cfg.m_tiles, cfg.warps, cfg.keys_per_warp, cfg.stages
@@ -263,6 +277,8 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
     MMA = nt.mma_sync("m16n8k16", ptx, ptx, "f32")
     CP = nt.cp_async_op(16, zfill=True)
     pack = nt.pack_bf16x2 if var.dtype == "bfloat16" else nt.pack_f16x2
+    KV, PAGED = var.kv_cache, var.paged
+    load_kv_paged = make_paged_kv_loader(BN, PE, SWIZZLED, CH, REAL, T)
 
     @cuda.jit(device=True, forceinline=True)
     def soff(r, c):
@@ -340,8 +356,9 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
         acc[at + 3] = d[3]
 
     @cuda.jit(device=True, forceinline=True)
-    def split_body(smem, q, k, v, ws_o, ws_lse, Sq, Sk, Hkv, G, M, m_blocks, n_splits, chunk_keys,
-                   q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, scale_log2):
+    def body(smem, q, k, v, ws_o, ws_lse, Sq, Sk, Hkv, G, M, m_blocks, n_splits, chunk_keys,
+             q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, scale_log2, seqlens, bt,
+             bt_sb, page_size, pages):
         t = cuda.threadIdx.x
         lane = t % 32
         warp = t // 32
@@ -357,6 +374,13 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
         b = bh // Hkv
         hk = bh % Hkv
         m0 = mb * BM
+        if KV:
+            # this sequence's keys (clamped to the cache: no read past it whatever cache_seqlens
+            # holds), split by their own count: every split of a short sequence works too
+            Sk = min(max(np.int64(seqlens[b]), 0), Sk)
+            tiles = np.uint32((Sk + (BN - 1)) // BN)
+            chunk_keys = np.int64(np.uint32(np.uint32(tiles + np.uint32(n_splits - 1))
+                                            // np.uint32(n_splits))) * BN
         kstart = split * chunk_keys
         kend = min(Sk, kstart + chunk_keys)
         n_tiles = (kend - kstart + (BN - 1)) // BN
@@ -378,9 +402,15 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
         for s in range(STAGES - 1):
             if s < n_tiles:
                 n0 = s * BN
-                load_kv(smem, QE + s * 2 * KE, k, k_start + n0 * k_ss, k_ss, Sk - kstart - n0, t)
-                load_kv(smem, QE + s * 2 * KE + KE, v, v_start + n0 * v_ss, v_ss,
-                        Sk - kstart - n0, t)
+                if PAGED:  # K and V through the block table, one lookup for both
+                    load_kv_paged(smem, QE + s * 2 * KE, QE + s * 2 * KE + KE, k, v, hk * k_sh,
+                                  hk * v_sh, kstart + n0, Sk - kstart - n0, t, bt, b * bt_sb,
+                                  page_size, pages, k_sb, k_ss, v_sb, v_ss)
+                else:
+                    load_kv(smem, QE + s * 2 * KE, k, k_start + n0 * k_ss, k_ss,
+                            Sk - kstart - n0, t)
+                    load_kv(smem, QE + s * 2 * KE + KE, v, v_start + n0 * v_ss, v_ss,
+                            Sk - kstart - n0, t)
             nt.cp_async_commit_group()
 
         # ---- per-lane ldmatrix rows and swizzle parts (see chunk):
@@ -442,10 +472,15 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
             nxt = n + STAGES - 1
             if nxt < n_tiles:
                 n0 = nxt * BN
-                load_kv(smem, QE + fill * 2 * KE, k, k_start + n0 * k_ss, k_ss,
-                        Sk - kstart - n0, t)
-                load_kv(smem, QE + fill * 2 * KE + KE, v, v_start + n0 * v_ss, v_ss,
-                        Sk - kstart - n0, t)
+                if PAGED:
+                    load_kv_paged(smem, QE + fill * 2 * KE, QE + fill * 2 * KE + KE, k, v,
+                                  hk * k_sh, hk * v_sh, kstart + n0, Sk - kstart - n0, t, bt,
+                                  b * bt_sb, page_size, pages, k_sb, k_ss, v_sb, v_ss)
+                else:
+                    load_kv(smem, QE + fill * 2 * KE, k, k_start + n0 * k_ss, k_ss,
+                            Sk - kstart - n0, t)
+                    load_kv(smem, QE + fill * 2 * KE + KE, v, v_start + n0 * v_ss, v_ss,
+                            Sk - kstart - n0, t)
             nt.cp_async_commit_group()
             kst = QE + st * 2 * KE
             vst = kst + KE
@@ -538,6 +573,16 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
                         x = (i * ND + d) * 4 + 2 * h
                         ws_o[at * D + 8 * d + tq] = o_acc[x] * inv
                         ws_o[at * D + 8 * d + tq + 1] = o_acc[x + 1] * inv
+
+    if KV:
+        return body
+
+    @cuda.jit(device=True, forceinline=True)
+    def split_body(smem, q, k, v, ws_o, ws_lse, Sq, Sk, Hkv, G, M, m_blocks, n_splits, chunk_keys,
+                   q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, scale_log2):
+        # the fixed-length form: KV-cache arguments unused (compile-time branches)
+        body(smem, q, k, v, ws_o, ws_lse, Sq, Sk, Hkv, G, M, m_blocks, n_splits, chunk_keys,
+             q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, scale_log2, q, q, 0, 0, 0)
 
     return split_body
 
@@ -675,7 +720,9 @@ MIN_BLOCKS = 2
 def kernel_source(cfg: DecodeConfig, var: DecodeVariant) -> str:
     """Python source of the module that holds the two kernels: entry points calling the bodies
     (the one place numba's disk cache can key them on numbatc's whole source, through
-    numbatc.kernels.build)."""
+    numbatc.kernels.build).  A KV-cache variant's split kernel takes the five KV-cache
+    arguments after the scale (see make_split_body)."""
+    kv = ", seqlens, bt, bt_sb, page_size, pages" if var.kv_cache else ""
     return f'''"""Generated by numbatc.kernels.sm80_decode_attention for {cfg.name}, {var}. Do not edit."""
 import numpy as np
 from numba import cuda
@@ -689,10 +736,10 @@ combine_body = make_combine_body({var!r})
 
 @cuda.jit(cache=True, launch_bounds=({cfg.threads}, {MIN_BLOCKS}))
 def split_kernel(q, k, v, ws_o, ws_lse, Sq, Sk, Hkv, G, M, m_blocks, n_splits, chunk_keys, q_sb,
-                 q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, scale_log2):
+                 q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, scale_log2{kv}):
     smem = cuda.shared.array(0, np.uint16, alignment=1024)
     split_body(smem, q, k, v, ws_o, ws_lse, Sq, Sk, Hkv, G, M, m_blocks, n_splits, chunk_keys,
-               q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, scale_log2)
+               q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, scale_log2{kv})
 
 
 @cuda.jit(cache=True)
@@ -716,23 +763,30 @@ def signature(var: DecodeVariant):
     from numba import types
 
     u16, f32 = types.CPointer(types.uint16), types.CPointer(types.float32)
-    return ((u16, u16, u16, f32, f32) + (types.int64,) * 17 + (types.float32,),
+    i32 = types.CPointer(types.int32)
+    kv = (i32, i32) + (types.int64,) * 3 if var.kv_cache else ()
+    return ((u16, u16, u16, f32, f32) + (types.int64,) * 17 + (types.float32,) + kv,
             (f32, f32, u16, f32) + (types.int64,) * 10)
 
 
 def launch_flat(cfg, var, q, k, v, out, lse, batch, seqlen_q, seqlen_k, heads_q, group,
                 q_strides, k_strides, v_strides, o_strides, scale, *, device, library=None,
-                stream=0, split=None):
+                stream=0, split=None, kv=None):
     """Launch the split kernel then the combine kernel on ``stream``.  q, k, v, out, lse are
     flat (device pointers on the GPU, 1-d arrays in the emulation; lse 0 / a dummy without
     with_lse), strides (batch, seq, head) in elements, q's, k's and v's 16-byte multiples.
     ``split``: (splits, keys per split), else :func:`splits_for`'s.  The workspace is
     numbatc.kernels.split_k's per-stream one (``library`` 'torch': torch's allocator while the
-    stream captures a graph)."""
+    stream captures a graph).  A KV-cache variant takes ``kv``: sm80_attention.kv_arguments'
+    (seqlens, block table, its row stride, page_size, pages); ``seqlen_k`` is then the cache's
+    capacity."""
     from numba import config
 
     from intrinsics.launch import launch as launch_kernel
 
+    if var.kv_cache != (kv is not None):
+        raise ValueError(f"launch_flat: a {'KV-cache' if var.kv_cache else 'fixed-length'} "
+                         f"variant takes kv={'(...)' if var.kv_cache else 'None'}")
     plan = _plan(cfg, var, batch, seqlen_q, seqlen_k, heads_q, group, q_strides, k_strides,
                  v_strides, o_strides, split)
     ws, _ = split_k.split_workspace(device, plan.ws_floats, 1, library)(stream)
@@ -744,7 +798,8 @@ def launch_flat(cfg, var, q, k, v, out, lse, batch, seqlen_q, seqlen_k, heads_q,
     split_kernel, combine_kernel = kernel_for(cfg, var)
     sig_split, sig_combine = (None, None) if emulated else signature(var)
     launch_kernel(split_kernel, plan.split_grid, cfg.threads,
-                  (q, k, v, ws_o, ws_lse, *plan.split_sizes, np.float32(scale * LOG2E)),
+                  (q, k, v, ws_o, ws_lse, *plan.split_sizes, np.float32(scale * LOG2E),
+                   *(kv or ())),
                   shared_bytes=shared_bytes(cfg, var), stream=stream, signature=sig_split)
     launch_kernel(combine_kernel, plan.combine_grid, plan.combine_threads,
                   (ws_o, ws_lse, out, lse, *plan.combine_sizes), stream=stream,
@@ -803,10 +858,11 @@ def unsupported(p):
 def declines(p):
     """Why the default walk (no NUMBATC_ATTN_KERNEL) gives a problem this kernel computes to
     the prefill kernels, or None: it takes decode shapes, seqlen_q <= MAX_SEQLEN_Q and seqlen_k
-    >= MIN_SEQLEN_K."""
+    >= MIN_SEQLEN_K; KV-cache problems (numbatc.attention_with_kvcache) at any seqlen_k (the
+    cache's capacity: the sequences' own lengths are on the device)."""
     if p.seqlen_q > MAX_SEQLEN_Q:
         return f"seqlen_q {p.seqlen_q} > {MAX_SEQLEN_Q} (not decode-shaped)"
-    if p.seqlen_k < MIN_SEQLEN_K:
+    if p.seqlen_k < MIN_SEQLEN_K and not p.kv_cache:
         return f"seqlen_k {p.seqlen_k} < {MIN_SEQLEN_K} (too few keys to split)"
     return None
 
@@ -823,7 +879,8 @@ def choose(p, name=None):
 
 def compiled(p, cfg: DecodeConfig):
     """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles."""
-    return cfg, DecodeVariant(p.head_dim, p.dtype, p.causal, p.lse is not None)
+    return cfg, DecodeVariant(p.head_dim, p.dtype, p.causal, p.lse is not None, p.kv_cache,
+                              p.paged)
 
 
 def launch(p, cfg: DecodeConfig):
@@ -846,18 +903,30 @@ def launch(p, cfg: DecodeConfig):
         print(f"numbatc.attention B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k} Hq={p.heads_q} "
               f"Hkv={p.heads_kv} D={p.head_dim}{' causal' if p.causal else ''}: "
               f"sm80_decode_attention {cfg.name} {p.dtype}{' +lse' if var.with_lse else ''}, "
-              f"{'forced by NUMBATC_ATTN_KERNEL (' + why + ')' if why else 'decode-shaped'}: "
+              f"{'forced by NUMBATC_ATTN_KERNEL (' + why + ')' if why else 'decode-shaped'}"
+              f"{_kv_words(p)}: "
               f"rows seqlen_q x group = {rows} in {-(-rows // cfg.block_m)} m block(s), "
               f"{split[0]} split(s) of {split[1]} keys, {split[0] * cfg.warps} partials a row",
               file=sys.stderr)
     keep = []
     args, stream = kernel_arguments(p, keep)
     library = getattr(p.q, "library", None)
-    launch_flat(cfg, var, *args, device=p.device, library=library, stream=stream, split=split)
+    launch_flat(cfg, var, *args, device=p.device, library=library, stream=stream, split=split,
+                kv=kv_arguments(p, keep))
     split_k.release_captured()  # a captured workspace: both launches are queued
-    if keep or os.environ.get("NUMBATC_PRINT_CONFIG"):
-        return None  # q, k or v packed (a later call decides again), or no warm calls
+    if keep or p.kv_cache or os.environ.get("NUMBATC_PRINT_CONFIG"):
+        return None  # q, k or v packed (a later call decides again), KV cache, no warm calls
     return pointer_relaunch(cfg, var, args, split, p.device, library)
+
+
+def _kv_words(p):
+    """NUMBATC_PRINT_CONFIG's words for a KV-cache problem ('' for none)."""
+    if not p.kv_cache:
+        return ""
+    if p.paged:
+        return (f", paged KV cache (page_size {p.page_size}, {p.block_table.shape[1]} pages a "
+                f"sequence: lengths from cache_seqlens, split by each one's own)")
+    return ", KV cache (lengths from cache_seqlens, split by each one's own)"
 
 
 def pointer_relaunch(cfg, var, args, split, device, library):

@@ -796,6 +796,9 @@ def unsupported(p):
     None."""
     if p.varlen:
         return "variable-length sequences (numbatc.attention_varlen) run on sm80_attention"
+    if p.kv_cache:
+        return ("KV-cache problems (numbatc.attention_with_kvcache) run on sm80_decode_attention "
+                "or sm80_attention")
     if p.head_dim not in HEAD_DIMS:
         return f"head_dim {p.head_dim} is not one of {HEAD_DIMS}"
     if p.dtype not in _PTX_TYPE:

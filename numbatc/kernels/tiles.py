@@ -1,14 +1,17 @@
 """The tile walk every GEMM kernel shares, as device code: which output tile (tm, tn) block
 ``pid`` computes.  Generated kernel modules instantiate it with their tile shape
 (``tile_coords = make_tile_coords(BM, BN)``); the functions are closures over the tile shape,
-so numba folds it as constants."""
+so numba folds it as constants.  Also the attention kernels' paged KV-cache loader
+(:func:`make_paged_kv_loader`)."""
 
 import functools
 
 import numpy as np
 from numba import cuda  # a module global: the simulator swaps it in device functions
 
-__all__ = ["make_tile_coords"]
+import intrinsics as nt
+
+__all__ = ["make_paged_kv_loader", "make_tile_coords"]
 
 
 @functools.cache
@@ -35,3 +38,87 @@ def make_tile_coords(bm, bn):
         return tm, tn
 
     return tile_coords
+
+
+@functools.cache
+def make_paged_kv_loader(rows, pitch, swizzled, chunks, real_chunks, threads):
+    """``load_kv_paged(smem, ks, vs, k, v, k_head, v_head, key0, rlim, t, bt, bt_row,
+    page_size, pages, k_sp, k_ss, v_sp, v_ss)``: this thread's 16-byte cp.async copies of one
+    (rows x chunks) K tile and the V tile of the same keys from a paged KV cache (the attention
+    kernels' KV-cache variants, numbatc.attention_with_kvcache).
+
+    Tile row r is key ``key0 + r`` of the sequence, which lives at page ``bt[bt_row + key //
+    page_size]`` (clamped to 0 .. pages - 1: no entry sends a copy outside k or v), row ``key %
+    page_size``; its chunk c comes from ``k[page * k_sp + row * k_ss + k_head + 8 c]`` (v alike)
+    and goes to ``smem[ks + soff(r, c)]`` (``vs``).  Rows at or past ``rlim`` and the padding
+    chunks (c >= real_chunks) are zero-filled without a lookup.  Shared rows are ``pitch``
+    elements, 16-byte chunk c of row r stored at chunk c ^ (r % 8) where ``swizzled`` (the
+    attention kernels' shared_layout).
+
+    key0 and page_size must be multiples of 16, so that a 16-row group of the tile lies in one
+    page: where the threads cover whole rows (``threads`` a multiple of ``chunks``), each thread
+    looks the page up once per 16-row group it copies (its rows r0, r0 + step ... fall in
+    16 / step groups' worth of lookups), and K and V share the lookup; otherwise once per chunk.
+    NOTE: 32-bit division (key // page_size): a 64-bit division by a run-time value is a
+    subroutine call (see make_tile_coords)."""
+    CH, REAL, T = chunks, real_chunks, threads
+    TOTAL = rows * CH
+    COPIES = -(-TOTAL // T)
+    BY_ROWS = T % CH == 0 and rows % (T // CH) == 0
+    STEP = T // CH if BY_ROWS else 0
+    PER_LOOKUP = max(1, 16 // STEP) if BY_ROWS else 1  # a thread's rows in one 16-row group
+    LOOKUPS = COPIES // PER_LOOKUP
+    CP = nt.cp_async_op(16, zfill=True)
+
+    @cuda.jit(device=True, forceinline=True)
+    def soff(r, c):
+        if swizzled:
+            return np.int32(r * pitch + ((c ^ (r & 7)) << 3))
+        return np.int32(r * pitch + (c << 3))
+
+    @cuda.jit(device=True, forceinline=True)
+    def page_of(key, bt, bt_row, page_size, pages):
+        """(page, row in the page) of a key (0 <= key < 2**31)."""
+        blk = np.uint32(np.uint32(key) // np.uint32(page_size))
+        page = min(max(np.int64(bt[bt_row + np.int64(blk)]), 0), pages - 1)
+        return page, np.int64(np.uint32(np.uint32(key) - np.uint32(blk * np.uint32(page_size))))
+
+    @cuda.jit(device=True, forceinline=True)
+    def load_kv_paged(smem, ks, vs, k, v, k_head, v_head, key0, rlim, t, bt, bt_row, page_size,
+                      pages, k_sp, k_ss, v_sp, v_ss):
+        if BY_ROWS:
+            r0 = t // CH
+            c = t % CH
+            for j in range(LOOKUPS):
+                rg = r0 + j * PER_LOOKUP * STEP  # the first of this thread's rows in a group
+                kg = np.int64(0)
+                vg = np.int64(0)
+                if rg < rlim:
+                    page, prow = page_of(key0 + rg, bt, bt_row, page_size, pages)
+                    kg = page * k_sp + prow * k_ss + k_head + c * 8
+                    vg = page * v_sp + prow * v_ss + v_head + c * 8
+                for i in range(PER_LOOKUP):
+                    r = rg + i * STEP
+                    if r < rlim and c < REAL:
+                        CP(smem, ks + soff(r, c), k, kg + i * STEP * k_ss, 16)
+                        CP(smem, vs + soff(r, c), v, vg + i * STEP * v_ss, 16)
+                    else:
+                        CP(smem, ks + soff(r, c), k, 0, 0)
+                        CP(smem, vs + soff(r, c), v, 0, 0)
+        else:
+            for j in range(COPIES):
+                i = t + j * T
+                if TOTAL % T == 0 or i < TOTAL:
+                    r = i // CH
+                    c = i % CH
+                    if r < rlim and c < REAL:
+                        page, prow = page_of(key0 + r, bt, bt_row, page_size, pages)
+                        CP(smem, ks + soff(r, c), k, page * k_sp + prow * k_ss + k_head + c * 8,
+                           16)
+                        CP(smem, vs + soff(r, c), v, page * v_sp + prow * v_ss + v_head + c * 8,
+                           16)
+                    else:
+                        CP(smem, ks + soff(r, c), k, 0, 0)
+                        CP(smem, vs + soff(r, c), v, 0, 0)
+
+    return load_kv_paged

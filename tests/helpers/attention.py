@@ -208,3 +208,100 @@ def check_varlen(lens_q, lens_k, hq, hkv, d, causal, dtype="bfloat16", lib="numb
         i = tuple(np.argwhere(bad)[0])
         raise AssertionError(f"{what}: {bad.sum()} bad lse, first at {i}: got {lse[i]!r}, "
                              f"want {ref_lse[i]!r} +- {lse_tol[i]:.3g}")
+
+
+# --- numbatc.attention_with_kvcache ----------------------------------------------------------
+
+
+def kvcache_inputs(b, sq, lens, hq, hkv, d, dtype, page_size=None, spare=2, gen=None):
+    """Random q and a KV cache holding ``lens[i]`` keys for sequence i, in float64: (q, k_cache,
+    v_cache, block_table or None, (k, v) the per-sequence keys gathered).  Unpaged: the cache's
+    seqlen_cache is max(lens) + 3, rows past each length NaN.  Paged: pages of ``page_size``
+    rows, each sequence's pages shuffled over the pool with ``spare`` NaN pages among them (a
+    wrong page shows), rows past a length in its last page NaN, unused block_table entries
+    -1 (never looked at)."""
+    gen = gen or np.random.default_rng()
+    q = values((b, sq, hq, d), dtype)
+    keys = [(values((n, hkv, d), dtype), values((n, hkv, d), dtype)) for n in lens]
+    if page_size is None:
+        cap = max(lens, default=0) + 3
+        kc, vc = np.full((b, cap, hkv, d), np.nan), np.full((b, cap, hkv, d), np.nan)
+        for i, (k, v) in enumerate(keys):
+            kc[i, :lens[i]], vc[i, :lens[i]] = k, v
+        return q, kc, vc, None, keys
+    used = [-(-n // page_size) for n in lens]
+    pages = sum(used) + spare
+    order = gen.permutation(pages)
+    kc = np.full((pages, page_size, hkv, d), np.nan)
+    vc = np.full((pages, page_size, hkv, d), np.nan)
+    table = np.full((b, max(used, default=0) + 1), -1, np.int32)
+    at = 0
+    for i, (k, v) in enumerate(keys):
+        for j in range(used[i]):
+            page = order[at]
+            at += 1
+            table[i, j] = page
+            rows = slice(j * page_size, min(lens[i], (j + 1) * page_size))
+            n = rows.stop - rows.start
+            kc[page, :n], vc[page, :n] = k[rows], v[rows]
+    return q, kc, vc, table, keys
+
+
+def reference_kvcache(q, keys, causal, scale):
+    """:func:`reference` per sequence over its gathered keys: (out, lse (b, hq, sq), weighted
+    |v|, |s| bound)."""
+    out, wabs = np.zeros(q.shape), np.zeros(q.shape)
+    b, sq, hq, _ = q.shape
+    lse, sbound = np.full((b, hq, sq), -np.inf), np.zeros((b, hq, sq))
+    for i, (k, v) in enumerate(keys):
+        o, l, w, s = reference(q[i:i + 1], k[None], v[None], causal, scale)
+        out[i], wabs[i], lse[i], sbound[i] = o[0], w[0], l[0], s[0]
+    return out, lse, wabs, sbound
+
+
+def check_kvcache(b, sq, lens, hq, hkv, d, causal, dtype="bfloat16", page_size=None,
+                  lib="numba", scale=None, host_seqlens=False):
+    """One numbatc.attention_with_kvcache call (output poisoned with NaN, lse asked) on
+    :func:`kvcache_inputs` against :func:`reference_kvcache`.  ``host_seqlens`` passes
+    cache_seqlens as a NumPy array (else an int32 device array of ``lib``)."""
+    q, kc, vc, table, keys = kvcache_inputs(b, sq, lens, hq, hkv, d, dtype, page_size)
+    dq, dk, dv = (to_device(x, dtype, lib) for x in (q, kc, vc))
+    seqlens = np.array(lens, np.int32)
+    if not host_seqlens:
+        seqlens = _int_device(seqlens, lib)
+    dt = None if table is None else _int_device(table, lib)
+    out = to_device(np.full(q.shape, np.nan), dtype, lib)
+    got, lse = numbatc.attention_with_kvcache(dq, dk, dv, seqlens, block_table=dt,
+                                              causal=causal, scale=scale, out=out,
+                                              return_lse=True)
+    assert got is out
+    cuda.synchronize()
+    got = to_host(got, dtype)
+    lse = to_host(lse, "float32") if hasattr(lse, "cpu") else lse.copy_to_host().astype(np.float64)
+    ref, ref_lse, wabs, sbound = reference_kvcache(q, keys, causal, scale or 1 / math.sqrt(d))
+    what = (f"attention_with_kvcache b={b} sq={sq} lens={list(lens)} hq={hq} hkv={hkv} d={d} "
+            f"causal={causal} {dtype} page_size={page_size} {lib}")
+    assert lse.shape == (b, hq, sq), f"{what}: lse shape {lse.shape}"
+    tol = 2 * ROUNDING[dtype] * (np.abs(ref) + wabs) + 1e-6
+    bad = ~(np.abs(got - ref) <= tol)  # NaN (an unwritten element, a poisoned key) counts as bad
+    if bad.any():
+        i = tuple(np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: {bad.sum()} bad outputs, first at {i}: got {got[i]!r}, "
+                             f"want {ref[i]!r} +- {tol[i]:.3g}")
+    empty = np.isinf(ref_lse)
+    assert np.array_equal(np.isneginf(lse), empty), (f"{what}: lse -inf where no key is seen, "
+                                                      "only there")
+    lse_tol = 1e-5 * (1 + sbound)
+    bad = ~(np.abs(np.where(empty, 0, lse) - np.where(empty, 0, ref_lse)) <= lse_tol)
+    if bad.any():
+        i = tuple(np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: {bad.sum()} bad lse, first at {i}: got {lse[i]!r}, "
+                             f"want {ref_lse[i]!r} +- {lse_tol[i]:.3g}")
+
+
+def _int_device(host, lib):
+    if lib == "torch":
+        import torch
+
+        return torch.from_numpy(host).cuda()
+    return cuda.to_device(host)
