@@ -1,16 +1,16 @@
-"""numbatc.attention_with_kvcache in the CPU emulation (the same kernel source as on the GPU):
-the flash-decoding kernel's KV-cache variants (seqlen_q 1 and 4) and the portable kernel's
-(prefill, seqlen_q 20), paged (page_size 16, 32 and 64, block tables shuffled over a pool with spare NaN
-pages) and contiguous (rows past each length NaN), batches of 2-3 sequences of different
-lengths including 0 and 1, GQA / MQA, causal (bottom-right per sequence: queries of a sequence
-shorter than seqlen_q see no key and give 0, lse -inf), head_dim padded (40) and not, bf16 and
-f16, head_dim 32 to 128 (a thread's rows sharing one page lookup: 1, 2 or 4), two m16 tiles and a
-ring that wraps, the lse.  Each case checks against tests/helpers/attention.py's float64 reference over the
-gathered pages (outputs poisoned with NaN first, fresh random data) and that the kernel named
-ran.  Then garbage cache_seqlens and block tables with the host checks off (as under CUDA
-graph capture): nothing is read or written outside the arrays (the emulation bounds-checks
-every flat access; out's guard rows stay NaN).  Small shapes: every block's threads are Python
-threads here."""
+"""numbatc.attention_with_kvcache in the CPU emulation (the same kernel source as on the GPU): the
+flash-decoding kernel's KV-cache variants (seqlen_q 1 and 4) and the portable kernel's (prefill,
+seqlen_q 20), paged (page_size 16, 32 and 64, block tables shuffled over a pool with spare NaN
+pages) and contiguous (rows past each length NaN), batches of 2-3 sequences of different lengths
+including 0 and 1, GQA / MQA, causal (bottom-right per sequence: queries of a sequence shorter
+than seqlen_q see no key and give 0, lse -inf), head_dim padded (40) and not, bf16 and f16,
+head_dim 32 to 128 (a thread's rows sharing one page lookup: 1, 2 or 4), two m16 tiles and a
+ring that wraps, the lse.  Each case checks against tests/helpers/attention.py's float64
+reference over the gathered pages (outputs poisoned with NaN first, fresh random data) and that
+the kernel named ran.  Then garbage cache_seqlens and block tables with the host checks off (as
+under CUDA graph capture): nothing is read or written outside the arrays (the emulation
+bounds-checks every flat access; out's guard rows stay NaN).  Small shapes: every block's
+threads are Python threads here."""
 
 import numpy as np
 import pytest
