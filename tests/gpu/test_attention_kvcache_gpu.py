@@ -80,8 +80,11 @@ def test_empty_and_tiny_caches():
     check_kvcache(1, 1, [0], 4, 4, 64, False, page_size=256)
 
 
-def test_host_and_int_cache_seqlens(monkeypatch, capsys):
+def test_host_and_int_cache_seqlens_and_torch(monkeypatch, capsys):
     check_kvcache(3, 1, [1, 4097, 127], 32, 8, 128, True, page_size=64, host_seqlens=True)
+    pytest.importorskip("torch")
+    check_kvcache(2, 1, [300, 5], 8, 2, 128, True, "float16", page_size=16, lib="torch")
+    check_kvcache(2, 20, [300, 5], 8, 2, 64, True, page_size=None, lib="torch")
     monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
     q, kc = values((2, 1, 8, 64), "bfloat16"), values((2, 300, 2, 64), "bfloat16")
     out = numbatc.attention_with_kvcache(*(to_device(x, "bfloat16") for x in (q, kc, kc)), 300)
