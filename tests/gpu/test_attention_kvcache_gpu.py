@@ -48,11 +48,11 @@ def ran(monkeypatch):
 @pytest.mark.parametrize("page_size", PAGES, ids=lambda p: f"page{p}" if p else "contiguous")
 def test_decode_sweep(ran, d, causal, dtype, page_size):
     gen = np.random.default_rng()
-    for sq, lens in ((1, [1, 127, 32773]), (3, [4097]), (16, [4097, 1, 127]), (1, [32773])):
+    for sq, lens in ((1, [1, 127, 32773]), (3, [4097]), (16, [4097, 1, 127])):
         hq, hkv = HEADS[int(gen.integers(len(HEADS)))]
         lens = list(gen.permutation(lens))
         check_kvcache(len(lens), sq, lens, hq, hkv, d, causal, dtype, page_size=page_size)
-    assert [m for m, _ in ran] == ["sm80_decode_attention"] * 4
+    assert [m for m, _ in ran] == ["sm80_decode_attention"] * 3
     assert all(v.kv_cache and v.paged == bool(page_size) for _, v in ran)
 
 
