@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from types import SimpleNamespace
 from functools import cached_property
+from types import SimpleNamespace
 
 import numpy as np
 

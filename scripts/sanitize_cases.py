@@ -6,7 +6,10 @@
 Kinds: gemm_sm80, gemm_sm90, gemm_sm90_split (split-K forced), gemm_sm90_persistent, gemm_sm90_ts
 (the TMA store epilogue), gemm_fp8, gemm_fp8_block (blockwise scales), attention_sm80, attention_sm90,
 attention_warm (the default kernel's warm call: the pointer relaunch, new pointers each call),
-decode (flash-decoding's split kernel and combine, splits forced), softmax, gemm_softmax.
+decode (flash-decoding's split kernel and combine, splits forced), kvcache
+(numbatc.attention_with_kvcache: paged and contiguous, decode and prefill, then garbage lengths
+and block tables with the host checks off: memcheck must find no access outside the arrays),
+softmax, gemm_softmax.
 Each case prints one line with its max error; a wrong result exits 1 (the sanitizer's own report
 decides the rest). Small shapes keep the sanitizer's slowdown (10-100x) within seconds, and
 ragged ones exercise the edge paths.
@@ -88,6 +91,58 @@ def decode():
     os.environ.pop("NUMBATC_DECODE_SPLITS")
 
 
+def kvcache():
+    from numbatc import attention_api
+
+    os.environ["NUMBATC_DECODE_SPLITS"] = "3"
+    for sq, lens, page_size, causal in ((1, [1, 300, 77], 16, False), (4, [0, 130, 33], 64, True),
+                                        (1, [5, 200, 1], None, True), (20, [20, 150, 3], 16, True)):
+        kvcache_case(sq, lens, page_size, causal)
+    os.environ.pop("NUMBATC_DECODE_SPLITS")
+    checks = attention_api._check_cache
+    attention_api._check_cache = lambda *a: None  # garbage the kernels must clamp
+    for sq in (1, 20):
+        q = torch.randn(3, sq, 8, 64, device="cuda", dtype=torch.bfloat16)
+        kp = torch.randn(4, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+        table = torch.tensor([[3, 10**9, -7], [-1, 0, 2**31 - 1], [1, 1, 1]], device="cuda",
+                             dtype=torch.int32)
+        seqlens = torch.tensor([10**9, -5, 40], device="cuda", dtype=torch.int32)
+        numbatc.attention_with_kvcache(q, kp, kp, seqlens, block_table=table, causal=True)
+        torch.cuda.synchronize()
+        print(f"kvcache garbage lengths and block table sq={sq}: ran", flush=True)
+    attention_api._check_cache = checks
+
+
+def kvcache_case(sq, lens, page_size, causal, hq=8, hkv=2, d=64):
+    b = len(lens)
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    if page_size is None:
+        kc, vc = (torch.randn(b, max(lens) + 5, hkv, d, device="cuda", dtype=torch.bfloat16)
+                  for _ in range(2))
+        table, keys = None, [(kc[i, :n], vc[i, :n]) for i, n in enumerate(lens)]
+    else:
+        blocks = max(-(-n // page_size) for n in lens) + 1
+        kc, vc = (torch.randn(b * blocks, page_size, hkv, d, device="cuda", dtype=torch.bfloat16)
+                  for _ in range(2))
+        table = torch.randperm(b * blocks, device="cuda").to(torch.int32).view(b, blocks)
+        keys = [tuple(x[table[i].long()].reshape(-1, hkv, d)[:n] for x in (kc, vc))
+                for i, n in enumerate(lens)]
+    seqlens = torch.tensor(lens, device="cuda", dtype=torch.int32)
+    out = torch.full_like(q, float("nan"))
+    numbatc.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, causal=causal, out=out)
+    ref = torch.zeros(b, sq, hq, d, device="cuda")
+    for i, (k, v) in enumerate(keys):
+        n = lens[i]
+        kt, vt = (x.repeat_interleave(hq // hkv, 1).transpose(0, 1).float() for x in (k, v))
+        scores = (q[i].transpose(0, 1).float() @ kt.transpose(-1, -2)) / d**0.5
+        if causal:  # bottom-right aligned
+            mask = torch.ones(sq, n, device="cuda").triu(n - sq + 1).bool()
+            scores = scores.masked_fill(mask, float("-inf"))
+        p = torch.softmax(scores, -1).nan_to_num(0.0)  # rows that see no key: 0
+        ref[i] = (p @ vt).transpose(0, 1)
+    check(f"kvcache sq={sq} lens={lens} page_size={page_size} causal={causal}", out, ref, 2e-2)
+
+
 def softmax():
     for rows, n in ((37, 1000), (64, 4096)):
         x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
@@ -145,6 +200,7 @@ KINDS = {
     "gemm_sm90_ts": gemm_sm90_ts, "gemm_fp8_block": gemm_fp8_block,
     "attention_sm80": lambda: attention("sm80"), "attention_sm90": lambda: attention("sm90"),
     "attention_warm": lambda: attention(None, ATTN, repeat=3), "decode": decode,
+    "kvcache": kvcache,
     "softmax": softmax, "gemm_softmax": gemm_softmax,
 }
 

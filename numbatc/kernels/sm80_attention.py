@@ -446,6 +446,7 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
         n_tiles = 0
     else:
         n_tiles = min(n_tiles, last // {BN} + 1)''')
+
     def load_tile(ks, vs, key0, kg, vg, ind="        "):
         """Source of one K and V tile's loads: keys key0 .. (kg, vg: their first rows)."""
         if var.paged:

@@ -1,15 +1,16 @@
-"""numbatc.attention_with_kvcache in the CPU emulation (the same kernel source as on the GPU):
-the flash-decoding kernel's KV-cache variants (seqlen_q 1 and 4) and the portable kernel's
-(prefill, seqlen_q 20), paged (page_size 16, block tables shuffled over a pool with spare NaN
-pages) and contiguous (rows past each length NaN), batches of 2-3 sequences of different
-lengths including 0 and 1, GQA / MQA, causal (bottom-right per sequence: queries of a sequence
-shorter than seqlen_q see no key and give 0, lse -inf), head_dim padded (40) and not, bf16 and
-f16, the lse.  Each case checks against tests/helpers/attention.py's float64 reference over the
-gathered pages (outputs poisoned with NaN first, fresh random data) and that the kernel named
-ran.  Then garbage cache_seqlens and block tables with the host checks off (as under CUDA
-graph capture): nothing is read or written outside the arrays (the emulation bounds-checks
-every flat access; out's guard rows stay NaN).  Small shapes: every block's threads are Python
-threads here."""
+"""numbatc.attention_with_kvcache in the CPU emulation (the same kernel source as on the GPU): the
+flash-decoding kernel's KV-cache variants (seqlen_q 1 and 4) and the portable kernel's (prefill,
+seqlen_q 20), paged (page_size 16, 32 and 64, block tables shuffled over a pool with spare NaN
+pages) and contiguous (rows past each length NaN), batches of 2-3 sequences of different lengths
+including 0 and 1, GQA / MQA, causal (bottom-right per sequence: queries of a sequence shorter
+than seqlen_q see no key and give 0, lse -inf), head_dim padded (40) and not, bf16 and f16,
+head_dim 32 to 128 (a thread's rows sharing one page lookup: 1, 2 or 4), two m16 tiles and a
+ring that wraps, the lse.  Each case checks against tests/helpers/attention.py's float64
+reference over the gathered pages (outputs poisoned with NaN first, fresh random data) and that
+the kernel named ran.  Then garbage cache_seqlens and block tables with the host checks off (as
+under CUDA graph capture): nothing is read or written outside the arrays (the emulation
+bounds-checks every flat access; out's guard rows stay NaN).  Small shapes: every block's
+threads are Python threads here."""
 
 import numpy as np
 import pytest
@@ -51,6 +52,8 @@ DECODE = [
     (3, 1, [0, 1, 37], 4, 2, 32, False, "bfloat16", 16),   # GQA 2, empty and one-key sequences
     (3, 4, [3, 1, 50], 2, 1, 32, True, "float16", 16),     # causal: short ones see few / none
     (2, 1, [70, 16], 2, 2, 40, True, "bfloat16", 16),      # padded head_dim, a full last page
+    (2, 1, [90, 7], 2, 1, 128, False, "bfloat16", 16),     # 4 rows of a thread per lookup
+    (2, 3, [33, 64], 2, 2, 64, True, "float16", 16),       # 2 rows of a thread per lookup
     (3, 1, [0, 17, 40], 4, 2, 40, False, "float16", None),  # contiguous cache
     (2, 4, [2, 33], 4, 1, 32, True, "bfloat16", None),     # MQA, causal, contiguous
 ]
@@ -70,11 +73,18 @@ def test_decode_kernel_with_more_splits_than_tiles(monkeypatch, ran):
     check_kvcache(2, 1, [130, 5], 2, 1, 32, False, page_size=32)
 
 
-@pytest.mark.parametrize("page_size, causal", [(16, True), (None, True), (32, False)],
-                         ids=["paged16-causal", "contiguous-causal", "paged32"])
-def test_prefill_kernel(monkeypatch, ran, page_size, causal):
+def test_decode_kernel_two_m_tiles_and_a_ring_that_wraps(monkeypatch, ran):
+    """32 stacked rows (two m16 tiles), three stages over 5 tiles a split, page_size 64."""
+    _decode(monkeypatch, splits=2, cfg="m32_w2_k16_s3")
+    check_kvcache(2, 8, [300, 45], 4, 1, 32, True, page_size=64)
+
+
+@pytest.mark.parametrize("page_size, causal, d", [(16, True, 32), (None, True, 32),
+                                                 (32, False, 32), (16, True, 128)],
+                         ids=["paged16-causal", "contiguous-causal", "paged32", "paged16-d128"])
+def test_prefill_kernel(monkeypatch, ran, page_size, causal, d):
     monkeypatch.setenv("NUMBATC_ATTN_CONFIG", "m64n64_w4_qreg")  # 128 threads
-    check_kvcache(2, 20, [45, 5], 2, 1, 32, causal, page_size=page_size)
+    check_kvcache(2, 20, [45, 5], 2, 1, d, causal, page_size=page_size)
     ((module, var),) = ran
     assert module == "sm80_attention" and var.kv_cache and var.paged == bool(page_size)
 

@@ -48,11 +48,11 @@ def ran(monkeypatch):
 @pytest.mark.parametrize("page_size", PAGES, ids=lambda p: f"page{p}" if p else "contiguous")
 def test_decode_sweep(ran, d, causal, dtype, page_size):
     gen = np.random.default_rng()
-    for sq, lens in ((1, [1, 127, 32773]), (3, [4097]), (16, [4097, 1, 127]), (1, [32773])):
+    for sq, lens in ((1, [1, 127, 32773]), (3, [4097]), (16, [4097, 1, 127])):
         hq, hkv = HEADS[int(gen.integers(len(HEADS)))]
         lens = list(gen.permutation(lens))
         check_kvcache(len(lens), sq, lens, hq, hkv, d, causal, dtype, page_size=page_size)
-    assert [m for m, _ in ran] == ["sm80_decode_attention"] * 4
+    assert [m for m, _ in ran] == ["sm80_decode_attention"] * 3
     assert all(v.kv_cache and v.paged == bool(page_size) for _, v in ran)
 
 
@@ -80,8 +80,11 @@ def test_empty_and_tiny_caches():
     check_kvcache(1, 1, [0], 4, 4, 64, False, page_size=256)
 
 
-def test_host_and_int_cache_seqlens(monkeypatch, capsys):
+def test_host_and_int_cache_seqlens_and_torch(monkeypatch, capsys):
     check_kvcache(3, 1, [1, 4097, 127], 32, 8, 128, True, page_size=64, host_seqlens=True)
+    pytest.importorskip("torch")
+    check_kvcache(2, 1, [300, 5], 8, 2, 128, True, "float16", page_size=16, lib="torch")
+    check_kvcache(2, 20, [300, 5], 8, 2, 64, True, page_size=None, lib="torch")
     monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
     q, kc = values((2, 1, 8, 64), "bfloat16"), values((2, 300, 2, 64), "bfloat16")
     out = numbatc.attention_with_kvcache(*(to_device(x, "bfloat16") for x in (q, kc, kc)), 300)
