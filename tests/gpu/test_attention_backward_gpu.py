@@ -59,6 +59,13 @@ def test_emulated_split_dk_dv(config):
 
 
 @pytest.mark.emulation
+@pytest.mark.parametrize("name", ["d64_kvreg", "d128_split"])
+def test_emulated_alternative_configs(config, name):
+    config(name)  # the benchmark's alternatives: K/V in registers; split dK/dV with Q in regs
+    check_backward(1, 20, 30, 2, 1, 16, True, "float16")
+
+
+@pytest.mark.emulation
 def test_emulated_gradient_through_lse(config):
     config("small")
     check_backward(1, 11, 19, 2, 1, 16, False, "bfloat16", with_dlse=True)
@@ -111,6 +118,18 @@ def test_sweep(d, causal, dtype):
         if sq * sk >= 1024 * 1023:
             b, hq, hkv = 1, 4, 1  # GQA 4 at the large sizes, one batch entry (reference time)
         check_backward(b, sq, sk, hq, hkv, d, causal, dtype)
+
+
+@pytest.mark.parametrize("name", ["d64", "d128", "d256", "small", "d64_kvreg", "d128_split"])
+def test_every_config(config, name):
+    """Each configuration (the bench's --configs times them all) on ragged GQA shapes."""
+    from numbatc.kernels.sm80_attention_backward import CONFIGS
+
+    assert name in CONFIGS
+    config(name)
+    check_backward(2, 257, 191, 4, 2, 64, True, "bfloat16")
+    check_backward(1, 191, 257, 2, 2, 128, False, "float16")
+    check_backward(1, 100, 100, 2, 1, 40, True, "bfloat16")
 
 
 @pytest.mark.parametrize("d", [64, 128])
