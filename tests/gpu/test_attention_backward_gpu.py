@@ -77,6 +77,40 @@ def test_emulated_with_numbatc_forward(config):
     check_backward(1, 19, 13, 2, 1, 16, True, "bfloat16", forward="numbatc")
 
 
+def _numba_strided(x, dtype):
+    """A (b, s, h, d) view of the second half of the heads of a (b, s, 2h, d) device buffer."""
+    from numba import cuda
+
+    from tests.helpers.attention import NP_DTYPE
+
+    b, s, h, d = x.shape
+    buf = np.zeros((b, s, 2 * h, d))
+    buf[:, :, h:] = x
+    host = buf.astype(NP_DTYPE[dtype])
+    dev = cuda.to_device(host.view(np.uint16) if dtype == "bfloat16" else host)[:, :, h:]
+    return numbatc.bfloat16(dev) if dtype == "bfloat16" else dev
+
+
+def _numba_misaligned(x, dtype):
+    """A contiguous (b, s, h, d) array starting one element (2 bytes) past a 16-byte boundary."""
+    from numba import cuda
+
+    from tests.helpers.attention import NP_DTYPE
+
+    host = np.concatenate([[0], x.ravel()]).astype(NP_DTYPE[dtype])
+    dev = cuda.to_device(host.view(np.uint16) if dtype == "bfloat16" else host)[1:].reshape(x.shape)
+    return numbatc.bfloat16(dev) if dtype == "bfloat16" else dev
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("views", [_numba_strided, _numba_misaligned], ids=["strided", "misaligned"])
+def test_emulated_views(config, views):
+    """Inputs and results as strided views (rows 2h * d apart) and as misaligned arrays (q, k,
+    v, dO packed into aligned copies; the results written in place)."""
+    config("small")
+    check_backward(1, 13, 21, 2, 1, 24, True, "float16", views=views, view_results=True)
+
+
 @pytest.mark.emulation
 @pytest.mark.parametrize("sq, sk", [(0, 9), (7, 0)])
 def test_empty_side_gives_zeros(config, sq, sk):
