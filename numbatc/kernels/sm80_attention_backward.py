@@ -124,6 +124,11 @@ CONFIGS = {
         BwdConfig("d128", 128, 16, False, False, 128, 32, False),
         BwdConfig("d256", 64, 16, False, True, 64, 16, False),
         BwdConfig("small", 32, 32, False, False, 32, 32, False),  # the emulation's (2 warps)
+        # alternatives for python -m numbatc.bench attention-backward --configs (not measured
+        # yet): K/V fragments in registers at head_dim <= 64; dK and dV as two launches at 128
+        # with 32-query steps (one more S^T product, twice the queries per barrier)
+        BwdConfig("d64_kvreg", 128, 32, True, False, 128, 64, True),
+        BwdConfig("d128_split", 128, 32, False, True, 128, 32, True),
     )
 }
 
@@ -153,8 +158,15 @@ def _check_fits(cfg, var, cc):
 
 def choose_config(head_dim: int, cc=None) -> BwdConfig:
     """The configuration for ``head_dim`` (``NUMBATC_ATTN_BWD_CONFIG=<name>`` forces one of
-    CONFIGS).  ptxas registers and spills per configuration: tests/test_attention_backward.py
-    and the module's report in the commit that added it."""
+    CONFIGS).
+
+    Registers per thread are the limit: dK and dV take head_dim / 2 each per 16 keys, S^T and
+    dP^T kv_tile_m / 2 each.  NOTE: ptxas (nvJitLink -Xptxas=-v, sm_80, bf16, causal):
+    d64 (head_dim 64): dK/dV 254 registers, dQ 207, no spills (K/V fragments in registers
+    instead: 232 at 32-query steps, but 255 + 48 bytes of spills at 64); d128 (head_dim 128):
+    dK/dV 251 at 16-query steps (255 + 32 bytes of spills at 32, and 112 non-causal), dQ 197;
+    d256: dK 255 + 108 bytes of spills, dV 255 + 28 (sm_90a f16 non-causal: 0 and 8), dQ 255,
+    0 spills -- both halves in one launch would need 256 accumulator registers."""
     import os
 
     forced = os.environ.get("NUMBATC_ATTN_BWD_CONFIG")

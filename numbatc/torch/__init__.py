@@ -1,8 +1,10 @@
 """numbatc for PyTorch: what users otherwise write by hand.
 
-- ``torch.ops.numbatc.gemm / attention / attention_lse / softmax / gemm_softmax``: custom ops
-  with fake implementations (registered when this module is imported; ``numbatc.torch`` is
-  imported on first use of the attribute, so ``import numbatc`` alone never imports torch).
+- ``torch.ops.numbatc.gemm / attention / attention_lse / attention_backward / softmax /
+  gemm_softmax``: custom ops with fake implementations (registered when this module is
+  imported; ``numbatc.torch`` is imported on first use of the attribute, so ``import numbatc``
+  alone never imports torch); attention and attention_lse have autograd formulas
+  (``loss.backward()`` runs attention_backward).
   ``torch.compile(fullgraph=True)`` traces them, and the plain ``numbatc.gemm`` etc. as them.
 - :class:`Linear`: an ``nn.Linear`` whose forward runs ``numbatc.gemm`` (CUDA float16/bfloat16
   inputs, no gradient needed; anything else runs ``torch.nn.functional.linear``).

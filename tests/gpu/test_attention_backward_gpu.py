@@ -59,6 +59,13 @@ def test_emulated_split_dk_dv(config):
 
 
 @pytest.mark.emulation
+@pytest.mark.parametrize("name", ["d64_kvreg", "d128_split"])
+def test_emulated_alternative_configs(config, name):
+    config(name)  # the benchmark's alternatives: K/V in registers; split dK/dV with Q in regs
+    check_backward(1, 20, 30, 2, 1, 16, True, "float16")
+
+
+@pytest.mark.emulation
 def test_emulated_gradient_through_lse(config):
     config("small")
     check_backward(1, 11, 19, 2, 1, 16, False, "bfloat16", with_dlse=True)
@@ -68,6 +75,40 @@ def test_emulated_gradient_through_lse(config):
 def test_emulated_with_numbatc_forward(config):
     config("small")
     check_backward(1, 19, 13, 2, 1, 16, True, "bfloat16", forward="numbatc")
+
+
+def _numba_strided(x, dtype):
+    """A (b, s, h, d) view of the second half of the heads of a (b, s, 2h, d) device buffer."""
+    from numba import cuda
+
+    from tests.helpers.attention import NP_DTYPE
+
+    b, s, h, d = x.shape
+    buf = np.zeros((b, s, 2 * h, d))
+    buf[:, :, h:] = x
+    host = buf.astype(NP_DTYPE[dtype])
+    dev = cuda.to_device(host.view(np.uint16) if dtype == "bfloat16" else host)[:, :, h:]
+    return numbatc.bfloat16(dev) if dtype == "bfloat16" else dev
+
+
+def _numba_misaligned(x, dtype):
+    """A contiguous (b, s, h, d) array starting one element (2 bytes) past a 16-byte boundary."""
+    from numba import cuda
+
+    from tests.helpers.attention import NP_DTYPE
+
+    host = np.concatenate([[0], x.ravel()]).astype(NP_DTYPE[dtype])
+    dev = cuda.to_device(host.view(np.uint16) if dtype == "bfloat16" else host)[1:].reshape(x.shape)
+    return numbatc.bfloat16(dev) if dtype == "bfloat16" else dev
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("views", [_numba_strided, _numba_misaligned], ids=["strided", "misaligned"])
+def test_emulated_views(config, views):
+    """Inputs and results as strided views (rows 2h * d apart) and as misaligned arrays (q, k,
+    v, dO packed into aligned copies; the results written in place)."""
+    config("small")
+    check_backward(1, 13, 21, 2, 1, 24, True, "float16", views=views, view_results=True)
 
 
 @pytest.mark.emulation
@@ -111,6 +152,18 @@ def test_sweep(d, causal, dtype):
         if sq * sk >= 1024 * 1023:
             b, hq, hkv = 1, 4, 1  # GQA 4 at the large sizes, one batch entry (reference time)
         check_backward(b, sq, sk, hq, hkv, d, causal, dtype)
+
+
+@pytest.mark.parametrize("name", ["d64", "d128", "d256", "small", "d64_kvreg", "d128_split"])
+def test_every_config(config, name):
+    """Each configuration (the bench's --configs times them all) on ragged GQA shapes."""
+    from numbatc.kernels.sm80_attention_backward import CONFIGS
+
+    assert name in CONFIGS
+    config(name)
+    check_backward(2, 257, 191, 4, 2, 64, True, "bfloat16")
+    check_backward(1, 191, 257, 2, 2, 128, False, "float16")
+    check_backward(1, 100, 100, 2, 1, 40, True, "bfloat16")
 
 
 @pytest.mark.parametrize("d", [64, 128])

@@ -88,12 +88,13 @@ def _compare(what, name, got, ref, tol):
 
 
 def check_backward(b, sq, sk, hq, hkv, d, causal, dtype="bfloat16", lib="numba", scale=None,
-                   forward="numpy", views=None, with_dlse=False):
+                   forward="numpy", views=None, with_dlse=False, view_results=False):
     """One numbatc.attention_backward call (dq, dk, dv given, poisoned with NaN) against
     :func:`reference_backward`.  ``forward``: 'numpy' (out and lse from the float64 reference,
     rounded to the format and float32) or 'numbatc' (numbatc.attention's).  ``views(x64,
     dtype)`` makes a device input (default: contiguous arrays of ``lib``); ``with_dlse`` passes
-    a random gradient through lse too.  Returns the device inputs and the results (host,
+    a random gradient through lse too; ``view_results`` makes dq, dk, dv with ``views`` as
+    well (strided results).  Returns the device inputs and the results (host,
     float64) for further checks."""
     scale_f = scale or 1 / math.sqrt(d)
     q, k, v = values((b, sq, hq, d), dtype), values((b, sk, hkv, d), dtype), values((b, sk, hkv, d), dtype)
@@ -114,7 +115,8 @@ def check_backward(b, sq, sk, hq, hkv, d, causal, dtype="bfloat16", lib="numba",
         dlse = np.random.default_rng().standard_normal((b, hq, sq)).astype(np.float32)
         dlse_dev = _f32_device(dlse, lib)
         dlse = dlse.astype(np.float64)
-    poison = [to_device(np.full(x.shape, np.nan), dtype, lib) for x in (q, k, v)]
+    poison = [(make if view_results else lambda x, dt: to_device(x, dt, lib))(
+        np.full(x.shape, np.nan), dtype) for x in (q, k, v)]
     got = numbatc.attention_backward(dq_, dk_, dv_, out, lse, ddo, causal=causal, scale=scale,
                                      dq=poison[0], dk=poison[1], dv=poison[2], dlse=dlse_dev)
     assert all(g is p for g, p in zip(got, poison))
