@@ -26,6 +26,11 @@
 #   attnbench  scripts/diag/attn_host.py, bench attention quick (default and cp.async), decode
 #   sm80       issue 22's portable kernels forced on the H200: bench gemm --configs (every sm80
 #              tile) and bench attention with NUMBATC_ATTN_KERNEL=sm80
+#   serving    issue 20's backward and KV-cache attention and issue 17's Hopper head dims: their
+#              GPU suites with the attention suites they share kernels with (tests.txt,
+#              testlogs.txt), compute-sanitizer on their cases (sanitize.txt), then the benchmarks
+#              (bench.txt): attention-backward, decode --paged, attention at head_dim 256
+#              (SERVING_TESTS / SERVING_K / SERVING_BENCH / SERVING_SANITIZE override the parts)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -187,6 +192,29 @@ if [[ $what == attnbench ]]; then
     t 120 $py -m numbatc.bench decode ${DECODE_ARGS:-}
     echo "[bench done at $((SECONDS - start)) s]"
   } > "$out/bench_attn.txt" 2>&1
+fi
+
+if [[ $what == serving ]]; then
+  : "${SERVING_TESTS:=tests/gpu/test_attention_backward_gpu.py tests/gpu/test_attention_kvcache_gpu.py tests/gpu/test_attention_gpu.py tests/gpu/test_decode_attention_gpu.py tests/gpu/test_attention_varlen_gpu.py tests/gpu/test_sm90_attention_gpu.py tests/gpu/test_torch_gpu.py}"
+  $py scripts/pytest_shards.py --shards ${SERVING_SHARDS:-15} --timeout ${SERVING_TIMEOUT:-300} \
+    --contiguous --out /tmp/shards_serving $SERVING_TESTS -- -k "${SERVING_K:-not timing}" \
+    --tb=short -rs > /tmp/serving_tests.txt 2>&1
+  { cat /tmp/serving_tests.txt; echo "[tests done at $((SECONDS - start)) s]"; } > "$out/tests.txt"
+  for f in /tmp/shards_serving/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  [[ ${SERVING_SANITIZE:-1} == 0 ]] || {
+    for case in memcheck:attention_backward racecheck:attention_backward memcheck:kvcache \
+                racecheck:kvcache ${SERVING_SANITIZE_MORE:-}; do
+      set -- ${case/:/ }
+      echo "== $1 $2"
+      t 90 compute-sanitizer --tool $1 --report-api-errors no --print-limit 5 \
+        $py scripts/sanitize_cases.py $2 | grep -vE "^\s*$" | tail -8
+    done > "$out/sanitize.txt"; }
+  [[ ${SERVING_BENCH:-1} == 0 ]] || {
+    eval "${SERVING_BENCH_CMDS:-t 150 $py -m numbatc.bench attention-backward --shapes quick;
+      t 100 $py -m numbatc.bench decode --shapes quick --paged 16;
+      t 100 $py -m numbatc.bench decode --shapes quick}"
+    echo "[bench done at $((SECONDS - start)) s]"
+  } 2>&1 | grep -vE "^(gemm|attention|decode|backward)[^ ]* \[" > "$out/bench.txt"
 fi
 
 if [[ $what == sm80 ]]; then

@@ -9,7 +9,8 @@ attention_warm (the default kernel's warm call: the pointer relaunch, new pointe
 decode (flash-decoding's split kernel and combine, splits forced), kvcache
 (numbatc.attention_with_kvcache: paged and contiguous, decode and prefill, then garbage lengths
 and block tables with the host checks off: memcheck must find no access outside the arrays),
-softmax, gemm_softmax.
+attention_backward (dQ, dK, dV of the three backward kernels against torch autograd), softmax,
+gemm_softmax.
 Each case prints one line with its max error; a wrong result exits 1 (the sanitizer's own report
 decides the rest). Small shapes keep the sanitizer's slowdown (10-100x) within seconds, and
 ragged ones exercise the edge paths.
@@ -89,6 +90,31 @@ def decode():
         os.environ["NUMBATC_DECODE_SPLITS"] = splits
         attention(None, [(2, 1, 8, 2, 128, False, 3001), (1, 4, 8, 2, 64, True, 1500)])
     os.environ.pop("NUMBATC_DECODE_SPLITS")
+
+
+def attention_backward():
+    # the three backward kernels (D, dK/dV, dQ) against torch autograd of a float32 reference;
+    # ragged tiles, GQA, causal both ways, and head_dim 256 (dK and dV as two launches)
+    for b, sq, sk, hq, hkv, d, causal in ((1, 113, 203, 4, 2, 64, True), (2, 77, 40, 2, 1, 128, True),
+                                          (1, 65, 65, 2, 2, 256, False)):
+        q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        do = torch.randn_like(q)
+        out, lse = numbatc.attention(q, k, v, causal=causal, return_lse=True)
+        dq, dk, dv = numbatc.attention_backward(q, k, v, out, lse, do, causal=causal)
+        qf, kf, vf = (x.float().requires_grad_() for x in (q, k, v))
+        rep = hq // hkv
+        qt, kt, vt = (x.transpose(1, 2) for x in (qf, kf.repeat_interleave(rep, 2),
+                                                   vf.repeat_interleave(rep, 2)))
+        scores = (qt @ kt.transpose(-1, -2)) / d**0.5
+        if causal:  # bottom-right aligned
+            mask = torch.ones(sq, sk, device="cuda").triu(sk - sq + 1).bool()
+            scores = scores.masked_fill(mask, float("-inf"))
+        ref = torch.nan_to_num(torch.softmax(scores, -1)) @ vt
+        ref.transpose(1, 2).backward(do.float())
+        for name, got, want in (("dq", dq, qf.grad), ("dk", dk, kf.grad), ("dv", dv, vf.grad)):
+            check(f"attention_backward {name} {b}x{sq}x{sk} h{hq}/{hkv} d={d} causal={causal}",
+                  got, want, 3e-2)
 
 
 def kvcache():
@@ -200,7 +226,7 @@ KINDS = {
     "gemm_sm90_ts": gemm_sm90_ts, "gemm_fp8_block": gemm_fp8_block,
     "attention_sm80": lambda: attention("sm80"), "attention_sm90": lambda: attention("sm90"),
     "attention_warm": lambda: attention(None, ATTN, repeat=3), "decode": decode,
-    "kvcache": kvcache,
+    "kvcache": kvcache, "attention_backward": attention_backward,
     "softmax": softmax, "gemm_softmax": gemm_softmax,
 }
 
