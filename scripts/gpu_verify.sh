@@ -214,7 +214,7 @@ if [[ $what == serving ]]; then
       t 100 $py -m numbatc.bench decode --shapes quick --paged 16;
       t 100 $py -m numbatc.bench decode --shapes quick}"
     echo "[bench done at $((SECONDS - start)) s]"
-  } 2>&1 | grep -vE "^(gemm|attention|decode|backward)[^ ]* \[" > "$out/bench.txt"
+  } 2>&1 | grep -vE "\[#* *\] [0-9]+/[0-9]+ " > "$out/bench.txt"
 fi
 
 if [[ $what == sm80 ]]; then
