@@ -19,7 +19,7 @@ reference; it is optional for numbatc itself.
 
 ``python -m numbatc.bench attention [--shapes quick] [--csv F] [--png F] [--configs]``: numbatc.attention
 against torch's ``scaled_dot_product_attention`` (the fastest of its flash, cuDNN and
-memory-efficient backends on each shape, measured in the same run), head_dim 64, 128, 256,
+memory-efficient backends on each shape, measured in the same run), head_dim 64, 128, 192, 256,
 seqlen 512..16384 with batch * seqlen = 16384 tokens and heads * head_dim = 2048, causal and not;
 TFLOP/s count 4 * B * H * S^2 * D, halved when causal.
 
@@ -404,8 +404,9 @@ def write_bars(rows, path, labels, ref_key, ref_label):
 
 #: (head_dim, seqlen): batch * seqlen = 16384 tokens, heads * head_dim = 2048.
 ATTENTION_SHAPES = {
-    "all": [(d, s) for d in (64, 128, 256) for s in (512, 1024, 2048, 4096, 8192, 16384)],
+    "all": [(d, s) for d in (64, 128, 192, 256) for s in (512, 1024, 2048, 4096, 8192, 16384)],
     "quick": [(d, s) for d in (64, 128) for s in (1024, 4096)],
+    "large": [(d, s) for d in (192, 256) for s in (1024, 4096, 16384)],  # issue 17's new ones
 }
 
 
@@ -460,10 +461,11 @@ def bench_attention(shapes, dtype="bfloat16", reps=20, causal_modes=(False, True
             if ms < theirs:
                 theirs, backend = ms, name
         err = float("nan") if ref is None else (out - ref.transpose(1, 2)).abs().max().item()
+        ran = _chosen_attention(lambda: numbatc.attention(q, k, v, causal=causal, out=out))
         rows.append(dict(batch=b, seqlen=s, heads=h, head_dim=d, causal=causal, dtype=dtype,
                          numbatc_ms=ours, ref_ms=theirs, numbatc_tflops=flops / ours / 1e9,
                          ref_tflops=flops / theirs / 1e9, ratio=theirs / ours, ref_backend=backend,
-                         first_call_s=first, max_abs_err=err))
+                         first_call_s=first, max_abs_err=err, config=ran))
         progress.step(f"d={d} s={s}{' causal' if causal else ''}: {rows[-1]['ratio']:.2f}x SDPA ({backend})")
         q = k = v = out = qt = kt = vt = ref = None
         torch.cuda.empty_cache()
@@ -1137,8 +1139,9 @@ def _parser():
     attention = sub.add_parser("attention", parents=[common], help=_SUBCOMMANDS["attention"],
                                description=_SUBCOMMANDS["attention"])
     attention.add_argument("--shapes", default="all", choices=sorted(ATTENTION_SHAPES),
-                           help="all (default): head_dim 64/128/256 x seqlen 512..16384; quick: "
-                                "head_dim 64/128 x seqlen 1024/4096")
+                           help="all (default): head_dim 64/128/192/256 x seqlen 512..16384; "
+                                "quick: head_dim 64/128 x seqlen 1024/4096; large: head_dim "
+                                "192/256 x seqlen 1024/4096/16384")
     attention.add_argument("--png", metavar="FILE", help="write a bar plot to FILE (needs "
                            "matplotlib: pip install numbatc[plots])")
     attention.add_argument("--configs", action="store_true",

@@ -248,7 +248,9 @@ def test_default_choice(walk):
     assert walk(head_dim=64) == ("sm90_attention", sm90_attention.choose_config(64).name)
     assert walk(head_dim=128) == ("sm90_attention", sm90_attention.choose_config(128).name)
     assert walk(head_dim=32) == ("sm80_attention", "m128n64_w8_qreg")
-    assert walk(head_dim=256) == ("sm80_attention", "m128n32_w8_qsmem")
+    assert walk(head_dim=192) == ("sm90_attention", sm90_attention.choose_config(192).name)
+    assert walk(head_dim=256) == ("sm90_attention", sm90_attention.choose_config(256).name)
+    assert walk(head_dim=96)[0] == "sm80_attention"
     assert walk(head_dim=64, cc=(8, 0))[0] == "sm80_attention"
     assert walk(head_dim=64, cc=(10, 0))[0] == "sm80_attention"
 
@@ -294,7 +296,7 @@ def test_print_config_says_why_sm90_was_passed_over(walk, monkeypatch, capsys):
     assert capsys.readouterr().err == (
         decode.format("sm80_attention", "seqlen_q 100 > 16 (not decode-shaped)")
         + "numbatc.attention: sm80_attention, not sm90_attention: head_dim 32 is not one of "
-        "(64, 128)\n")
+        "(64, 128, 192, 256)\n")
     walk("sm80")
     assert capsys.readouterr().err == (
         decode.format("sm80_attention", "NUMBATC_ATTN_KERNEL=sm80")
@@ -305,6 +307,30 @@ def test_print_config_says_why_sm90_was_passed_over(walk, monkeypatch, capsys):
     walk(head_dim=64)  # sm90 taken: its launch prints the choice
     assert capsys.readouterr().err == decode.format("sm90_attention",
                                                     "seqlen_q 100 > 16 (not decode-shaped)")
+
+
+def test_default_head_dims_switch(walk, monkeypatch, capsys):
+    """sm90_attention.DEFAULT_HEAD_DIMS: the head dims the default walk sends to the Hopper
+    kernel; the others it computes run the portable kernel unless NUMBATC_ATTN_KERNEL=sm90[:cfg]
+    forces them, and NUMBATC_PRINT_CONFIG says so."""
+    monkeypatch.setattr(sm90_attention, "DEFAULT_HEAD_DIMS", (64, 128))
+    assert walk(head_dim=256) == ("sm80_attention", "m128n32_w8_qsmem")
+    assert walk(head_dim=192)[0] == "sm80_attention"
+    assert walk(head_dim=128)[0] == "sm90_attention"
+    assert walk("sm90", head_dim=256) == ("sm90_attention", sm90_attention.DEFAULT_TMA[256])
+    assert walk("sm90:n80_2s_ov_pp_fx", head_dim=256) == ("sm90_attention", "n80_2s_ov_pp_fx")
+    with pytest.raises(ValueError, match=r"'n128_2s_ov_pp_fx_tma' is for head_dim \(64, 128\), "
+                                         "not 256; choose from"):
+        walk("sm90:n128_2s_ov_pp_fx_tma", head_dim=256)
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    capsys.readouterr()
+    walk(head_dim=256)
+    assert ("numbatc.attention: sm80_attention, not sm90_attention: head_dim 256 is not in "
+            "sm90_attention.DEFAULT_HEAD_DIMS (64, 128) (NUMBATC_ATTN_KERNEL=sm90 forces it)\n"
+            ) in capsys.readouterr().err
+    monkeypatch.setattr(sm90_attention, "DEFAULT_HEAD_DIMS", (64, 128, 192, 256))
+    assert walk(head_dim=256) == ("sm90_attention", sm90_attention.DEFAULT_TMA[256])
+    assert walk("sm80", head_dim=256)[0] == "sm80_attention"
 
 
 def test_print_config_names_the_tma_fallback(monkeypatch, capsys):
@@ -324,7 +350,8 @@ def test_print_config_names_the_tma_fallback(monkeypatch, capsys):
         "numbatc.attention: sm90_attention, not sm80_decode_attention: "
         "NUMBATC_ATTN_KERNEL=sm90:n128_2s_ov_pp_fx_tma\n"
         "numbatc.attention B=2 Sq=5 Sk=0 Hq=4 Hkv=2 D=64: sm90_attention n128_2s_ov_pp_fx "
-        "float16 (not n128_2s_ov_pp_fx_tma: seqlen_k is 0 (no key to load))\n")
+        "float16 (not n128_2s_ov_pp_fx_tma: seqlen_k is 0 (no key to load)) "
+        "[named by NUMBATC_ATTN_KERNEL]\n")
 
 
 # --- numbatc.attention_varlen ------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""The Hopper attention kernel without a GPU: every configuration compiles for sm_90a at head_dim
-64 and 128 with the pipeline's instructions in the PTX (wgmma SS for Q K^T, RS with trans-b for
-P V, setmaxnreg, cp.async with mbarrier arrivals, the proxy fence), and assembles whole-program
+"""The Hopper attention kernel without a GPU: every configuration compiles for sm_90a at its head
+dims (64 and 128; 192 or 256 for theirs) with the pipeline's instructions in the PTX (wgmma SS
+for Q K^T, RS with trans-b for P V, setmaxnreg, cp.async with mbarrier arrivals, the proxy
+fence), and assembles whole-program
 (as the driver JITs a setmaxnreg kernel) without local memory, spills, or serialised wgmma
 (C7509 calls, C7513 registers defined inside a wgmma pipeline stage, C7519 injected arrives,
 C7517 injected waits); with nvdisasm on PATH the SASS shows the HGMMAs, and the overlapped
@@ -32,15 +33,23 @@ def _ptx(name, head_dim, dtype="bfloat16", causal=True, with_lse=True, arch="sm_
                        launch_bounds=(cfg.threads, 1))
 
 
-# every config at head_dim 128 (the most registers), the default and the in-order one at 64 too,
-# and f16 without causal mask or lse (about 8 s each: numba compile + ptxas)
-CASES = [(name, 128, "bfloat16", True, True) for name in sorted(attn.CONFIGS)]
+# every config at its largest head dim (the most registers: 128 for most), the default and the
+# in-order one at 64 too, and f16 without causal mask or lse (about 8 s each: numba compile +
+# ptxas; 20 s at head_dim 192 / 256)
+CASES = [(name, max(attn.CONFIGS[name].head_dims), "bfloat16", True, True)
+         for name in sorted(attn.CONFIGS)]
 CASES += [("n128_2s_ov", 64, "bfloat16", True, True), ("n128_2s", 64, "bfloat16", True, True),
           ("n128_2s_ov", 128, "float16", False, False), ("n64_2s", 64, "float16", False, True)]
 # the TMA producer at head_dim 64 (one box per tile) too
 CASES += [("n128_2s_ov_pp_fx_tma", 64, "bfloat16", True, True),
           ("n128_2s_tma", 64, "float16", False, False),
           ("n128_2s_ov_pp_fx_tma_pt", 64, "float16", False, True)]
+# head_dim 192 and 256's defaults and twins in the other variants: ptxas's allocation moved with
+# each (it spilled 4-44 bytes in some before the epilogue computed b and h again)
+CASES += [(name, d, dtype, causal, lse) for d in (192, 256)
+          for name in (attn.DEFAULT_TMA[d], attn.DEFAULT[d])
+          for dtype, causal, lse in (("float16", False, False), ("bfloat16", True, False),
+                                     ("float16", False, True))]
 
 
 @pytest.mark.parametrize("name, d, dtype, causal, with_lse", CASES,
@@ -118,8 +127,12 @@ def test_refused_on_sm80():
 
 
 def test_bad_configs_and_head_dims_are_named():
-    with pytest.raises(ValueError, match="block_n must be 64, 128 or 192"):
-        attn.Sm90AttnConfig("bad", 96)
+    with pytest.raises(ValueError, match=r"block_n must be one of \(64, 80, 96, 112, 128, 192\)"):
+        attn.Sm90AttnConfig("bad", 72)
+    with pytest.raises(ValueError, match="head_dim 256 needs 328704 bytes of shared memory"):
+        attn.Sm90AttnConfig("bad", 128, head_dims=(256,))
+    with pytest.raises(ValueError, match=r"head_dims must be among \(64, 128, 192, 256\)"):
+        attn.Sm90AttnConfig("bad", 64, head_dims=(96,))
     with pytest.raises(ValueError, match="pingpong needs overlap"):
         attn.Sm90AttnConfig("bad", 128, pingpong=True)
     with pytest.raises(ValueError, match="stages must be >= 2"):
@@ -129,12 +142,16 @@ def test_bad_configs_and_head_dims_are_named():
     with pytest.raises(ValueError, match="more than 227 KB"):
         attn.kernel_source(attn.Sm90AttnConfig("big", 192, stages=3),
                            attn.AttnVariant(128, "bfloat16", False, False))
-    with pytest.raises(ValueError, match=r"head_dim \(64, 128\), got 96"):
+    with pytest.raises(ValueError, match=r"head_dim \(64, 128, 192, 256\), got 96"):
         attn.kernel_source(attn.CONFIGS["n128_2s"], attn.AttnVariant(96, "bfloat16", False, False))
-    with pytest.raises(ValueError, match=r"head_dim \(64, 128\), got 256"):
-        attn.choose_config(256)
+    with pytest.raises(ValueError, match=r"head_dim \(64, 128, 192, 256\), got 96"):
+        attn.choose_config(96)
     for d in attn.HEAD_DIMS:
         assert attn.choose_config(d) in attn.CONFIGS.values()
+        assert d in attn.choose_config(d).head_dims
+        assert d in attn.CONFIGS[attn.DEFAULT[d]].head_dims and not attn.CONFIGS[attn.DEFAULT[d]].tma
+        assert d in attn.CONFIGS[attn.DEFAULT_TMA[d]].head_dims
+    assert set(attn.DEFAULT_HEAD_DIMS) <= set(attn.HEAD_DIMS)
 
 
 def test_every_config_fits_shared_memory():
@@ -142,7 +159,7 @@ def test_every_config_fits_shared_memory():
     (a 128-row Q tile, then ``stages`` K and V tiles), and with the 1024-byte static window in
     front of it fits the 227 KB an sm_90 block may have, as check_fits agrees."""
     for cfg in attn.CONFIGS.values():
-        for d in attn.HEAD_DIMS:
+        for d in cfg.head_dims:
             q_lay, k_lay, v_lay, _ = attn._layouts(cfg, d)
             q_bytes = q_lay.nbytes if cfg.tma else 2 * q_lay.nbytes  # cp.async: 2 x 64 rows
             assert q_bytes == 128 * d * 2, (cfg.name, d, q_bytes)
@@ -163,8 +180,8 @@ def test_fast_exp_configs_use_the_two_instruction_exponential(name):
     assert ptx.count("fma.rn.f32") >= 64 > plain.count("fma.rn.f32")
 
 
-@pytest.mark.parametrize("name", sorted(n for n, c in attn.CONFIGS.items() if c.tma))
-@pytest.mark.parametrize("d", attn.HEAD_DIMS)
+@pytest.mark.parametrize("name, d", sorted((n, d) for n, c in attn.CONFIGS.items() if c.tma
+                                            for d in c.head_dims))
 def test_tma_byte_counts_are_the_boxes(name, d):
     """Every expect_tx in the generated producer arms its barrier with exactly the bytes of the
     boxes that signal it (64 head-dim elements x rows x 2 bytes each, out-of-bounds fill
@@ -204,9 +221,9 @@ def test_tma_switch_twins_and_refusals(monkeypatch):
         monkeypatch.setattr(attn, "TMA_BY_DEFAULT", flag)
         assert all(attn.choose_config(d).tma == flag for d in attn.HEAD_DIMS)
     for cfg in attn.CONFIGS.values():
-        for d in attn.HEAD_DIMS:
+        for d in cfg.head_dims:
             twin = attn.twin(cfg, d) if cfg.tma else cfg
-            assert not twin.tma and twin.block_n == cfg.block_n
+            assert not twin.tma and twin.block_n == cfg.block_n and d in twin.head_dims
 
     def operand(ptr=4096, shape=(2, 100, 4, 64), strides=(25600, 256, 64, 1)):
         return SimpleNamespace(ptr=ptr, shape=shape, strides=strides)

@@ -32,6 +32,7 @@ cannot compute the problem or the GPU is not 9.0 (no error); the CPU emulation r
 sm80_attention unless told sm90 (or the problem is decode-shaped).  The flash-decoding kernel
 (``decode``) takes what ``sm80_decode_attention.declines`` does not decline (seqlen_q <= 16 and
 seqlen_k >= 1024) unless another family is forced; forced, it takes any problem it computes.
+sm90_attention declines the head dims outside its ``DEFAULT_HEAD_DIMS`` unless forced.
 ``NUMBATC_ATTN_CONFIG=<name>`` forces sm80_attention's configuration.
 """
 
@@ -297,12 +298,14 @@ def _takes_config(family):
 
 def _attention_passed_over(family, forced, choice, p):
     """Why the attention walk passes over ``family`` without asking it (NUMBATC_ATTN_KERNEL
-    naming another, the emulation, another GPU, a problem the decode kernel declines), or
-    None."""
+    naming another, the emulation, another GPU, a problem the family ``declines`` unless
+    forced), or None."""
     if forced and family.name != forced and _takes_config(family):
         return f"NUMBATC_ATTN_KERNEL={choice}"  # forcing leaves the portable kernel
-    if not forced and family.module is sm80_decode_attention:
-        why = sm80_decode_attention.declines(p)
+    if not forced and hasattr(family.module, "declines"):
+        # problems a family computes but the default walk does not send it (decode-shaped ones
+        # only to flash-decoding; sm90_attention's DEFAULT_HEAD_DIMS)
+        why = family.module.declines(p)
         if why is not None:
             return why
     if _EMULATED and family.cc and family.name != forced:

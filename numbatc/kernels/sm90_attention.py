@@ -19,7 +19,7 @@ replaces with -inf, a zero V row contributes 0 * 0.  The ``_tma`` configurations
 tensor copies instead (numbatc.kernels.sm90_attention_tma; the end of this docstring).
 
 Shared memory (dynamic, 1024-byte aligned; every tile on a 1024-byte boundary, so descriptors
-have base offset 0), with D = head_dim (64 or 128) and BN = BLOCK_N:
+have base offset 0), with D = head_dim (64, 128, 192 or 256) and BN = BLOCK_N:
 
     Q    2 parts (one per consumer) of (64, D) K-major, 128B swizzle      2 x 64 * D * 2 bytes
     K    ``stages`` x (BN, D) K-major (keys = the wgmma N index)            BN * D * 2 each
@@ -75,14 +75,24 @@ import numpy as np
 from numbatc.kernels import sm80_attention
 from numbatc.kernels.build import load_generated
 
-__all__ = ["Sm90AttnConfig", "CONFIGS", "DEFAULT", "DEFAULT_TMA", "HEAD_DIMS", "TMA_BY_DEFAULT",
-           "unsupported", "choose", "compiled", "launch", "choose_config", "kernel_for",
-           "kernel_source", "launch_flat", "resolve", "shared_bytes", "signature", "twin"]
+__all__ = ["Sm90AttnConfig", "CONFIGS", "DEFAULT", "DEFAULT_HEAD_DIMS", "DEFAULT_TMA", "HEAD_DIMS",
+           "TMA_BY_DEFAULT", "unsupported", "choose", "compiled", "declines", "launch",
+           "choose_config", "div_bn", "kernel_for", "kernel_source", "launch_flat", "resolve",
+           "shared_bytes", "signature", "twin", "why_chosen"]
 
 AttnVariant = sm80_attention.AttnVariant
 LOG2E = sm80_attention.LOG2E
-#: head dims this kernel implements (others stay on sm80_attention)
-HEAD_DIMS = (64, 128)
+#: head dims this kernel implements (others stay on sm80_attention): Q, K and V tiles of whole
+#: 128-byte swizzle rows (64 bf16 / f16 columns), O's accumulator (D / 2 registers a thread)
+#: within the consumers' setmaxnreg budget
+HEAD_DIMS = (64, 128, 192, 256)
+#: head dims numbatc.attention's default walk sends here (:func:`declines` the others, which
+#: then run sm80_attention); ``NUMBATC_ATTN_KERNEL=sm90[:<config>]`` forces any of HEAD_DIMS.
+#: 192 and 256 are in since they were added (branch hd256), before their H200 measurements.
+DEFAULT_HEAD_DIMS = (64, 128, 192, 256)
+#: BLOCK_N values: multiples of 16 (the k16 steps of P V; 8-row swizzle atoms of K) whose
+#: m64nBNk16 Q K^T is a legal wgmma (N a multiple of 8 up to 256)
+BLOCK_NS = (64, 80, 96, 112, 128, 192)
 
 _THREADS_PER_WG = 128
 _SWIZZLE = 128
@@ -90,6 +100,7 @@ _BM = 128  # query rows per block: 64 per consumer warpgroup
 # NOTE: ptxas puts the 1024-aligned dynamic window after the static mbarriers, at 1024.
 _STATIC_SHARED = 1024
 _POOL = 65536 // 384 // 8 * 8 * 384  # registers a (384, 1)-bounded block is launched with
+_SHARED_MAX = 227 * 1024  # shared memory an sm_90 block may have
 
 
 @dataclass(frozen=True)
@@ -116,6 +127,8 @@ class Sm90AttnConfig:
     # a persistent grid (one block per SM) walking the (batch, head, query block) tiles, longest
     # first under a causal mask (sm90_attention_tma.WORK_TILE); TMA producers only
     persistent: bool = False
+    # the head dims it is meant for (tested, and chosen by name): its tiles fit shared memory
+    head_dims: tuple = (64, 128)
 
     def __post_init__(self):
         problems = []
@@ -123,8 +136,8 @@ class Sm90AttnConfig:
             problems.append(f"producer must be 'cp_async' or 'tma', got {self.producer!r}")
         if self.persistent and self.producer != "tma":
             problems.append("persistent needs producer='tma'")
-        if self.block_n not in (64, 128, 192):
-            problems.append(f"block_n must be 64, 128 or 192, got {self.block_n}")
+        if self.block_n not in BLOCK_NS:
+            problems.append(f"block_n must be one of {BLOCK_NS}, got {self.block_n}")
         if self.stages < 2:
             problems.append(f"stages must be >= 2, got {self.stages}")
         if self.pingpong and not self.overlap:
@@ -136,6 +149,13 @@ class Sm90AttnConfig:
         if regs > _POOL:
             problems.append(f"setmaxnreg {self.producer_regs}/{self.consumer_regs} needs {regs} "
                             f"registers, more than the block's {_POOL} (168 per thread)")
+        for d in self.head_dims:
+            nbytes = (_BM + 2 * self.stages * self.block_n) * d * 2 + _STATIC_SHARED
+            if d not in HEAD_DIMS:
+                problems.append(f"head_dims must be among {HEAD_DIMS}, got {d}")
+            elif nbytes > _SHARED_MAX:
+                problems.append(f"head_dim {d} needs {nbytes} bytes of shared memory, more than "
+                                "227 KB")
         if problems:
             raise ValueError(f"invalid sm90 attention config {self.name}: " + "; ".join(problems))
 
@@ -171,7 +191,7 @@ CONFIGS = {
         # FA3's inter-warpgroup ping-pong on top of _ov (head_dim 128's default)
         Sm90AttnConfig("n128_2s_ov_pp", 128, overlap=True, pingpong=True),
         Sm90AttnConfig("n64_2s_ov_pp", 64, overlap=True, pingpong=True),
-        # the two-instruction exponential (fast_exp); _pp_fx is the default for both head dims
+        # the two-instruction exponential (fast_exp); _pp_fx is the default for every head dim
         Sm90AttnConfig("n128_2s_ov_fx", 128, overlap=True, fast_exp=True),
         Sm90AttnConfig("n128_2s_ov_pp_fx", 128, overlap=True, pingpong=True, fast_exp=True),
         # TMA producers (sm90_attention_tma): one thread, so 24 registers; the consumers get 240.
@@ -188,6 +208,23 @@ CONFIGS = {
         Sm90AttnConfig("n128_2s_ov_pp_fx_tma_pt", 128, overlap=True, pingpong=True,
                        fast_exp=True, producer="tma", producer_regs=24, consumer_regs=240,
                        persistent=True),
+        # head_dim 256 (FA3's tiles: 128 x 80, 2 stages): O is 128 registers a consumer thread,
+        # S 40, P 20; Q 64 KB + 2 x (K 40 KB + V 40 KB) = 224 KB of shared memory.
+        Sm90AttnConfig("n80_2s_ov_pp_fx_tma", 80, overlap=True, pingpong=True, fast_exp=True,
+                       producer="tma", producer_regs=24, consumer_regs=240, head_dims=(256,)),
+        Sm90AttnConfig("n80_2s_ov_fx_tma", 80, overlap=True, fast_exp=True, producer="tma",
+                       producer_regs=24, consumer_regs=240, head_dims=(256,)),
+        Sm90AttnConfig("n80_2s_ov_pp_fx", 80, overlap=True, pingpong=True, fast_exp=True,
+                       producer_regs=40, consumer_regs=232, head_dims=(256,)),
+        Sm90AttnConfig("n64_2s_ov_pp_fx", 64, overlap=True, pingpong=True, fast_exp=True,
+                       head_dims=(256,)),
+        Sm90AttnConfig("n64_2s_ov_pp_fx_tma", 64, overlap=True, pingpong=True, fast_exp=True,
+                       producer="tma", producer_regs=24, consumer_regs=240, head_dims=(256,)),
+        # head_dim 192 (FA3's 128 x 112): O 96 registers, S 56, P 28; 216 KB
+        Sm90AttnConfig("n112_2s_ov_pp_fx_tma", 112, overlap=True, pingpong=True, fast_exp=True,
+                       producer="tma", producer_regs=24, consumer_regs=240, head_dims=(192,)),
+        Sm90AttnConfig("n112_2s_ov_pp_fx", 112, overlap=True, pingpong=True, fast_exp=True,
+                       head_dims=(192,)),
     )
 }
 
@@ -199,13 +236,15 @@ CONFIGS = {
 #: passed the attention GPU suites (docs/PERFORMANCE.md).  Operands no tensor map describes run
 #: the cp.async twin (:func:`resolve`).
 TMA_BY_DEFAULT = True
-DEFAULT = {64: "n128_2s_ov_pp_fx", 128: "n128_2s_ov_pp_fx"}
-DEFAULT_TMA = {64: "n128_2s_ov_pp_fx_tma", 128: "n128_2s_ov_pp_fx_tma"}
+DEFAULT = {64: "n128_2s_ov_pp_fx", 128: "n128_2s_ov_pp_fx", 192: "n112_2s_ov_pp_fx",
+           256: "n80_2s_ov_pp_fx"}
+DEFAULT_TMA = {64: "n128_2s_ov_pp_fx_tma", 128: "n128_2s_ov_pp_fx_tma",
+               192: "n112_2s_ov_pp_fx_tma", 256: "n80_2s_ov_pp_fx_tma"}
 
 
 def check_fits(cfg: Sm90AttnConfig, head_dim: int):
     nbytes = shared_bytes(cfg, head_dim) + _STATIC_SHARED
-    if nbytes > 227 * 1024:
+    if nbytes > _SHARED_MAX:
         raise ValueError(f"sm90 attention config {cfg.name} at head_dim {head_dim} needs "
                          f"{nbytes} bytes of shared memory, more than 227 KB")
 
@@ -213,9 +252,13 @@ def check_fits(cfg: Sm90AttnConfig, head_dim: int):
 def choose_config(head_dim: int) -> Sm90AttnConfig:
     """The configuration for a head dim (``NUMBATC_ATTN_KERNEL=sm90:<name>`` forces one).
 
-    BLOCK_N = 128 for both head dims (FA3's tile for 64 and 128): the consumers hold O (D / 2
+    BLOCK_N = 128 at head_dim 64 and 128 (FA3's tile for them): the consumers hold O (D / 2
     registers), S (64) and P (32), which fits 232 registers (see tests/test_sm90_attention_compile
-    for ptxas's counts).  Measured on the H200 (bench attention --shapes quick, each config
+    for ptxas's counts).  At 192 and 256 FA3's 112 and 80 (O 96 / 128 registers, S 56 / 40, P 28
+    / 20; 2 stages fill 217 / 225 KB of shared memory): ptxas at head_dim 256 (whole program,
+    bf16, causal, lse): consumers up to R227 of 240, the TMA producer R19 of 24, the cp.async twin
+    (40 / 232) R226 and R31, no spills -- not yet measured on the H200 (DEFAULT_HEAD_DIMS).
+    Measured on the H200 (bench attention --shapes quick, each config
     forced, docs/PERFORMANCE.md): the ping-pong schedule with the two-instruction exponential
     (n128_2s_ov_pp_fx) is best or equal-best for both head dims on every long shape (at seqlen
     4096 hd128 429.6 / 325.4 TFLOP/s not causal / causal against 421.5 / 313.2 for _pp, hd64
@@ -272,6 +315,17 @@ def _tree(op, terms):
     return terms[0]
 
 
+def div_bn(x, BN):
+    """Source of ``x // BN`` for a non-negative int64 ``x`` below 2**32 (key counts: seqlen_k <
+    2**31, see :func:`unsupported`).  NOTE: for a BN that is not a power of two (80, 96, 112) the
+    64-bit division by a constant is a 64-bit magic multiply whose temporaries, computed before
+    the role branch, must fit the producer's setmaxnreg count with everything else live there:
+    at head_dim 256 ptxas spilled n_tiles and Sk - Sq (28-44 bytes) until it was done in 32 bits."""
+    if BN & (BN - 1) == 0:
+        return f"{x} // {BN}"
+    return f"np.int64(np.uint32({x}) // np.uint32({BN}))"
+
+
 def _layouts(cfg, D):
     """(Q, K stage, V stage) shared layouts and the byte offset of consumer 1's Q rows."""
     from intrinsics.layout import SmemLayout
@@ -286,36 +340,55 @@ def _layouts(cfg, D):
             64 * D * 2)                                      # consumer 1's Q part
 
 
-def _loader(w, name, rows, D, delta):
+def _chunks_per_row(D):
+    """Producer threads that share one row of a tile in the cp.async loaders: D / 8 (one 16-byte
+    chunk each) up to head_dim 128; 8 above (one chunk of each 64-column half, the halves in
+    turn), so that the rows a thread steps stay a multiple of the swizzle's 8."""
+    return D // 8 if D <= 128 else 8
+
+
+def _loader(w, name, rows, D, delta, half=0):
     """Emit ``load_<name>``: one producer thread's 16-byte cp.async copies of a (rows, D) tile.
 
-    Thread p copies chunk j = p % (D/8) of rows r0 + i * STEP (r0 = p // (D/8) < STEP = 128 /
-    (D/8), a multiple of 8): in every layout here the shared offset of copy i is the thread's
-    swizzled base ``d`` plus a constant ``delta(i * STEP)`` (the 128B swizzle depends on the row
-    mod 8 only), and the global index advances by STEP rows per copy.
+    Thread p copies chunk j = p % C of rows r0 + i * STEP (C = _chunks_per_row(D), r0 = p // C <
+    STEP = 128 / C, a multiple of 8): in every layout here the shared offset of copy i is the
+    thread's swizzled base ``d`` plus a constant ``delta(i * STEP)`` (the 128B swizzle depends on
+    the row mod 8 only), and the global index advances by STEP rows per copy.  Above head_dim
+    128 (C = 8) each row step copies the chunk j of every 64-column half: ``half`` bytes further
+    in shared memory, 64 elements further in global memory.
 
     NOTE: as in sm90_gemm's loaders, the producer runs in few registers and LLVM's LICM would
     hoist per-copy invariants out of the key loop (and spill them): STEP * ld and the rows left
     pass through ``wgmma_fence_operand`` (an empty volatile asm, opaque to LLVM) so that
     everything derived from them is computed per tile."""
-    cpr = D // 8
+    cpr = _chunks_per_row(D)
     step = _THREADS_PER_WG // cpr
     count = rows // step
-    assert step % 8 == 0 and rows % step == 0, (step, rows)
+    halves = D // 8 // cpr
+    assert step % 8 == 0 and rows % step == 0 and halves * cpr * 8 == D, (step, rows, D)
     w(f"""
 @cuda.jit(device=True, forceinline=True)
 def load_{name}(smem, d, src, g, ld, rows_left):
-    # ({rows}, {D}) tile: {count} copies of 16 bytes per thread, rows r0 + {step} i; rows at or
+    # ({rows}, {D}) tile: {count * halves} copies of 16 bytes per thread, rows r0 + {step} i""" +
+      (f" (x {halves} halves)" if halves > 1 else "") + f"""; rows at or
     # past rows_left (counted from r0) are zero-filled
     row_ld = np.int64(nt.wgmma_fence_operand(np.int32({step} * ld)))
     left = np.int64(nt.wgmma_fence_operand(np.int32(max(min(rows_left, {rows}), -1))))""")
     for i in range(count):
         if i:
             w("    g += row_ld")
-        w(f"""    if {i * step} < left:
+        if halves == 1:
+            w(f"""    if {i * step} < left:
         CP(smem, d + {delta(i * step)}, src, g, 16)
     else:
         CP(smem, d + {delta(i * step)}, src, 0, 0)""")
+            continue
+        w(f"    if {i * step} < left:")
+        for hh in range(halves):
+            w(f"        CP(smem, d + {delta(i * step) + hh * half}, src, g + {64 * hh}, 16)")
+        w("    else:")
+        for hh in range(halves):
+            w(f"        CP(smem, d + {delta(i * step) + hh * half}, src, 0, 0)")
 
 
 def kernel_source(cfg: Sm90AttnConfig, var: AttnVariant) -> str:
@@ -371,9 +444,11 @@ def store_pair(out, base, v0, v1):
     if not tma:
         # Loaders.  Q part p = row // 64 of the block, row % 64 within it; K rows 128 B apart
         # inside each 64-column half; V: 8-key atoms of D * 16 bytes.
-        _loader(w, "q", _BM, D, lambda r: (r // 64) * QPB + (r % 64) * 128)
-        _loader(w, "k", BN, D, lambda r: r * 128)
-        _loader(w, "v", BN, D, lambda r: (r // 8) * D * 16)
+        # Above head_dim 128 the 64-column halves: Q's and K's K-major ones 64 * 128 and
+        # BN * 128 bytes apart, V's 1024 (MN-major: its atoms stack along D).
+        _loader(w, "q", _BM, D, lambda r: (r // 64) * QPB + (r % 64) * 128, 64 * 128)
+        _loader(w, "k", BN, D, lambda r: r * 128, BN * 128)
+        _loader(w, "v", BN, D, lambda r: (r // 8) * D * 16, 1024)
 
     def softmax(ind, masked_cond, pack_p=True):
         """Source: mask S (when masked_cond holds), update the running max and sum, P (p_<v>,
@@ -539,13 +614,13 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
     h = np.int64(np.uint32(bh % np.uint32(Hq)))
     hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))
     off = Sk - Sq  # causal: query i sees keys j <= i + off
-    n_tiles = (Sk + {BN - 1}) // {BN}''')
+    n_tiles = {div_bn(f'(Sk + {BN - 1})', BN)}''')
     if var.causal and not pers:
         w(f'''    last = m0 + {_BM - 1} + off  # the last key the block's last query sees
     if last < 0:
         n_tiles = 0
     else:
-        n_tiles = min(n_tiles, last // {BN} + 1)''')
+        n_tiles = min(n_tiles, {div_bn('last', BN)} + 1)''')
     if tma:
         w(sm90_attention_tma.producer_source(cfg, D, QB, KB, VB0))
     else:
@@ -566,8 +641,8 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
     if wg == 0:
         # ---- producer warpgroup --------------------------------------------------------------
         nt.setmaxnreg_dec({cfg.producer_regs})
-        j = t % {D // 8}
-        r0 = t // {D // 8}
+        j = t % {_chunks_per_row(D)}
+        r0 = t // {_chunks_per_row(D)}
         swz = ((j % 8) ^ (r0 % 8)) * 16
         q_d = (j // 8) * {64 * 128} + r0 * 128 + swz
         k_d = {QB} + (j // 8) * {BN * 128} + r0 * 128 + swz
@@ -607,7 +682,7 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         if wlast < 0:
             n_wg = 0
         else:
-            n_wg = min(n_tiles, wlast // {BN} + 1)''')
+            n_wg = min(n_tiles, {div_bn('wlast', BN)} + 1)''')
     w(f'''        # descriptors: this warpgroup's Q part; K and V stage 0 (stage s: + s * {KB} bytes)
         dq = nt.smem_desc(smem, cw * {QPB}, {q_lay.lbo}, {q_lay.sbo}, {_SWIZZLE})
         dk = nt.smem_desc(smem, {QB}, {k_lay.lbo}, {k_lay.sbo}, {_SWIZZLE})
@@ -715,8 +790,16 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         if cw == 0:
             nt.named_barrier_sync(1, 256)""")
     w(f'''
-        # ---- epilogue: O / l per row (0 for a row that saw no key), stored as {var.dtype} ----
-        o_start = b * o_sb + h * o_sh''')
+        # ---- epilogue: O / l per row (0 for a row that saw no key), stored as {var.dtype} ----''')
+    if D > 128 and not pers:
+        # NOTE: above head_dim 128 (O: 96 or 128 registers a thread) ptxas spilled b and h (20-44
+        # bytes), live from the kernel's start to here across the key loop; they are computed
+        # again from blockIdx.x, which the opaque operand fence keeps LLVM from reusing.
+        w('''        pid = np.uint32(nt.wgmma_fence_operand(np.int32(cuda.blockIdx.x)))
+        bh = np.uint32(pid // np.uint32(m_blocks))
+        b = np.int64(np.uint32(bh // np.uint32(Hq)))
+        h = np.int64(np.uint32(bh % np.uint32(Hq)))''')
+    w("        o_start = b * o_sb + h * o_sh")
     for hh in range(2):
         w(f"        l = quad_sum(l_{hh})")
         w(f"        inv_{hh} = np.float32(1) / l if l > ZERO else ZERO")
@@ -803,13 +886,38 @@ def unsupported(p):
         return f"head_dim {p.head_dim} is not one of {HEAD_DIMS}"
     if p.dtype not in _PTX_TYPE:
         return f"dtype {p.dtype}"
-    # the loaders step 16 rows (head_dim 64) or 8 (128) at a time with an int32 increment
+    # the loaders step 16 rows (head_dim 64, 192, 256) or 8 (128) at a time with an int32 increment
     for name, ca in (("q", p.q), ("k", p.k), ("v", p.v)):
         if ca.shape[1] > 1 and 16 * abs(ca.strides[1]) >= 2**31:
             return f"{name}'s sequence stride {ca.strides[1]} is too large for 32-bit steps"
+    if p.seqlen_k >= 2**31 or p.seqlen_q >= 2**31:
+        return "a sequence of 2**31 or more rows (key tiles are counted in 32 bits)"
     if p.batch * p.heads_q * (-(-p.seqlen_q // _BM)) >= 2**31:
         return "more than 2**31 blocks"
     return None
+
+
+def declines(p):
+    """Why numbatc.attention's default walk does not send problem ``p`` here although this
+    kernel computes it (a head dim outside :data:`DEFAULT_HEAD_DIMS`), or None;
+    ``NUMBATC_ATTN_KERNEL=sm90[:<config>]`` overrides it."""
+    if p.head_dim in HEAD_DIMS and p.head_dim not in DEFAULT_HEAD_DIMS:
+        return (f"head_dim {p.head_dim} is not in sm90_attention.DEFAULT_HEAD_DIMS "
+                f"{DEFAULT_HEAD_DIMS} (NUMBATC_ATTN_KERNEL=sm90 forces it)")
+    return None
+
+
+def why_chosen(p, cfg: Sm90AttnConfig) -> str:
+    """NUMBATC_PRINT_CONFIG's reason for ``cfg`` (as :func:`choose` returned it) for ``p``."""
+    import os
+
+    if os.environ.get("NUMBATC_ATTN_KERNEL", "").partition(":")[2] == cfg.name:
+        return "named by NUMBATC_ATTN_KERNEL"
+    which = "DEFAULT_TMA" if TMA_BY_DEFAULT else "DEFAULT"
+    forced = p.head_dim not in DEFAULT_HEAD_DIMS
+    return (f"{which}[{p.head_dim}]: {cfg.block_m} x {cfg.block_n} tiles, {cfg.stages} stages"
+            + (", head_dim forced by NUMBATC_ATTN_KERNEL (not in DEFAULT_HEAD_DIMS)" if forced
+               else ""))
 
 
 def choose(p, name=None):
@@ -819,6 +927,10 @@ def choose(p, name=None):
     :func:`launch` says why under NUMBATC_PRINT_CONFIG (:func:`resolve`)."""
     if name is not None and name not in CONFIGS:
         raise ValueError(f"no sm90 attention config {name!r}; choose from {sorted(CONFIGS)}")
+    if name and p.head_dim not in CONFIGS[name].head_dims:
+        fits = sorted(n for n, c in CONFIGS.items() if p.head_dim in c.head_dims)
+        raise ValueError(f"sm90 attention config {name!r} is for head_dim "
+                         f"{CONFIGS[name].head_dims}, not {p.head_dim}; choose from {fits}")
     return CONFIGS[name] if name else choose_config(p.head_dim)
 
 
@@ -836,15 +948,16 @@ def launch(p, cfg: Sm90AttnConfig):
     (sm80_attention.pointer_relaunch's; sm90_attention_tma.launch_attention's) or None."""
     import os
 
+    why = why_chosen(p, cfg) if os.environ.get("NUMBATC_PRINT_CONFIG") else None
     cfg, fallback = resolve(p, cfg)
     _, var = compiled(p, cfg)
-    if os.environ.get("NUMBATC_PRINT_CONFIG"):
+    if why is not None:
         import sys
 
         print(f"numbatc.attention B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k} Hq={p.heads_q} "
               f"Hkv={p.heads_kv} D={p.head_dim}{' causal' if p.causal else ''}: sm90_attention "
               f"{cfg.name} {p.dtype}{' +lse' if p.lse is not None else ''}"
-              f"{f' ({fallback})' if fallback else ''}", file=sys.stderr)
+              f"{f' ({fallback})' if fallback else ''} [{why}]", file=sys.stderr)
     if cfg.tma:
         from numbatc.kernels import sm90_attention_tma
 

@@ -18,7 +18,7 @@ with zeros and still counts their bytes (the batch is its own dimension, so a bo
 the next batch's rows).  A zero K row gives a score the mask replaces with -inf, a zero V row
 adds 0 * 0, a zero Q row belongs to a query that is not stored.
 
-    Q    D/64 boxes of (128 rows, 64 d) at d = 0, 64        (128, D) K-major: half j at 16 KB j;
+    Q    D/64 boxes of (128 rows, 64 d) at d = 0, 64 ..     (128, D) K-major: half j at 16 KB j;
                                                             consumer c's rows at 8 KB c
     K    D/64 boxes of (BN keys, 64 d) per stage            (BN, D) K-major, as the cp.async
                                                             producer writes it
@@ -86,6 +86,8 @@ def globals_source(cfg, causal):
     text = _RING.format(stages=cfg.stages)
     if not cfg.persistent:
         return text
+    from numbatc.kernels.sm90_attention import div_bn
+
     BN, BM = cfg.block_n, 128
     if causal:
         order = """    # under the causal mask every (batch, head)'s last query blocks first: the longest work
@@ -96,7 +98,7 @@ def globals_source(cfg, causal):
     if last < 0:
         n_tiles = 0
     else:
-        n_tiles = min(n_tiles, last // {BN} + 1)"""
+        n_tiles = min(n_tiles, {div_bn("last", BN)} + 1)"""
     else:
         order = """    # one (batch, head)'s query blocks side by side: they share K and V in L2
     bh = np.uint32(w // mb)
@@ -116,7 +118,7 @@ def work_tile(tile, bhn, m_blocks, Hq, group, Sk, off):
     b = np.int64(np.uint32(bh // np.uint32(Hq)))
     h = np.int64(np.uint32(bh % np.uint32(Hq)))
     hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))
-    n_tiles = (Sk + {BN - 1}) // {BN}{clamp}
+    n_tiles = {div_bn(f'(Sk + {BN - 1})', BN)}{clamp}
     return m0, b, h, hk, bh, n_tiles
 """
 

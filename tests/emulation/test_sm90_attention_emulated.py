@@ -2,9 +2,9 @@
 through numbatc.attention with ``NUMBATC_ATTN_KERNEL=sm90:<config>``: the warp-specialised
 cp.async -> mbarrier -> wgmma pipeline (SS for Q K^T, RS for P V), the online softmax in the
 accumulator's registers, masks for ragged key tiles and the causal diagonal, rows that see no
-key, GQA, head_dim 64 and 128, bf16 and f16, lse; both schedules (in order, and the overlapped
-one with a wgmma group in flight during the softmax, and that one with the two consumers'
-ping-pong on named barriers), rings of 2 and 3 stages that wrap.  The TMA producers (_tma):
+key, GQA, head_dim 64, 128, 192 and 256, bf16 and f16, lse; both schedules (in order, and the
+overlapped one with a wgmma group in flight during the softmax, and that one with the two
+consumers' ping-pong on named barriers), rings of 2 and 3 stages that wrap.  The TMA producers (_tma):
 tensor copies of Q, K and V through rank-4 maps (out-of-bounds rows zero-filled, the
 emulation's 16-byte start rule and byte counts enforced), on FlashAttention's awkward seqlen
 pairs, GQA / MQA, causal with seqlen_q > seqlen_k, strided (packed, heads-major) views, and
@@ -57,6 +57,18 @@ CASES = [
     # key (causal, seqlen_q > seqlen_k); the ring and q_full's phase run on across tiles
     (1, 400, 30, 3, 1, 128, True, "float16", "n128_2s_ov_pp_fx_tma_pt"),
     (2, 150, 239, 2, 1, 64, False, "bfloat16", "n128_2s_ov_pp_fx_tma_pt"),
+    # head_dim 256 (4 boxes per tile, BN 80: a 32-bit key-tile count; b, h computed again in
+    # the epilogue): GQA, causal, 3 ragged key tiles wrap the 2-stage ring
+    (1, 113, 203, 2, 1, 256, True, "bfloat16", "n80_2s_ov_pp_fx_tma"),
+    # causal with seqlen_q > seqlen_k: 2 blocks, block 0's consumer 0 sees no key
+    (1, 130, 30, 1, 1, 256, True, "float16", "n80_2s_ov_pp_fx_tma"),
+    # the cp.async twin at head_dim 256 (each row step copies the 4 halves), MQA, 3 tiles
+    (1, 40, 170, 3, 1, 256, False, "float16", "n80_2s_ov_pp_fx"),
+    (1, 1, 239, 1, 1, 256, True, "bfloat16", "n64_2s_ov_pp_fx"),  # one query, 4 tiles of 64
+    (2, 20, 90, 1, 1, 256, True, "bfloat16", "n64_2s_ov_pp_fx_tma"),
+    # head_dim 192 (3 boxes, BN 112): GQA, causal, ragged; then the cp.async twin
+    (1, 70, 239, 2, 1, 192, True, "float16", "n112_2s_ov_pp_fx_tma"),
+    (1, 113, 203, 1, 1, 192, False, "bfloat16", "n112_2s_ov_pp_fx"),
 ]
 
 
@@ -120,11 +132,13 @@ def _heads_major(q, k, v, dtype):
 @pytest.mark.parametrize("views, args", [
     (_packed, (2, 70, 70, 2, 2, 64, True, "float16")),
     (_heads_major, (1, 70, 90, 2, 1, 128, False, "float16")),
-], ids=["packed", "heads_major"])
+    (_packed, (1, 70, 70, 2, 2, 256, True, "bfloat16")),
+], ids=["packed", "heads_major", "packed_d256"])
 def test_tma_reads_strided_views_in_place(sm90, views, args):
-    used = sm90("n128_2s_tma")
+    name = "n128_2s_tma" if args[5] <= 128 else sm90_attention.DEFAULT_TMA[args[5]]
+    used = sm90(name)
     check(*args, views=views)
-    assert used == ["n128_2s_tma"]
+    assert used == [name]
 
 
 def test_tma_falls_back_to_cp_async(sm90, capsys, monkeypatch):
@@ -148,3 +162,25 @@ def test_tma_falls_back_to_cp_async(sm90, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "(not n128_2s_ov_pp_fx_tma: k starts at" in err, err
     assert "(not n128_2s_ov_pp_fx_tma: seqlen_k is 0" in err, err
+
+
+def test_tma_falls_back_to_cp_async_at_head_dim_256(sm90, capsys, monkeypatch):
+    """head_dim 256's default (NUMBATC_ATTN_KERNEL=sm90 with no config) on a k that starts 2
+    bytes past a 16-byte boundary: its cp.async twin (BLOCK_N 80, 40 / 232 registers) runs."""
+    from numba import cuda
+
+    from tests.helpers.attention import NP_DTYPE
+
+    def misaligned(q, k, v, dtype):
+        dev = [cuda.to_device(x.astype(NP_DTYPE[dtype])) for x in (q, k, v)]
+        km = cuda.to_device(np.zeros(k.size + 1, NP_DTYPE[dtype]))[1:].reshape(k.shape)
+        km.copy_to_device(dev[1])
+        return dev[0], km, dev[2]
+
+    used = sm90()
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    check(1, 20, 100, 1, 1, 256, True, "float16", views=misaligned)
+    assert used == ["n80_2s_ov_pp_fx"]
+    err = capsys.readouterr().err
+    assert "(not n80_2s_ov_pp_fx_tma: k starts at" in err, err
+    assert "[DEFAULT_TMA[256]: 128 x 80 tiles, 2 stages]" in err, err

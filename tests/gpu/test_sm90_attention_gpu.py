@@ -1,8 +1,8 @@
 """numbatc.attention forced onto the Hopper kernel (``NUMBATC_ATTN_KERNEL=sm90[:<config>]``) on an
 sm_90a GPU, against tests/helpers/attention.py's float64 reference and tolerances: sequence
 lengths 1, primes, tile edges and 1023, seqlen_q != seqlen_k both ways, causal and not, head_dim
-64 and 128, MHA, GQA and MQA, bf16 and f16, Numba and torch arrays, strided and misaligned
-views; outputs poisoned (NaN) before every call, fresh random data every run; lse checked.
+64, 128, 192 and 256 (each configuration at its own), MHA, GQA and MQA, bf16 and f16, Numba and
+torch arrays, strided and misaligned views; outputs poisoned (NaN) before every call, fresh random data every run; lse checked.
 Every call also checks that sm90_attention (not the sm80 fallback) ran, with the config asked
 for.  The TMA configurations (_tma) also on FlashAttention's hard seqlen pairs (113 x 203,
 1023 x 1024, 1 x 239 ...), odd batch and head counts, heads-major (transposed) and packed QKV
@@ -11,8 +11,9 @@ views, and their fallback to the cp.async twin for operands no tensor map descri
 tests/emulation/test_sm90_attention_emulated.py.
 
 Run on the H200:  python3 -m pytest -q tests/gpu/test_sm90_attention_gpu.py
-(``-k sweep`` for the sweep only; ``-k tma`` the TMA configurations; ``-s -k timing`` prints sm90
-against sm80 timings).  scripts/gpu_attention_tma.sh runs them in shards, then the benchmark."""
+(``-k sweep`` for the sweep only; ``-k tma`` the TMA configurations; ``-k large`` head_dim 192
+and 256; ``-s -k timing`` prints sm90 against sm80 timings).  scripts/gpu_attention_tma.sh runs
+them in shards, then the benchmark."""
 
 import math
 
@@ -28,8 +29,13 @@ from tests.helpers import attention as base  # noqa: E402
 from tests.helpers.attention import sm90  # noqa: E402,F401 (the fixture)
 
 check = base.check
-#: the TMA configurations (each falls back to sm90_attention.twin where no tensor map fits)
-TMA_CONFIGS = sorted(n for n, c in sm90_attention.CONFIGS.items() if c.tma)
+#: the TMA configurations of head_dim 64 and 128 (each falls back to sm90_attention.twin where
+#: no tensor map fits)
+TMA_CONFIGS = sorted(n for n, c in sm90_attention.CONFIGS.items() if c.tma and 128 in c.head_dims)
+#: (configuration, head dim) of head_dim 192 and 256 (their tiles fit those head dims only)
+LARGE = sorted((n, d) for n, c in sm90_attention.CONFIGS.items() for d in c.head_dims if d > 128)
+#: every (configuration, head dim) the kernel is built for
+PAIRS = sorted((n, d) for n, c in sm90_attention.CONFIGS.items() for d in c.head_dims)
 #: the sweep's seqlen pairs: the portable kernel's and FlashAttention's test suite's hard ones
 SEQLENS = base.SEQLENS + [(113, 203), (1023, 1024), (1, 239), (239, 1), (1024, 1023), (3, 1024)]
 
@@ -71,8 +77,7 @@ def test_tma_small_cases_first(sm90, name, args):
     assert used == [name]
 
 
-@pytest.mark.parametrize("name", sorted(sm90_attention.CONFIGS))
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("name, d", PAIRS, ids=[f"{n}-{d}" for n, d in PAIRS])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_sweep(sm90, name, d, causal, dtype):
@@ -201,6 +206,78 @@ def test_tma_falls_back_to_cp_async_where_no_map_fits(sm90, name, capsys, monkey
     assert f"not {name}: k starts at" in err and f"not {name}: seqlen_k is 0" in err, err
 
 
+LARGE_SMALL = [
+    # the emulated cases (tests/emulation/test_sm90_attention_emulated.py), on the hardware
+    ("n80_2s_ov_pp_fx_tma", (1, 113, 203, 2, 1, 256, True, "bfloat16")),
+    ("n80_2s_ov_pp_fx_tma", (1, 130, 30, 1, 1, 256, True, "float16")),
+    ("n80_2s_ov_pp_fx", (1, 40, 170, 3, 1, 256, False, "float16")),
+    ("n64_2s_ov_pp_fx", (1, 1, 239, 1, 1, 256, True, "bfloat16")),
+    ("n64_2s_ov_pp_fx_tma", (2, 20, 90, 1, 1, 256, True, "bfloat16")),
+    ("n112_2s_ov_pp_fx_tma", (1, 70, 239, 2, 1, 192, True, "float16")),
+    ("n112_2s_ov_pp_fx", (1, 113, 203, 1, 1, 192, False, "bfloat16")),
+]
+
+
+@pytest.mark.parametrize("name, args", LARGE_SMALL,
+                         ids=[f"{n}-d{a[5]}-{a[1]}x{a[2]}" for n, a in LARGE_SMALL])
+def test_large_head_dims_small_cases_first(sm90, name, args):
+    used = sm90(name)
+    check(*args)
+    assert used == [name]
+
+
+@pytest.mark.parametrize("name, d", LARGE, ids=[f"{n}-{d}" for n, d in LARGE])
+def test_large_head_dims_hard_cases(sm90, name, d):
+    """head_dim 192 and 256: FlashAttention's awkward seqlen pairs, causal with seqlen_q >
+    seqlen_k, odd batch and head counts, GQA / MQA, bf16 and f16, several waves of blocks; the
+    TMA configurations also on heads-major and packed views (read in place) and a misaligned k
+    (their cp.async twin, named by NUMBATC_PRINT_CONFIG)."""
+    torch = pytest.importorskip("torch")
+    cfg = sm90_attention.CONFIGS[name]
+    used = sm90(name)
+    cases = [(3, 113, 203, 6, 2, d, True, "bfloat16"), (1, 1023, 1024, 4, 1, d, True, "float16"),
+             (2, 1, 239, 3, 3, d, False, "bfloat16"), (1, 239, 1, 2, 1, d, True, "float16"),
+             (2, 517, 113, 5, 1, d, True, "bfloat16"), (1, 1024, 1023, 2, 2, d, False, "float16"),
+             (2, 2048, 2048, 8, 2, d, True, "bfloat16"), (1, 3, 1024, 4, 4, d, False, "bfloat16")]
+    for args in cases:
+        check(*args)
+    check(2, 300, 500, 8, 2, d, True, "bfloat16", lib="torch")
+    want = [name] * (len(cases) + 1)
+    if cfg.tma:
+        check(3, 113, 203, 6, 2, d, True, "bfloat16", views=heads_major)
+        check(2, 239, 239, 3, 3, d, False, "float16", views=packed_qkv)
+        want += [name] * 2
+        assert used == want
+        fallback = sm90_attention.twin(cfg, d).name
+
+        def misaligned(q, k, v, dtype):
+            dev = [_torch(x, dtype) for x in (q, k, v)]
+            km = torch.empty(k.size + 1, dtype=dev[1].dtype, device="cuda")[1:].view(k.shape)
+            km.copy_(dev[1])
+            return dev[0], km, dev[2]
+
+        check(1, 100, 77, 2, 1, d, True, "bfloat16", views=misaligned)
+        check(1, 5, 0, 2, 2, d, False)
+        want += [fallback] * 2
+    assert used == want
+
+
+@pytest.mark.parametrize("d", [192, 256])
+def test_large_head_dims_default_walk(d, monkeypatch, capsys):
+    """The default walk (no NUMBATC_ATTN_KERNEL) on the GPU: DEFAULT_HEAD_DIMS decides between
+    the Hopper kernel and the portable one, and NUMBATC_PRINT_CONFIG says which and why."""
+    monkeypatch.delenv("NUMBATC_ATTN_KERNEL", raising=False)
+    monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
+    for heads in [(64, 128, 192, 256), (64, 128)]:
+        monkeypatch.setattr(sm90_attention, "DEFAULT_HEAD_DIMS", heads)
+        check(2, 300, 500, 4, 2, d, True, "bfloat16")
+        err = capsys.readouterr().err
+        if d in heads:
+            assert f"sm90_attention {sm90_attention.choose_config(d).name} bfloat16 +lse [" in err
+        else:
+            assert "sm80_attention, not sm90_attention: head_dim" in err, err
+
+
 def test_timing(sm90, monkeypatch):
     """Prints sm90 (each config) against sm80 (forward, causal and not); asserts nothing about
     speed.  FLOPs: 4 * b * h * sq * sk * d (halved when causal)."""
@@ -209,11 +286,11 @@ def test_timing(sm90, monkeypatch):
     import numbatc
 
     b, h, s = 4, 16, 4096
-    for d in (64, 128):
+    for d in (64, 128, 192, 256):
         q, k, v = (base.to_device(base.values((b, s, h, d), "bfloat16"), "bfloat16") for _ in range(3))
         for causal in (False, True):
             flops = 4 * b * h * s * s * d / (2 if causal else 1)
-            for name in [None, *sorted(sm90_attention.CONFIGS)]:
+            for name in [None, *sorted(n for n, d2 in PAIRS if d2 == d)]:
                 if name is None:
                     monkeypatch.setenv("NUMBATC_ATTN_KERNEL", "sm80")
                 else:
