@@ -5,6 +5,7 @@
 
 Kinds: gemm_sm80, gemm_sm90, gemm_sm90_split (split-K forced), gemm_sm90_persistent, gemm_sm90_ts
 (the TMA store epilogue), gemm_fp8, gemm_fp8_block (blockwise scales), attention_sm80, attention_sm90,
+attention_sm90_large (head_dim 192 / 256 on the Hopper kernel),
 attention_warm (the default kernel's warm call: the pointer relaunch, new pointers each call),
 decode (flash-decoding's split kernel and combine, splits forced), kvcache
 (numbatc.attention_with_kvcache: paged and contiguous, decode and prefill, then garbage lengths
@@ -22,9 +23,12 @@ import sys
 import torch
 
 import numbatc
+from numbatc.kernels import sm90_attention
 
 GEMM = [(128, 256, 64), (200, 264, 136), (77, 1000, 520), (3, 300, 1500)]  # last: split-K
 ATTN = [(1, 113, 2, 1, 64, False), (1, 200, 2, 2, 128, True)]
+#: the Hopper kernel's large head dims (its 128 x 112 and 128 x 80 tiles, two stages)
+ATTN_LARGE = [(1, 113, 2, 1, 192, True, 203), (2, 200, 2, 2, 256, True), (1, 239, 2, 1, 256, False, 1)]
 
 
 def check(name, got, ref, tol):
@@ -59,7 +63,7 @@ def attention(kernel, cases=ATTN, repeat=1):
     if kernel is not None:
         os.environ["NUMBATC_ATTN_KERNEL"] = kernel
     for b, sq, hq, hkv, d, causal, *sk in cases:
-        if kernel == "sm90" and d not in (64, 128):
+        if kernel == "sm90" and d not in sm90_attention.HEAD_DIMS:
             continue
         for _ in range(repeat):  # fresh tensors each time: a warm call on new pointers
             attention_case(kernel, b, sq, sk[0] if sk else sq, hq, hkv, d, causal)
@@ -225,6 +229,7 @@ KINDS = {
     "gemm_sm90_split": gemm_sm90_split, "gemm_sm90_persistent": gemm_sm90_persistent,
     "gemm_sm90_ts": gemm_sm90_ts, "gemm_fp8_block": gemm_fp8_block,
     "attention_sm80": lambda: attention("sm80"), "attention_sm90": lambda: attention("sm90"),
+    "attention_sm90_large": lambda: attention("sm90", ATTN_LARGE),
     "attention_warm": lambda: attention(None, ATTN, repeat=3), "decode": decode,
     "kvcache": kvcache, "attention_backward": attention_backward,
     "softmax": softmax, "gemm_softmax": gemm_softmax,
