@@ -282,6 +282,9 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
     load_kv_paged = make_paged_kv_loader(BN, PE, SWIZZLED, CH, REAL, T)
     SLOTS, lookup_pages, issue_paged = make_paged_kv_lookahead(BN, PE, SWIZZLED, CH, REAL, T)
     N_PG = 2 * SLOTS
+    # NOTE: the lookahead's registers (ptxas -v, sm_80, d256 bf16 m16_w2_k16_s3) took the paged
+    # kernel's spills from 124 to 296 bytes: head dims above 128 look up in front of the copies
+    LOOKAHEAD = PAGED and DP <= 128
 
     @cuda.jit(device=True, forceinline=True)
     def soff(r, c):
@@ -416,7 +419,7 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
                             Sk - kstart - n0, t)
             nt.cp_async_commit_group()
 
-        if PAGED:
+        if LOOKAHEAD:
             # the pages of the next tile the main loop loads, looked up a tile ahead: their
             # loads wait in registers while a tile is computed, not in front of its copies
             pg = cuda.local.array(N_PG, np.int32)
@@ -486,13 +489,17 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
             nxt = n + STAGES - 1
             if nxt < n_tiles:
                 n0 = nxt * BN
-                if PAGED:
+                if LOOKAHEAD:
                     issue_paged(smem, QE + fill * 2 * KE, QE + fill * 2 * KE + KE, k, v,
                                 hk * k_sh, hk * v_sh, pg, Sk - kstart - n0, t, k_sb, k_ss, v_sb,
                                 v_ss)
                     if nxt + 1 < n_tiles:  # the tile after: its pages looked up now
                         lookup_pages(pg, kstart + n0 + BN, Sk - kstart - n0 - BN, t, bt,
                                      b * bt_sb, page_size, pages)
+                elif PAGED:
+                    load_kv_paged(smem, QE + fill * 2 * KE, QE + fill * 2 * KE + KE, k, v,
+                                  hk * k_sh, hk * v_sh, kstart + n0, Sk - kstart - n0, t, bt,
+                                  b * bt_sb, page_size, pages, k_sb, k_ss, v_sb, v_ss)
                 else:
                     load_kv(smem, QE + fill * 2 * KE, k, k_start + n0 * k_ss, k_ss,
                             Sk - kstart - n0, t)
