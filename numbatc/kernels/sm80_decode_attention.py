@@ -63,7 +63,7 @@ import intrinsics as nt
 from numbatc.kernels import split_k
 from numbatc.kernels.build import load_generated
 from numbatc.kernels.sm80_attention import kv_arguments, kernel_arguments, shared_layout
-from numbatc.kernels.tiles import make_paged_kv_loader
+from numbatc.kernels.tiles import make_paged_kv_lookahead, make_paged_kv_loader
 
 __all__ = ["CONFIGS", "DecodeConfig", "DecodeVariant", "MAX_SEQLEN_Q", "MIN_SEQLEN_K",
            "choose", "choose_config", "compiled", "declines", "kernel_for", "kernel_source",
@@ -126,7 +126,8 @@ class DecodeVariant:
     (numbatc.attention_with_kvcache): ``kv_cache``, each sequence's key count read from
     cache_seqlens (clamped to the cache) and its keys split into the grid's splits by that
     count; ``paged`` (with kv_cache), the keys read through a block table (one page lookup per
-    16-row group of a tile: numbatc.kernels.tiles.make_paged_kv_loader)."""
+    16-row group of a tile, a tile ahead of its copies: numbatc.kernels.tiles'
+    make_paged_kv_lookahead)."""
 
     head_dim: int
     dtype: str  # 'bfloat16' | 'float16'
@@ -279,6 +280,11 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
     pack = nt.pack_bf16x2 if var.dtype == "bfloat16" else nt.pack_f16x2
     KV, PAGED = var.kv_cache, var.paged
     load_kv_paged = make_paged_kv_loader(BN, PE, SWIZZLED, CH, REAL, T)
+    SLOTS, lookup_pages, issue_paged = make_paged_kv_lookahead(BN, PE, SWIZZLED, CH, REAL, T)
+    N_PG = 2 * SLOTS
+    # NOTE: the lookahead's registers (ptxas -v, sm_80, d256 bf16 m16_w2_k16_s3) took the paged
+    # kernel's spills from 124 to 296 bytes: head dims above 128 look up in front of the copies
+    LOOKAHEAD = PAGED and DP <= 128
 
     @cuda.jit(device=True, forceinline=True)
     def soff(r, c):
@@ -413,6 +419,17 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
                             Sk - kstart - n0, t)
             nt.cp_async_commit_group()
 
+        if LOOKAHEAD:
+            # the pages of the next tile the main loop loads, looked up a tile ahead: their
+            # loads wait in registers while a tile is computed, not in front of its copies
+            pg = cuda.local.array(N_PG, np.int32)
+            for x in range(N_PG):
+                pg[x] = 0
+            if STAGES - 1 < n_tiles:
+                n0 = (STAGES - 1) * BN
+                lookup_pages(pg, kstart + n0, Sk - kstart - n0, t, bt, b * bt_sb, page_size,
+                             pages)
+
         # ---- per-lane ldmatrix rows and swizzle parts (see chunk):
         #   Q (A, [m][k]):         row lane % 16,                      g = lane // 16
         #   K (B, [n][k]):         row (lane // 16) * 8 + lane % 8,    g = (lane // 8) % 2
@@ -472,7 +489,14 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
             nxt = n + STAGES - 1
             if nxt < n_tiles:
                 n0 = nxt * BN
-                if PAGED:
+                if LOOKAHEAD:
+                    issue_paged(smem, QE + fill * 2 * KE, QE + fill * 2 * KE + KE, k, v,
+                                hk * k_sh, hk * v_sh, pg, Sk - kstart - n0, t, k_sb, k_ss, v_sb,
+                                v_ss)
+                    if nxt + 1 < n_tiles:  # the tile after: its pages looked up now
+                        lookup_pages(pg, kstart + n0 + BN, Sk - kstart - n0 - BN, t, bt,
+                                     b * bt_sb, page_size, pages)
+                elif PAGED:
                     load_kv_paged(smem, QE + fill * 2 * KE, QE + fill * 2 * KE + KE, k, v,
                                   hk * k_sh, hk * v_sh, kstart + n0, Sk - kstart - n0, t, bt,
                                   b * bt_sb, page_size, pages, k_sb, k_ss, v_sb, v_ss)

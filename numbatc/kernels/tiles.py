@@ -11,7 +11,7 @@ from numba import cuda  # a module global: the simulator swaps it in device func
 
 import intrinsics as nt
 
-__all__ = ["make_paged_kv_loader", "make_tile_coords"]
+__all__ = ["make_paged_kv_lookahead", "make_paged_kv_loader", "make_tile_coords"]
 
 
 @functools.cache
@@ -122,3 +122,87 @@ def make_paged_kv_loader(rows, pitch, swizzled, chunks, real_chunks, threads):
                         CP(smem, vs + soff(r, c), v, 0, 0)
 
     return load_kv_paged
+
+
+@functools.cache
+def make_paged_kv_lookahead(rows, pitch, swizzled, chunks, real_chunks, threads):
+    """(slots, lookup, issue): :func:`make_paged_kv_loader`'s load in two halves, so that a
+    kernel can look the pages of tile n + 1 up while tile n is computed (the lookups' global
+    loads then wait in registers, not in front of the copies).
+
+    ``lookup(pg, key0, rlim, t, bt, bt_row, page_size, pages)`` writes this thread's (page, row
+    in the page) pairs of the tile starting at key ``key0`` into ``pg`` (an int32 local array of
+    ``2 * slots``); ``issue(smem, ks, vs, k, v, k_head, v_head, pg, rlim, t, k_sp, k_ss, v_sp,
+    v_ss)`` makes the copies from them (``rlim`` as the lookup's).  Arguments as
+    make_paged_kv_loader's."""
+    CH, REAL, T = chunks, real_chunks, threads
+    TOTAL = rows * CH
+    COPIES = -(-TOTAL // T)
+    BY_ROWS = T % CH == 0 and rows % (T // CH) == 0
+    STEP = T // CH if BY_ROWS else 0
+    PER_LOOKUP = max(1, 16 // STEP) if BY_ROWS else 1
+    SLOTS = COPIES // PER_LOOKUP
+    CP = nt.cp_async_op(16, zfill=True)
+
+    @cuda.jit(device=True, forceinline=True)
+    def soff(r, c):
+        if swizzled:
+            return np.int32(r * pitch + ((c ^ (r & 7)) << 3))
+        return np.int32(r * pitch + (c << 3))
+
+    @cuda.jit(device=True, forceinline=True)
+    def lookup(pg, key0, rlim, t, bt, bt_row, page_size, pages):
+        c = t % CH
+        for j in range(SLOTS):
+            if BY_ROWS:
+                r = t // CH + j * PER_LOOKUP * STEP
+                live = r < rlim
+            else:
+                i = t + j * T
+                r = i // CH
+                c = i % CH
+                live = (TOTAL % T == 0 or i < TOTAL) and r < rlim and c < REAL
+            if live:
+                key = np.uint32(key0 + r)
+                blk = np.uint32(key // np.uint32(page_size))
+                page = min(max(np.int64(bt[bt_row + np.int64(blk)]), 0), pages - 1)
+                pg[2 * j] = np.int32(page)
+                pg[2 * j + 1] = np.int32(np.uint32(key - np.uint32(blk * np.uint32(page_size))))
+
+    @cuda.jit(device=True, forceinline=True)
+    def issue(smem, ks, vs, k, v, k_head, v_head, pg, rlim, t, k_sp, k_ss, v_sp, v_ss):
+        if BY_ROWS:
+            r0 = t // CH
+            c = t % CH
+            for j in range(SLOTS):
+                rg = r0 + j * PER_LOOKUP * STEP
+                page = np.int64(pg[2 * j])
+                prow = np.int64(pg[2 * j + 1])
+                kg = page * k_sp + prow * k_ss + k_head + c * 8
+                vg = page * v_sp + prow * v_ss + v_head + c * 8
+                for i in range(PER_LOOKUP):
+                    r = rg + i * STEP
+                    if r < rlim and c < REAL:
+                        CP(smem, ks + soff(r, c), k, kg + i * STEP * k_ss, 16)
+                        CP(smem, vs + soff(r, c), v, vg + i * STEP * v_ss, 16)
+                    else:
+                        CP(smem, ks + soff(r, c), k, 0, 0)
+                        CP(smem, vs + soff(r, c), v, 0, 0)
+        else:
+            for j in range(COPIES):
+                i = t + j * T
+                if TOTAL % T == 0 or i < TOTAL:
+                    r = i // CH
+                    c = i % CH
+                    if r < rlim and c < REAL:
+                        page = np.int64(pg[2 * j])
+                        prow = np.int64(pg[2 * j + 1])
+                        CP(smem, ks + soff(r, c), k, page * k_sp + prow * k_ss + k_head + c * 8,
+                           16)
+                        CP(smem, vs + soff(r, c), v, page * v_sp + prow * v_ss + v_head + c * 8,
+                           16)
+                    else:
+                        CP(smem, ks + soff(r, c), k, 0, 0)
+                        CP(smem, vs + soff(r, c), v, 0, 0)
+
+    return SLOTS, lookup, issue

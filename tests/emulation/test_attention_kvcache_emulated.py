@@ -54,6 +54,7 @@ DECODE = [
     (2, 1, [70, 16], 2, 2, 40, True, "bfloat16", 16),      # padded head_dim, a full last page
     (2, 1, [90, 7], 2, 1, 128, False, "bfloat16", 16),     # 4 rows of a thread per lookup
     (2, 3, [33, 64], 2, 2, 64, True, "float16", 16),       # 2 rows of a thread per lookup
+    (2, 1, [40, 17], 2, 1, 144, False, "float16", 16),     # above 128: no lookahead
     (3, 1, [0, 17, 40], 4, 2, 40, False, "float16", None),  # contiguous cache
     (2, 4, [2, 33], 4, 1, 32, True, "bfloat16", None),     # MQA, causal, contiguous
 ]
