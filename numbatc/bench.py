@@ -407,6 +407,9 @@ ATTENTION_SHAPES = {
     "all": [(d, s) for d in (64, 128, 192, 256) for s in (512, 1024, 2048, 4096, 8192, 16384)],
     "quick": [(d, s) for d in (64, 128) for s in (1024, 4096)],
     "large": [(d, s) for d in (192, 256) for s in (1024, 4096, 16384)],  # issue 17's new ones
+    # one head dim each: NUMBATC_ATTN_KERNEL=sm90:<config> names a configuration of that head dim
+    "hd192": [(192, s) for s in (1024, 4096, 16384)],
+    "hd256": [(256, s) for s in (1024, 4096, 16384)],
 }
 
 
@@ -1141,7 +1144,7 @@ def _parser():
     attention.add_argument("--shapes", default="all", choices=sorted(ATTENTION_SHAPES),
                            help="all (default): head_dim 64/128/192/256 x seqlen 512..16384; "
                                 "quick: head_dim 64/128 x seqlen 1024/4096; large: head_dim "
-                                "192/256 x seqlen 1024/4096/16384")
+                                "192/256 x seqlen 1024/4096/16384; hd192, hd256: one of them")
     attention.add_argument("--png", metavar="FILE", help="write a bar plot to FILE (needs "
                            "matplotlib: pip install numbatc[plots])")
     attention.add_argument("--configs", action="store_true",
