@@ -28,9 +28,11 @@
 #              tile) and bench attention with NUMBATC_ATTN_KERNEL=sm80
 #   serving    issue 20's backward and KV-cache attention and issue 17's Hopper head dims: their
 #              GPU suites with the attention suites they share kernels with (tests.txt,
-#              testlogs.txt), compute-sanitizer on their cases (sanitize.txt), then the benchmarks
-#              (bench.txt): attention-backward, decode --paged, attention at head_dim 256
-#              (SERVING_TESTS / SERVING_K / SERVING_BENCH / SERVING_SANITIZE override the parts)
+#              testlogs.txt) beside compute-sanitizer on their cases (sanitize.txt) and the
+#              benchmarks' first compiles, then the benchmarks (bench.txt): attention at head_dim
+#              192 / 256, attention-backward, decode (paged and not). SERVING_TESTS / SERVING_K,
+#              SERVING_SANITIZE_CASES (tool:kind words), SERVING_BENCHES ('|'-separated bench
+#              arguments, optionally led by one VAR=value), SERVING_BENCH=0 / SERVING_SANITIZE=0
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -195,24 +197,38 @@ if [[ $what == attnbench ]]; then
 fi
 
 if [[ $what == serving ]]; then
+  # three things at once: the suites in contiguous shards, compute-sanitizer on the new kernels'
+  # cases, and the benchmarks' kernels compiling into the round's cache (SERVING_WARM, one
+  # process each, --reps 1); then the benchmarks one at a time on a quiet GPU
   : "${SERVING_TESTS:=tests/gpu/test_attention_backward_gpu.py tests/gpu/test_attention_kvcache_gpu.py tests/gpu/test_attention_gpu.py tests/gpu/test_decode_attention_gpu.py tests/gpu/test_attention_varlen_gpu.py tests/gpu/test_sm90_attention_gpu.py tests/gpu/test_torch_gpu.py}"
+  : "${SERVING_BENCHES:=attention --shapes large|attention-backward --shapes quick|decode --shapes quick --paged 16|decode --shapes quick}"
+  IFS='|' read -ra benches <<< "$SERVING_BENCHES"
+  bench() {  # bench LIMIT ARGS...: python -m numbatc.bench ARGS, a leading VAR=value its env
+    local limit=$1; shift
+    [[ $1 == *=* ]] && { local e=$1; shift; t $limit env $e $py -m numbatc.bench "$@"; } \
+      || t $limit $py -m numbatc.bench "$@"
+  }
+  for b in "${benches[@]}"; do
+    [[ ${SERVING_BENCH:-1} == 0 ]] || bench ${SERVING_WARM_LIMIT:-250} $b --reps 1 > /dev/null &
+  done
   $py scripts/pytest_shards.py --shards ${SERVING_SHARDS:-15} --timeout ${SERVING_TIMEOUT:-300} \
     --contiguous --out /tmp/shards_serving $SERVING_TESTS -- -k "${SERVING_K:-not timing}" \
-    --tb=short -rs > /tmp/serving_tests.txt 2>&1
-  { cat /tmp/serving_tests.txt; echo "[tests done at $((SECONDS - start)) s]"; } > "$out/tests.txt"
-  for f in /tmp/shards_serving/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+    --tb=short -rs > /tmp/serving_tests.txt 2>&1 &
   [[ ${SERVING_SANITIZE:-1} == 0 ]] || {
-    for case in memcheck:attention_backward racecheck:attention_backward memcheck:kvcache \
-                racecheck:kvcache ${SERVING_SANITIZE_MORE:-}; do
+    for case in ${SERVING_SANITIZE_CASES:-memcheck:attention_backward racecheck:attention_backward memcheck:kvcache racecheck:kvcache}; do
       set -- ${case/:/ }
       echo "== $1 $2"
       t 90 compute-sanitizer --tool $1 --report-api-errors no --print-limit 5 \
         $py scripts/sanitize_cases.py $2 | grep -vE "^\s*$" | tail -8
-    done > "$out/sanitize.txt"; }
+    done > "$out/sanitize.txt"; } &
+  wait
+  { cat /tmp/serving_tests.txt; echo "[tests done at $((SECONDS - start)) s]"; } > "$out/tests.txt"
+  for f in /tmp/shards_serving/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
   [[ ${SERVING_BENCH:-1} == 0 ]] || {
-    eval "${SERVING_BENCH_CMDS:-t 150 $py -m numbatc.bench attention-backward --shapes quick;
-      t 100 $py -m numbatc.bench decode --shapes quick --paged 16;
-      t 100 $py -m numbatc.bench decode --shapes quick}"
+    for b in "${benches[@]}"; do
+      echo "== bench $b"
+      bench ${SERVING_BENCH_LIMIT:-120} $b
+    done
     echo "[bench done at $((SECONDS - start)) s]"
   } 2>&1 | grep -vE "\[#* *\] [0-9]+/[0-9]+ " > "$out/bench.txt"
 fi
