@@ -220,15 +220,7 @@ def _attention_checked(q, k, v, causal, scale, out, return_lse):
     device, cc = _checked_device(Q, K, V, OUT)
 
     # --- results --------------------------------------------------------------------------------
-    if OUT is None:
-        result = alloc.allocate_like(q, Q.shape, Q.dtype)
-        OUT = arrays.as_cuda_array(result, "out")
-    else:
-        result = out
-    lse_result = LSE = None
-    if return_lse:
-        lse_result = alloc.allocate_like(q, (batch, heads_q, seqlen_q), "float32")
-        LSE = arrays.as_cuda_array(lse_result, "lse")
+    result, OUT, lse_result, LSE = _results(q, out, OUT, Q, return_lse, (batch, heads_q, seqlen_q))
     done = (result, lse_result) if return_lse else result
     if batch == 0 or seqlen_q == 0 or heads_q == 0:
         return done, None, None
@@ -299,6 +291,18 @@ def _checked_out(out, Q, K, V, shapes):
                 raise ValueError(f"out overlaps {name} in memory; numbatc.attention cannot write its "
                                  "result over an input: pass a separate out")
     return OUT
+
+
+def _results(q, out, OUT, Q, return_lse, lse_shape):
+    """(out, its CudaArray, lse, its CudaArray): the caller's out or a new array like q, and a
+    new float32 lse of ``lse_shape`` when asked (else None, None)."""
+    if OUT is None:
+        out = alloc.allocate_like(q, Q.shape, Q.dtype)
+        OUT = arrays.as_cuda_array(out, "out")
+    if not return_lse:
+        return out, OUT, None, None
+    lse = alloc.allocate_like(q, lse_shape, "float32")
+    return out, OUT, lse, arrays.as_cuda_array(lse, "lse")
 
 
 def _checked_device(Q, K, V, OUT):
@@ -384,15 +388,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         _check_prefix_sums("cu_seqlens_q", host_q, total_q, "max_seqlen_q", max_seqlen_q)
         _check_prefix_sums("cu_seqlens_k", host_k, total_k, "max_seqlen_k", max_seqlen_k)
 
-    if OUT is None:
-        result = alloc.allocate_like(q, Q.shape, Q.dtype)
-        OUT = arrays.as_cuda_array(result, "out")
-    else:
-        result = out
-    lse_result = LSE = None
-    if return_lse:
-        lse_result = alloc.allocate_like(q, (heads_q, total_q), "float32")
-        LSE = arrays.as_cuda_array(lse_result, "lse")
+    result, OUT, lse_result, LSE = _results(q, out, OUT, Q, return_lse, (heads_q, total_q))
     done = (result, lse_result) if return_lse else result
     if batch == 0 or total_q == 0 or heads_q == 0 or max_seqlen_q == 0:
         return done
@@ -596,15 +592,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
     if CS.shape != (batch,):
         raise ValueError(f"cache_seqlens must have shape (batch,) = ({batch},), got {CS.shape}")
 
-    if OUT is None:
-        result = alloc.allocate_like(q, Q.shape, Q.dtype)
-        OUT = arrays.as_cuda_array(result, "out")
-    else:
-        result = out
-    lse_result = LSE = None
-    if return_lse:
-        lse_result = alloc.allocate_like(q, (batch, heads_q, seqlen_q), "float32")
-        LSE = arrays.as_cuda_array(lse_result, "lse")
+    result, OUT, lse_result, LSE = _results(q, out, OUT, Q, return_lse, (batch, heads_q, seqlen_q))
     done = (result, lse_result) if return_lse else result
     if batch == 0 or seqlen_q == 0 or heads_q == 0:
         return done
