@@ -1,9 +1,10 @@
 """``python -m numbatc``: the project's main job.
 
 On a machine with a CUDA GPU it runs every example in ``examples/`` and checks its result.  Without
-one it compiles every example kernel, numbatc's default GEMM and attention kernels and every
-intrinsic probe (:mod:`intrinsics.catalog`) for each architecture the project claims, assembles
-the PTX with nvJitLink, runs every example in the CPU emulation (each in a child process with
+one it compiles every example kernel, numbatc's default GEMM and attention kernels (with the
+attention backward and the paged decode kernel) and every intrinsic probe
+(:mod:`intrinsics.catalog`) for each architecture the project claims, assembles the PTX with
+nvJitLink, runs every example in the CPU emulation (each in a child process with
 ``NUMBA_ENABLE_CUDASIM=1``: the simulator must be chosen before numba is imported), and reports
 what it found.  The exit status is 0 only when everything that should work did.
 """
@@ -113,8 +114,10 @@ def compile_examples(modules, archs):
 def _library_kernels():
     """(name, kernel, signature, arch, launch_bounds) of the kernels numbatc.gemm and
     numbatc.attention choose by default: the portable ones for sm_80, the Hopper ones (TMA and
-    cp.async producers, bf16 and FP8) for sm_90a."""
-    from numbatc.kernels import sm80_attention, sm80_gemm, sm90_attention, sm90_gemm
+    cp.async producers, bf16 and FP8; attention at head_dim 128 and 256) for sm_90a; and those
+    of numbatc.attention_backward and of numbatc.attention_with_kvcache's paged decode."""
+    from numbatc.kernels import (sm80_attention, sm80_attention_backward, sm80_decode_attention,
+                                 sm80_gemm, sm90_attention, sm90_gemm)
     from numbatc.kernels.epilogue import GemmVariant
 
     bf16 = GemmVariant("row", "col", "bfloat16", "bfloat16", None, None, None)
@@ -133,9 +136,25 @@ def _library_kernels():
     cfg = sm80_attention.choose_config(128)
     cases.append((f"sm80_attention {cfg.name}", sm80_attention.kernel_for(cfg, var),
                   sm80_attention.signature(var), "sm_80", None))
-    cfg = sm90_attention.choose_config(128)
-    cases.append((f"sm90_attention {cfg.name}", sm90_attention.kernel_for(cfg, var),
-                  sm90_attention.signature(var, cfg), "sm_90a", (cfg.threads, 1)))
+    for d in (128, 256):  # head_dim 256: the Hopper kernel's 128 x 80 tiles
+        var = sm80_attention.AttnVariant(d, "bfloat16", True, True)
+        cfg = sm90_attention.choose_config(d)
+        cases.append((f"sm90_attention {cfg.name} d{d}", sm90_attention.kernel_for(cfg, var),
+                      sm90_attention.signature(var, cfg), "sm_90a", (cfg.threads, 1)))
+    # the attention backward's three kernels, and flash-decoding over a paged KV cache
+    bvar = sm80_attention_backward.BwdVariant(128, "bfloat16", True)
+    bcfg = sm80_attention_backward.choose_config(128)
+    sigs = sm80_attention_backward.signatures()
+    for part, kernel in sm80_attention_backward.kernels_for(bcfg, bvar).items():
+        cases.append((f"sm80_attention_backward {bcfg.name} {part}", kernel,
+                      sigs["dkdv" if part in ("both", "dk", "dv") else part], "sm_80", None))
+    dvar = sm80_decode_attention.DecodeVariant(128, "bfloat16", True, True, kv_cache=True,
+                                               paged=True)
+    dcfg = sm80_decode_attention.CONFIGS["m16_w4_k16_s3"]
+    for part, kernel, sig in zip(("split", "combine"), sm80_decode_attention.kernel_for(dcfg, dvar),
+                                 sm80_decode_attention.signature(dvar)):
+        cases.append((f"sm80_decode_attention {dcfg.name} paged {part}", kernel, sig, "sm_80",
+                      None))
     return cases
 
 
