@@ -84,6 +84,16 @@ def _set_kernel_attribute(core_kernel, device, attribute, value):
         raise LaunchError(f"cuKernelSetAttribute({attribute}, {value}) failed: {err.name}")
 
 
+def _kernel_attribute(core_kernel, device, attribute):
+    from cuda.bindings import driver
+
+    attr = getattr(driver.CUfunction_attribute, attribute)
+    err, value = driver.cuKernelGetAttribute(attr, core_kernel.handle, device.id)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise LaunchError(f"cuKernelGetAttribute({attribute}) failed: {err.name}")
+    return value
+
+
 # PTX ISA versions to try when the driver's JIT is older than the NVVM that wrote the PTX (pip's
 # NVVM 13.5 writes 9.5; a CUDA 13.0 driver reads up to 9.0).  NVVM writes its own newest version,
 # not the oldest the kernel needs; everything the intrinsics emit exists in PTX 8.0 or later.
@@ -233,35 +243,49 @@ def compile_kernel(kernel, signature, whole_program=None):
     :func:`linear_singly_assigned_scan`, and a kernel that will be loaded through the driver's
     whole-program JIT (``whole_program`` None or True, see :func:`_ptx_link_for_whole_program`)
     linked from its PTX.  ``numbatc.precompile`` fills the disk cache through this function, so
-    that what it stores is what a launch looks up."""
-    with linear_singly_assigned_scan(), _ptx_link_for_whole_program(whole_program is not False):
+    that what it stores is what a launch looks up.  intrinsics.compile_passes' faster SSA pass and
+    memo of call types make the same kernel in less time."""
+    from intrinsics.compile_passes import linear_ssa, memo_call_types
+
+    with linear_singly_assigned_scan(), linear_ssa(), memo_call_types(), \
+            _ptx_link_for_whole_program(whole_program is not False):
         return kernel.compile(tuple(signature))
 
 
 def _plan(kernel, signature, shared_bytes, cluster, whole_program):
     """Compile, load and configure a kernel once: (compiled kernel, cuda.core kernel)."""
     compiled = compile_kernel(kernel, signature, whole_program)
-    cufunc = compiled._codelibrary.get_cufunc()
+    library = compiled._codelibrary
     if whole_program is None:
-        whole_program = "setmaxnreg" in compiled._codelibrary.get_asm_str()
-    core_kernel = _whole_program_kernel(compiled, cufunc.device) if whole_program else cufunc.kernel
+        whole_program = "setmaxnreg" in library.get_asm_str()
+    if whole_program:
+        # numba's module of this kernel is never launched: not made (see
+        # _ptx_link_for_whole_program), unless something asked numba for it
+        from numba.cuda.cudadrv import devices
+
+        device = devices.get_context().device
+        core_kernel = _whole_program_kernel(compiled, device)
+        static = _kernel_attribute(core_kernel, device, "CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES")
+    else:
+        cufunc = library.get_cufunc()
+        device, core_kernel, static = cufunc.device, cufunc.kernel, cufunc.attrs.shared
 
     # NOTE: without the opt-in, dynamic shared memory is limited to 48 KB *minus the kernel's
     # static shared memory*: 48 KB of dynamic plus one static byte fails at launch with
     # CUDA_ERROR_INVALID_VALUE (seen on the H200 with sm80_gemm_softmax's 32x64 tile: 49152 B of
     # stages plus its reduction array).
-    static = cufunc.attrs.shared if shared_bytes else 0
+    static = static if shared_bytes else 0
     if shared_bytes + static > _DEFAULT_DYNAMIC_LIMIT:
-        limit = max_dynamic_shared_bytes(cufunc.device)
+        limit = max_dynamic_shared_bytes(device)
         if shared_bytes + static > limit:
             raise LaunchError(
                 f"{shared_bytes} B of dynamic shared memory plus {static} B static exceeds the "
                 f"device's per-block limit of {limit} B"
             )
-        _set_kernel_attribute(core_kernel, cufunc.device, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", shared_bytes)
+        _set_kernel_attribute(core_kernel, device, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", shared_bytes)
 
     if cluster is not None and cluster[0] * cluster[1] * cluster[2] > 8:
-        _set_kernel_attribute(core_kernel, cufunc.device,
+        _set_kernel_attribute(core_kernel, device,
                               "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1)
     return compiled, core_kernel
 
@@ -516,27 +540,46 @@ def _ptx_link_for_whole_program(active=True):
     PTX skips the LTO-IR and the LTO link (0.3 s of the 2.5 s of CPU time that sm90_gemm's
     128x256x64_4s_pt_tma takes to compile on a 2-core host); the PTX is the same text (up to the
     order of its unused environment symbols, which differs between any two processes), so the
-    driver runs the same code (ptxas' whole-program SASS of both: byte-identical).  The cubin made
-    from the PTX still gives the loaded module and its static shared memory."""
+    driver runs the same code (ptxas' whole-program SASS of both: byte-identical).
+
+    Nor is such a kernel bound: numba's compile binds every new kernel (``_Kernel.bind``: link the
+    cubin, load it into the context), only for _plan to load the kernel a second time from its
+    PTX.  Within the block the binding of a setmaxnreg kernel is skipped (0.3-1.0 s of a first
+    call: nvJitLink's ptxas and the module load); _plan takes the device and the static shared
+    memory from the driver's whole-program kernel, and anything that asks numba for the cubin
+    later (its SASS, its registers) still gets it, linked then."""
     import os
 
     if not active or os.environ.get("NUMBATC_LTO_LINK"):
         yield
         return
-    from numba.cuda import codegen
+    from numba.cuda import codegen, dispatcher
 
     original = codegen.CUDACodeLibrary.__dict__["get_cubin"]
+    original_bind = dispatcher._Kernel.bind  # (precompile's stand-in binding, within _target)
 
     def get_cubin(self, cc=None):
         if self._lto and any("setmaxnreg" in ptx for ptx in self.get_asm_strs(cc=cc)):
             self._lto = False
         return original(self, cc)
 
+    def bind(self):
+        if not _holds_setmaxnreg(self._codelibrary):
+            original_bind(self)
+
     codegen.CUDACodeLibrary.get_cubin = get_cubin
+    dispatcher._Kernel.bind = bind
     try:
         yield
     finally:
         codegen.CUDACodeLibrary.get_cubin = original
+        dispatcher._Kernel.bind = original_bind
+
+
+def _holds_setmaxnreg(library):
+    """True when the kernel's PTX (numba's code library) holds setmaxnreg: launched through the
+    driver's whole-program JIT (see _ptx_link_for_whole_program)."""
+    return any("setmaxnreg" in ptx for ptx in library.get_asm_strs())
 
 
 @contextlib.contextmanager

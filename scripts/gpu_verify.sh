@@ -33,6 +33,8 @@
 #              192 / 256, attention-backward, decode (paged and not). SERVING_TESTS / SERVING_K,
 #              SERVING_SANITIZE_CASES (tool:kind words), SERVING_BENCHES ('|'-separated bench
 #              arguments, optionally led by one VAR=value), SERVING_BENCH=0 / SERVING_SANITIZE=0
+#   firstcall  issue 18: first calls per shape, cold, with intrinsics.compile_passes on and off
+#              (first_call.txt); then FIRSTCALL_TESTS in shards (tests.txt, testlogs.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -156,6 +158,31 @@ if [[ $what == host ]]; then
   for shape in 64,2048,2048 16,4096,4096; do
     t 100 $py scripts/host_overhead.py --shape $shape --libs torch
   done > "$out/host_overhead.txt"
+fi
+
+if [[ $what == firstcall ]]; then
+  # issue 18: each shape's first call in a fresh process on a cold cache (nothing else running,
+  # so the compile times are the machine's), with intrinsics.compile_passes on and off; then the
+  # GPU suites of the launch path (FIRSTCALL_TESTS) in shards
+  shapes=${FIRST_CALL_SHAPES:-"4096x4096x4096 16x4096x4096 4096x1024x1024 attn:2x1024x1024x16x4x128c attn:1x1x8192x32x8x128 attn:1x2048x2048x8x8x256"}
+  {
+    for mode in on off; do
+      echo "== cold, one process per shape, CUDA_CACHE_DISABLE=1, compile passes $mode"
+      for s in $shapes; do
+        if [[ $mode == off ]]; then export NUMBATC_NUMBA_SSA=1 NUMBATC_NUMBA_MEMO=1; fi
+        NUMBATC_CACHE_DIR=/tmp/fc-$mode-$s CUDA_CACHE_DISABLE=1 t 120 $py scripts/diag/first_call.py $s
+        unset NUMBATC_NUMBA_SSA NUMBATC_NUMBA_MEMO
+      done
+    done
+    echo "== all shapes in one process (compile passes on): later configurations reuse device functions"
+    NUMBATC_CACHE_DIR=/tmp/fc-one CUDA_CACHE_DISABLE=1 t 200 $py scripts/diag/first_call.py $shapes
+  } > "$out/first_call.txt"
+  [[ -z ${FIRSTCALL_TESTS-x} ]] || {
+    $py scripts/pytest_shards.py --shards ${FIRSTCALL_SHARDS:-14} --timeout ${FIRSTCALL_TIMEOUT:-300} \
+      --out /tmp/shards_fc ${FIRSTCALL_TESTS:-tests/gpu/test_launch_gpu.py tests/gpu/test_setmaxnreg_gpu.py tests/gpu/test_gemm_gpu.py tests/gpu/test_graphs_gpu.py tests/gpu/test_attention_kvcache_gpu.py} \
+      -- --tb=short ${FIRSTCALL_K:+-k "$FIRSTCALL_K"} > "$out/tests.txt" 2>&1
+    for f in /tmp/shards_fc/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  }
 fi
 
 if [[ $what == attntests ]]; then

@@ -1,0 +1,268 @@
+"""Faster equivalents of numba-cuda compiler passes that are quadratic in a function's length.
+
+numbatc's kernels are long straight-line functions (an unrolled softmax of 64 values, a
+wgmma accumulator of 128), and numba-cuda's SSA reconstruction walks the whole function once
+per variable assigned more than once, twice: 7.2 of the 27.7 profiled seconds that
+sm90_attention's head_dim 128 kernel takes numba to compile (111 such variables, 1.24 million
+statement visits).  :func:`linear_ssa` runs the same algorithm (Choi et al., numba-cuda's
+``numba.cuda.core.ssa``) with the same result, visiting only the blocks where a variable
+occurs:
+
+- numba renames a variable's definitions (``_fresh_vars``) and rewrites its uses
+  (``_fix_ssa_vars``) by walking every statement of every block; a block in which the
+  variable does not occur comes out of such a walk as a new block with the same statements,
+  which is what it gets here without the walk;
+- numba finds a statement's position in its block by a linear scan per use
+  (``_FixSSAVars._stmt_index``): here by a dictionary of the block's positions.
+
+Everything else -- the order in which violators are fixed, the fresh names, where phi nodes go
+and their incoming values -- is numba's own code (its handler classes and helpers are called, not
+copied), so the IR that comes out is the same, statement for statement:
+tests/test_compile_passes.py compares the two on generated kernels, and the PTX of every
+library kernel with and without it.
+
+Patched only inside :func:`linear_ssa` (numbatc's compiles, intrinsics.launch.compile_kernel),
+only where numba-cuda's ssa module has the source this was written from
+(:data:`_KNOWN_SSA_SOURCES`); ``NUMBATC_NUMBA_SSA=1`` keeps numba's own.
+"""
+
+import contextlib
+import hashlib
+import inspect
+import os
+import threading
+
+__all__ = ["linear_ssa", "memo_call_types", "ssa_patchable"]
+
+#: sha256[:16] of numba-cuda's ``numba.cuda.core.ssa`` module source that _run_ssa_linear
+#: reproduces (numba-cuda 0.30.x).
+_KNOWN_SSA_SOURCES = {"e4ef931257e4dcde"}
+
+_PATCH_LOCK = threading.Lock()
+_PATCH_DEPTH = [0]
+_ORIGINAL = []
+_SSA_PATCHABLE = None
+
+
+def _ssa_source_hash():
+    from numba.cuda.core import ssa
+
+    return hashlib.sha256(inspect.getsource(ssa).encode()).hexdigest()[:16]
+
+
+def ssa_patchable():
+    """True when numba-cuda's ssa module is the one :func:`_run_ssa_linear` was written from
+    (checked by its source text, so another numba-cuda version keeps its own)."""
+    global _SSA_PATCHABLE
+    if _SSA_PATCHABLE is None:
+        try:
+            _SSA_PATCHABLE = _ssa_source_hash() in _KNOWN_SSA_SOURCES
+        except Exception:
+            _SSA_PATCHABLE = False
+    return _SSA_PATCHABLE
+
+
+def _occurrences(blocks):
+    """{variable name: set of block labels where it occurs} (defined or used, by any
+    statement's ``list_vars``: a superset of the blocks that numba's walks change for it)."""
+    where = {}
+    for label, blk in blocks.items():
+        for stmt in blk.body:
+            for var in stmt.list_vars():
+                where.setdefault(var.name, set()).add(label)
+    return where
+
+
+def _rewrite(blocks, states, handler, labels):
+    """numba's ``_run_block_rewrite`` for the blocks in ``labels``; every other block becomes a
+    new block holding the same statements (what numba's walk makes of a block in which the
+    handler changes nothing)."""
+    from numba.cuda.core import ir
+
+    newblocks = {}
+    assign_types = ir.assign_types
+    for label, blk in blocks.items():
+        newblk = ir.Block(scope=blk.scope, loc=blk.loc)
+        if label in labels:
+            states["label"] = label
+            states["block"] = blk
+            on_assign, on_other = handler.on_assign, handler.on_other
+            newblk.body = [on_assign(states, stmt) if isinstance(stmt, assign_types)
+                           else on_other(states, stmt) for stmt in blk.body]
+        else:
+            newblk.body = list(blk.body)
+        newblocks[label] = newblk
+    return newblocks
+
+
+def _fix_handler(cache_list_vars):
+    """numba's ``_FixSSAVars`` with ``_stmt_index`` by a dictionary of positions per block."""
+    from numba.cuda.core import ssa
+
+    class _FixSSAVarsIndexed(ssa._FixSSAVars):
+        def __init__(self, cache):
+            super().__init__(cache)
+            self._positions = {}  # id(block) -> {id(stmt): first position}; one walk only
+
+        def _stmt_index(self, defstmt, block, stop=-1):
+            body = block.body
+            n = len(body)
+            got = self._positions.get(id(block))
+            if got is None or got[0] is not block:
+                pos = {}
+                for i, stmt in enumerate(body):
+                    pos.setdefault(id(stmt), i)
+                got = self._positions[id(block)] = (block, pos)
+            i = got[1].get(id(defstmt))
+            # numba: the first i in range(n)[:stop] with body[i] is defstmt, else n
+            if i is not None and i in range(n)[:stop]:
+                return i
+            return n
+
+    return _FixSSAVarsIndexed(cache_list_vars)
+
+
+def _run_ssa_linear(blocks):
+    """numba-cuda's ``ssa._run_ssa`` with the same result (see the module docstring)."""
+    from collections import defaultdict
+
+    from numba.cuda.core import errors, ssa
+    from numba.cuda.core.analysis import compute_cfg_from_blocks
+
+    if not blocks:
+        return {}
+    cfg = compute_cfg_from_blocks(blocks)
+    df_plus = ssa._iterated_domfronts(cfg)
+    violators = ssa._find_defs_violators(blocks, cfg)
+    cache_list_vars = ssa._CacheListVars()
+    # Fixing one variable renames its own definitions and uses and adds phi nodes of its own
+    # names only, so where the others occur does not change.
+    where = _occurrences(blocks) if violators else {}
+    for varname in violators:
+        labels = where.get(varname, ())
+        # numba's _fresh_vars
+        states = ssa._make_states(blocks)
+        states["varname"] = varname
+        states["defmap"] = defmap = defaultdict(list)
+        blocks = _rewrite(blocks, states, ssa._FreshVarHandler(), labels)
+        # numba's _fix_ssa_vars
+        states = ssa._make_states(blocks)
+        states["varname"] = varname
+        states["defmap"] = defmap
+        states["phimap"] = phimap = defaultdict(list)
+        states["cfg"] = cfg
+        states["phi_locations"] = ssa._compute_phi_locations(df_plus, defmap)
+        blocks = _rewrite(blocks, states, _fix_handler(cache_list_vars), labels)
+        for label, philist in phimap.items():
+            curblk = blocks[label]
+            curblk.body = philist + curblk.body
+    if compute_cfg_from_blocks(blocks) != cfg:
+        raise errors.CompilerError("CFG mutated in SSA pass")
+    return blocks
+
+
+@contextlib.contextmanager
+def linear_ssa():
+    """Within the block, numba-cuda's SSA reconstruction is :func:`_run_ssa_linear` (where its
+    ssa module is the known one); ``NUMBATC_NUMBA_SSA=1`` keeps numba's own.  Nested and
+    concurrent blocks share one patch (a count under a lock), so the original comes back when the
+    last one leaves."""
+    if os.environ.get("NUMBATC_NUMBA_SSA") or not ssa_patchable():
+        yield
+        return
+    from numba.cuda.core import ssa
+
+    with _PATCH_LOCK:
+        if _PATCH_DEPTH[0] == 0:
+            _ORIGINAL[:] = [ssa._run_ssa]
+            ssa._run_ssa = _run_ssa_linear
+        _PATCH_DEPTH[0] += 1
+    try:
+        yield
+    finally:
+        with _PATCH_LOCK:
+            _PATCH_DEPTH[0] -= 1
+            if _PATCH_DEPTH[0] == 0:
+                ssa._run_ssa = _ORIGINAL.pop()
+
+
+# ---------------------------------------------------------------------------------------------
+# call types, resolved once per compile
+# ---------------------------------------------------------------------------------------------
+
+_MEMO_LOCK = threading.Lock()
+_MEMO_DEPTH = [0]
+_MEMO_ORIGINAL = []
+_MEMO = {}
+
+
+_VALUE_MEMO = {}
+
+
+def _memo_resolve_value_type(original):
+    # the type of a global or constant (an intrinsic, an operator, np.uint32, a device function):
+    # numba tries typeof first, whose failure formats a coloured error message, then its table of
+    # globals; keyed by the value's type and the value itself (hashable values only; ints keyed by
+    # value, never by id, so a freed object cannot alias another)
+    def resolve_value_type(self, val):
+        try:
+            key = (self, type(val), val)
+            got = _VALUE_MEMO.get(key)
+        except TypeError:
+            return original(self, val)
+        if got is None:
+            got = original(self, val)
+            _VALUE_MEMO[key] = got
+        return got
+
+    return resolve_value_type
+
+
+def _memo_get_call_type(original):
+    def get_call_type(self, context, args, kws):
+        try:
+            key = (self, context, tuple(args), tuple(sorted(kws.items())) if kws else ())
+            hash(key)
+        except TypeError:
+            return original(self, context, args, kws)
+        got = _MEMO.get(key)
+        if got is None:
+            got = original(self, context, args, kws)
+            if got is not None:
+                _MEMO[key] = got
+        return got
+
+    return get_call_type
+
+
+@contextlib.contextmanager
+def memo_call_types():
+    """Within the block, numba's ``BaseFunction.get_call_type`` (the template search behind
+    every operator, intrinsic and numpy function call a kernel makes) answers a repeated
+    (function, typing context, argument types) from the first answer; the memo is dropped when
+    the last block leaves.  ``NUMBATC_NUMBA_MEMO=1`` turns it off."""
+    if os.environ.get("NUMBATC_NUMBA_MEMO"):
+        yield
+        return
+    from numba.core.types import functions
+    from numba.cuda.typing import context
+
+    with _MEMO_LOCK:
+        if _MEMO_DEPTH[0] == 0:
+            original = functions.BaseFunction.__dict__["get_call_type"]
+            resolve = context.BaseContext.__dict__["resolve_value_type"]
+            _MEMO_ORIGINAL[:] = [original, resolve]
+            functions.BaseFunction.get_call_type = _memo_get_call_type(original)
+            context.BaseContext.resolve_value_type = _memo_resolve_value_type(resolve)
+        _MEMO_DEPTH[0] += 1
+    try:
+        yield
+    finally:
+        with _MEMO_LOCK:
+            _MEMO_DEPTH[0] -= 1
+            if _MEMO_DEPTH[0] == 0:
+                functions.BaseFunction.get_call_type, context.BaseContext.resolve_value_type = (
+                    _MEMO_ORIGINAL)
+                _MEMO_ORIGINAL.clear()
+                _MEMO.clear()
+                _VALUE_MEMO.clear()
