@@ -21,10 +21,14 @@ Shapes: ``M x N x K`` with ``dtype`` operands, a row-major ``a`` and ``b`` as ``
 the per-tensor-scaled GEMM (bf16 output).  Kernels with a user epilogue are compiled per process
 and never cached, so they cannot be precompiled.
 
-Attention kernels are not precompiled yet: their kernel modules have the same face as the GEMM
-ones (choose, compiled, kernel_for) and numbatc.kernels.dispatch walks them
-(``choose_attention``), but there is no ``plan`` for attention problems that this module can
-ask, nor a shape list of them.
+Attention shapes (``attention=`` / ``--attention``): ``BxSQxSKxHQxHKVxD`` with a trailing ``c``
+for causal, e.g. ``2x1024x1024x16x4x128c`` (batch, seqlen_q, seqlen_k, query heads, key/value
+heads, head_dim) -- what ``numbatc.attention(q, k, v, causal=...)`` compiles for contiguous
+``dtype`` operands (bfloat16 or float16), through numbatc.kernels.dispatch.choose_attention: the
+Hopper kernel, the portable one, or flash-decoding's two kernels for a few queries against many
+keys.  ``attention_lse=True`` compiles the variants that also write the log-sum-exp
+(``return_lse=True``, and torch autograd's forward).  An attention kernel's first compile is
+the slowest of numbatc's (4-5 s on the H200's host for the Hopper kernel at head_dim 128).
 """
 
 import argparse
@@ -36,7 +40,8 @@ import re
 import sys
 import time
 
-__all__ = ["precompile", "parse_shapes", "parse_cc", "plan", "PrecompileResult", "ConfigResult"]
+__all__ = ["precompile", "parse_shapes", "parse_attention", "parse_cc", "plan", "PrecompileResult",
+           "ConfigResult"]
 
 _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
            "f16": "float16", "half": "float16", "float8_e4m3fn": "float8_e4m3fn",
@@ -89,6 +94,59 @@ def parse_shapes(spec):
     if not shapes:
         raise ValueError("no shapes given")
     return shapes
+
+
+def parse_attention(spec):
+    """[(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal), ...] from ``spec``: a
+    string of comma-separated ``BxSQxSKxHQxHKVxD`` items, ``c`` appended for causal, or an
+    iterable of such strings; a bad item raises ValueError naming it."""
+    items = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else list(spec)
+    shapes = []
+    for item in items:
+        if item == "":
+            continue
+        match = re.fullmatch(r"\s*(\d+)x(\d+)x(\d+)x(\d+)x(\d+)x(\d+)(c?)\s*", str(item).lower())
+        if match is None:
+            raise ValueError(f"attention shape {item!r}: write BxSQxSKxHQxHKVxD (batch, seqlen_q, "
+                             "seqlen_k, heads_q, heads_kv, head_dim), with a trailing c for "
+                             "causal, e.g. 2x1024x1024x16x4x128c")
+        b, sq, sk, hq, hkv, d = (int(v) for v in match.groups()[:6])
+        if min(b, sq, hq, hkv) < 1 or sk < 0 or hq % hkv:
+            raise ValueError(f"attention shape {item!r}: batch, seqlen_q and the head counts must "
+                             "be >= 1 and heads_q a multiple of heads_kv")
+        if d % 8 or not 8 <= d <= 256:
+            raise ValueError(f"attention shape {item!r}: head_dim must be a multiple of 8 from 8 "
+                             "to 256")
+        shapes.append((b, sq, sk, hq, hkv, d, match.group(7) == "c"))
+    return shapes
+
+
+def _attention_name(shape):
+    b, sq, sk, hq, hkv, d, causal = shape
+    return f"{b}x{sq}x{sk}x{hq}x{hkv}x{d}{'c' if causal else ''}"
+
+
+def _attention_problem(shape, dtype, lse, cc):
+    """numbatc.attention's problem description for contiguous q, k, v of ``shape`` (the
+    dispatcher and the kernel modules read shapes, strides, alignments and dtypes, never the
+    arrays)."""
+    from types import SimpleNamespace
+
+    from numbatc.attention_api import AttentionProblem
+
+    b, sq, sk, hq, hkv, d, causal = shape
+
+    def operand(rows, heads):
+        return SimpleNamespace(ptr=1 << 20, shape=(b, rows, heads, d),
+                               strides=(rows * heads * d, heads * d, d, 1))
+
+    q, kv = operand(sq, hq), operand(sk, hkv)
+    lse_array = SimpleNamespace(ptr=1 << 20, shape=(b, hq, sq), strides=(hq * sq, sq, 1)) \
+        if lse else None
+    return AttentionProblem(
+        q=q, k=kv, v=kv, out=q, lse=lse_array, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq,
+        heads_kv=hkv, head_dim=d, causal=causal, scale=d ** -0.5, dtype=dtype, device=None, cc=cc,
+        stream_handle=0)
 
 
 def parse_cc(cc):
@@ -151,14 +209,18 @@ class _Job:
 
     @property
     def label(self):
-        return f"{self.family.rsplit('.', 1)[1]} {self.config.name}{' split-K' if getattr(self.variant, 'split_k', False) else ''}"
+        extra = " split-K" if getattr(self.variant, "split_k", False) else ""
+        if hasattr(self.variant, "head_dim"):  # attention: one configuration serves several
+            extra = f" d{self.variant.head_dim}{' causal' if self.variant.causal else ''}"
+        return f"{self.family.rsplit('.', 1)[1]} {self.config.name}{extra}"
 
 
 def plan(shapes, dtype="bfloat16", *, a_layout="row", b_layout="col", out_dtype=None, bias=False,
-         activation=None, cc=None):
+         activation=None, cc=None, attention=None, attention_lse=False):
     """{job: [shapes]}: the distinct kernel configurations (and variants) numbatc.gemm would
-    launch for ``shapes`` (see :func:`precompile`), each with the shapes that use it, in the
-    order first met.  Raises ValueError for a bad argument."""
+    launch for ``shapes`` and numbatc.attention for ``attention`` (see :func:`precompile`), each
+    with the shapes that use it, in the order first met.  Raises ValueError for a bad
+    argument."""
     dtype = _DTYPES.get(str(dtype).lower())
     if dtype is None:
         raise ValueError(f"dtype: one of {', '.join(sorted(set(_DTYPES.values())))}")
@@ -176,11 +238,19 @@ def plan(shapes, dtype="bfloat16", *, a_layout="row", b_layout="col", out_dtype=
     from numbatc.kernels import dispatch
 
     cc = parse_cc(cc) if cc is not None else (_device_cc() or (9, 0))
+    attention = parse_attention(attention) if attention else []
+    if attention and dtype not in ("bfloat16", "float16"):
+        raise ValueError(f"attention runs bfloat16 or float16 operands, not {dtype}")
     jobs = {}
-    for m, n, k in parse_shapes(shapes):
+    for m, n, k in parse_shapes(shapes) if shapes or not attention else ():
         p = _problem(m, n, k, dtype, a_layout, b_layout, out_dtype, bias, activation, cc)
         family, cfg, var = dispatch.plan(p)
         jobs.setdefault(_Job(family.__name__, cfg, var, cc), []).append((m, n, k))
+    for shape in attention:
+        p = _attention_problem(shape, dtype, attention_lse, cc)
+        family, cfg = dispatch.choose_attention(p)
+        cfg, var = family.compiled(p, cfg)
+        jobs.setdefault(_Job(family.__name__, cfg, var, cc), []).append(_attention_name(shape))
     return jobs
 
 
@@ -228,10 +298,23 @@ def _target(cc):
 
 def _kernel_and_signature(family, cfg, var):
     """The kernel a launch of (cfg, var) compiles, and the argument types it compiles it for."""
+    [(kernel, sig)] = _kernels_and_signatures(family, cfg, var)
+    return kernel, sig
+
+
+def _kernels_and_signatures(family, cfg, var):
+    """[(kernel, argument types)] that a launch of (cfg, var) compiles: one, or flash-decoding's
+    two (its split and combine kernels)."""
     kernel = family.kernel_for(cfg, var)
     if hasattr(family, "kernel_signature"):  # sm90_gemm: tensor maps under the TMA producer
-        return kernel, tuple(family.kernel_signature(cfg, var))
-    return kernel, tuple(family.signature(var))
+        sig = family.kernel_signature(cfg, var)
+    elif family.__name__.endswith("sm90_attention"):  # the signature depends on the producer
+        sig = family.signature(var, cfg)
+    else:
+        sig = family.signature(var)
+    if isinstance(kernel, (tuple, list)):
+        return [(k, tuple(s)) for k, s in zip(kernel, sig)]
+    return [(kernel, tuple(sig))]
 
 
 def _compile_job(job):
@@ -242,18 +325,19 @@ def _compile_job(job):
         from intrinsics import launch as launching
 
         family = importlib.import_module(job.family)
-        kernel, sig = _kernel_and_signature(family, job.config, job.variant)
-        misses = kernel._cache_misses[sig]  # numba's counts of disk-cache misses and hits
-        if _device_cc() == tuple(job.cc):
-            # the first launch's own path: compile (or load), load the module, and for a
-            # setmaxnreg kernel the driver's JIT of its PTX (whose cache then holds it)
-            launching._plan_for(kernel, sig, 0, None, None)
-        else:
-            with _target(job.cc):
-                launching.compile_kernel(kernel, sig)
-        # neither count moves when this process has the kernel in memory already (jobs=0)
-        status = "compiled" if kernel._cache_misses[sig] > misses else "cached"
-        return status, time.perf_counter() - start, None
+        compiled = False
+        for kernel, sig in _kernels_and_signatures(family, job.config, job.variant):
+            misses = kernel._cache_misses[sig]  # numba's counts of disk-cache misses and hits
+            if _device_cc() == tuple(job.cc):
+                # the first launch's own path: compile (or load), load the module, and for a
+                # setmaxnreg kernel the driver's JIT of its PTX (whose cache then holds it)
+                launching._plan_for(kernel, sig, 0, None, None)
+            else:
+                with _target(job.cc):
+                    launching.compile_kernel(kernel, sig)
+            # neither count moves when this process has the kernel in memory already (jobs=0)
+            compiled |= kernel._cache_misses[sig] > misses
+        return "compiled" if compiled else "cached", time.perf_counter() - start, None
     except Exception as exc:  # reported with the job; the others go on
         text = f"{type(exc).__name__}: {str(exc).strip()}"
         return "failed", time.perf_counter() - start, text
@@ -318,8 +402,10 @@ def _worker_init():
 
 
 def precompile(shapes, dtype="bfloat16", *, a_layout="row", b_layout="col", out_dtype=None,
-               bias=False, activation=None, cc=None, jobs=None, progress=True):
-    """Fill the disk cache with the GEMM kernels ``numbatc.gemm`` would compile for ``shapes``.
+               bias=False, activation=None, cc=None, jobs=None, progress=True, attention=None,
+               attention_lse=False):
+    """Fill the disk cache with the GEMM kernels ``numbatc.gemm`` would compile for ``shapes``
+    and the attention kernels ``numbatc.attention`` would compile for ``attention``.
 
     ``shapes``: "1x4096x4096,16x4096x4096", a named set of numbatc.bench.SHAPES ("llama8b"), or a
     list of (M, N, K) tuples / such strings; ``dtype`` of a and b (bfloat16, float16,
@@ -327,18 +413,23 @@ def precompile(shapes, dtype="bfloat16", *, a_layout="row", b_layout="col", out_
     ``out_dtype``, ``bias`` and ``activation`` as the calls will pass them (they select the
     kernel's epilogue).  ``cc``: the compute capability to compile for ("9.0a"; default: the
     current device's, else 9.0a).  ``jobs``: worker processes (default os.cpu_count(); 0
-    compiles in this process).  ``progress``: a progress bar on stderr.
+    compiles in this process).  ``progress``: a progress bar on stderr.  ``attention``:
+    "2x1024x1024x16x4x128c,..." (``BxSQxSKxHQxHKVxD``, ``c`` for causal; ``shapes`` may then be
+    None), in ``dtype``; ``attention_lse``: the calls return the log-sum-exp too.
 
     Returns a :class:`PrecompileResult` (its ``summary()`` is the line the command prints); a
     configuration that fails to compile is reported there (``failed``), not raised."""
     start = time.perf_counter()
     planned = plan(shapes, dtype, a_layout=a_layout, b_layout=b_layout, out_dtype=out_dtype,
-                   bias=bias, activation=activation, cc=cc)
+                   bias=bias, activation=activation, cc=cc, attention=attention,
+                   attention_lse=attention_lse)
     jobs = (os.cpu_count() or 1) if jobs is None else int(jobs)
     if jobs < 0:
         raise ValueError(f"jobs={jobs}: a number of processes >= 0")
+    # the longest compiles first: attention, then the large Hopper GEMM tiles
     order = sorted(planned, key=lambda j: -(getattr(j.config, "bm", 0) * getattr(j.config, "bn", 0)
-                                            * (2 if "sm90" in j.family else 1)))
+                                            * (2 if "sm90" in j.family else 1)
+                                            + (10**6 if "attention" in j.family else 0)))
     bar = None
     if progress:
         from numbatc.bench import Progress
@@ -382,12 +473,20 @@ def main(argv=None):
     names = ", ".join(sorted(_named_sets()))
     parser = argparse.ArgumentParser(
         prog="python -m numbatc precompile",
-        description="Compile the GEMM kernels numbatc.gemm will choose for a list of shapes "
-                    "into its disk cache ($NUMBATC_CACHE_DIR, else ~/.cache/numbatc), in "
-                    "parallel, so that their first calls load instead of compiling.")
-    parser.add_argument("--shapes", required=True,
-                        help=f"comma-separated MxNxK shapes and/or named sets ({names}), e.g. "
-                             "1x4096x4096,16x4096x4096,llama8b")
+        description="Compile the GEMM kernels numbatc.gemm and the attention kernels "
+                    "numbatc.attention will choose for lists of shapes into their disk cache "
+                    "($NUMBATC_CACHE_DIR, else ~/.cache/numbatc), in parallel, so that their "
+                    "first calls load instead of compiling.")
+    parser.add_argument("--shapes", default=None,
+                        help=f"comma-separated MxNxK GEMM shapes and/or named sets ({names}), "
+                             "e.g. 1x4096x4096,16x4096x4096,llama8b")
+    parser.add_argument("--attention", default=None,
+                        help="comma-separated numbatc.attention shapes BxSQxSKxHQxHKVxD (batch, "
+                             "seqlen_q, seqlen_k, query heads, key/value heads, head_dim), a "
+                             "trailing c for causal, e.g. 2x1024x1024x16x4x128c,1x1x8192x32x8x128")
+    parser.add_argument("--attention-lse", action="store_true",
+                        help="the attention calls return the log-sum-exp too (return_lse=True, "
+                             "torch autograd)")
     parser.add_argument("--dtype", default="bfloat16",
                         help="a's and b's dtype: bfloat16 (default), float16, float8_e4m3fn, "
                              "float8_e5m2 (FP8 with per-tensor scales)")
@@ -411,13 +510,17 @@ def main(argv=None):
                         help="print the configurations the shapes use, compile nothing")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    if not args.shapes and not args.attention:
+        parser.error("give --shapes (GEMM) and/or --attention")
     options = dict(a_layout=args.a_layout, b_layout=args.b_layout, out_dtype=args.out_dtype,
-                   bias=args.bias, activation=args.activation, cc=args.cc)
+                   bias=args.bias, activation=args.activation, cc=args.cc,
+                   attention=args.attention, attention_lse=args.attention_lse)
     try:
         if args.dry_run:
             planned = plan(args.shapes, args.dtype, **options)
             for job, shapes in planned.items():
-                print(f"{job.label}: " + ", ".join(f"{m}x{n}x{k}" for m, n, k in shapes))
+                print(f"{job.label}: " + ", ".join(
+                    s if isinstance(s, str) else "x".join(map(str, s)) for s in shapes))
             return 0
         result = precompile(args.shapes, args.dtype, jobs=args.jobs,
                             progress=not args.quiet, **options)

@@ -140,3 +140,64 @@ def test_python_m_numbatc_precompile_dry_run():
     assert run.returncode == 0, run.stderr
     lines = run.stdout.strip().splitlines()
     assert len(lines) == 2 and any("4096x4096x4096" in line for line in lines)
+
+
+def test_attention_shapes_plan_the_kernels_the_call_chooses():
+    """Attention shapes plan what numbatc.attention's walk chooses: the Hopper kernel at head dims
+    64 / 128 / 256 on 9.0 (causal and not: separate variants), flash-decoding for one query
+    against many keys, the portable kernel on 8.0; one configuration per variant, however many
+    shapes share it."""
+    planned = pc.plan(None, cc="9.0a", attention="2x1024x1024x16x4x128c,4x512x512x8x8x128c,"
+                                                 "1x1x8192x32x8x128,1x2048x2048x8x8x256,"
+                                                 "4x100x200x8x2x64")
+    labels = {job.label: shapes for job, shapes in planned.items()}
+    assert labels == {
+        "sm90_attention n128_2s_ov_pp_fx_tma d128 causal": ["2x1024x1024x16x4x128c",
+                                                            "4x512x512x8x8x128c"],
+        "sm80_decode_attention m16_w4_k16_s3 d128": ["1x1x8192x32x8x128"],
+        "sm90_attention n80_2s_ov_pp_fx_tma d256": ["1x2048x2048x8x8x256"],
+        "sm90_attention n128_2s_ov_pp_fx_tma d64": ["4x100x200x8x2x64"]}
+    [job] = pc.plan(None, cc="8.0", attention="2x1024x1024x16x4x128c")
+    assert job.family.endswith("sm80_attention") and job.variant.causal
+    [job] = pc.plan(None, cc="9.0a", attention="2x64x64x2x2x64", attention_lse=True)
+    assert job.variant.with_lse
+    both = pc.plan("16x4096x4096", cc="9.0a", attention="2x64x64x2x2x64")
+    assert len(both) == 2
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("2x1024x1024x16x128", "BxSQxSKxHQxHKVxD"),
+    ("2x64x64x6x4x64", "multiple of heads_kv"),
+    ("2x64x64x4x4x60", "multiple of 8"),
+])
+def test_bad_attention_shapes_say_what_is_accepted(spec, message):
+    with pytest.raises(ValueError, match=message):
+        pc.plan(None, cc="9.0a", attention=spec)
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        pc.plan(None, "float8_e4m3fn", cc="9.0a", attention="2x64x64x2x2x64")
+
+
+def test_precompile_fills_the_attention_cache_the_launch_reads(tmp_path, monkeypatch):
+    """An attention shape (the portable kernel on 8.0) and a decode shape (flash-decoding's two
+    kernels) compiled into a fresh cache by a worker process; every kernel is then a disk-cache
+    hit for the launch's compile path in this one."""
+    monkeypatch.setenv("NUMBATC_CACHE_DIR", str(tmp_path / "cache"))
+    spec = "2x64x80x2x1x64c,1x1x8192x8x1x64"
+    first = numbatc.precompile(None, cc="8.0", jobs=1, progress=False, attention=spec)
+    assert (first.compiled, first.failed) == (2, 0), first.configs
+
+    from intrinsics import launch as launching
+
+    kernels = 0
+    for job in pc.plan(None, cc="8.0", attention=spec):
+        family = importlib.import_module(job.family)
+        kernel_for = getattr(family.kernel_for, "__wrapped__", family.kernel_for)  # no memo
+        made = kernel_for(job.config, job.variant)
+        made = made if isinstance(made, (tuple, list)) else (made,)
+        sigs = [sig for _, sig in pc._kernels_and_signatures(family, job.config, job.variant)]
+        for kernel, sig in zip(made, sigs):
+            with pc._target((8, 0)):
+                launching.compile_kernel(kernel, sig)
+            assert (kernel._cache_hits[sig], kernel._cache_misses[sig]) == (1, 0), job.label
+            kernels += 1
+    assert kernels == 3
