@@ -38,9 +38,6 @@ __all__ = ["linear_ssa", "memo_call_types", "ssa_patchable"]
 #: reproduces (numba-cuda 0.30.x).
 _KNOWN_SSA_SOURCES = {"e4ef931257e4dcde"}
 
-_PATCH_LOCK = threading.Lock()
-_PATCH_DEPTH = [0]
-_ORIGINAL = []
 _SSA_PATCHABLE = None
 
 
@@ -161,38 +158,63 @@ def _run_ssa_linear(blocks):
     return blocks
 
 
+class _SharedPatch:
+    """A patch that the first block to enter installs and the last to leave removes (a count
+    under a lock), so that nested and concurrent compiles share one.  ``install()`` patches and
+    returns the function that undoes it."""
+
+    def __init__(self, install):
+        self._install = install
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._undo = None
+
+    @contextlib.contextmanager
+    def active(self):
+        with self._lock:
+            if self._depth == 0:
+                self._undo = self._install()
+            self._depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._undo()
+                    self._undo = None
+
+
+def _install_linear_ssa():
+    from numba.cuda.core import ssa
+
+    original = ssa._run_ssa
+    ssa._run_ssa = _run_ssa_linear
+
+    def undo():
+        ssa._run_ssa = original
+
+    return undo
+
+
+_LINEAR_SSA = _SharedPatch(_install_linear_ssa)
+
+
 @contextlib.contextmanager
 def linear_ssa():
     """Within the block, numba-cuda's SSA reconstruction is :func:`_run_ssa_linear` (where its
-    ssa module is the known one); ``NUMBATC_NUMBA_SSA=1`` keeps numba's own.  Nested and
-    concurrent blocks share one patch (a count under a lock), so the original comes back when the
-    last one leaves."""
+    ssa module is the known one); ``NUMBATC_NUMBA_SSA=1`` keeps numba's own."""
     if os.environ.get("NUMBATC_NUMBA_SSA") or not ssa_patchable():
         yield
         return
-    from numba.cuda.core import ssa
-
-    with _PATCH_LOCK:
-        if _PATCH_DEPTH[0] == 0:
-            _ORIGINAL[:] = [ssa._run_ssa]
-            ssa._run_ssa = _run_ssa_linear
-        _PATCH_DEPTH[0] += 1
-    try:
+    with _LINEAR_SSA.active():
         yield
-    finally:
-        with _PATCH_LOCK:
-            _PATCH_DEPTH[0] -= 1
-            if _PATCH_DEPTH[0] == 0:
-                ssa._run_ssa = _ORIGINAL.pop()
 
 
 # ---------------------------------------------------------------------------------------------
 # call types, resolved once per compile
 # ---------------------------------------------------------------------------------------------
 
-_MEMO_LOCK = threading.Lock()
-_MEMO_DEPTH = [0]
-_MEMO_ORIGINAL = []
 _MEMO = {}
 
 
@@ -235,34 +257,36 @@ def _memo_get_call_type(original):
     return get_call_type
 
 
+def _install_memos():
+    from numba.core.types import functions
+    from numba.cuda.typing import context
+
+    get_call_type = functions.BaseFunction.__dict__["get_call_type"]
+    resolve = context.BaseContext.__dict__["resolve_value_type"]
+    functions.BaseFunction.get_call_type = _memo_get_call_type(get_call_type)
+    context.BaseContext.resolve_value_type = _memo_resolve_value_type(resolve)
+
+    def undo():
+        functions.BaseFunction.get_call_type = get_call_type
+        context.BaseContext.resolve_value_type = resolve
+        _MEMO.clear()
+        _VALUE_MEMO.clear()
+
+    return undo
+
+
+_MEMOS = _SharedPatch(_install_memos)
+
+
 @contextlib.contextmanager
 def memo_call_types():
     """Within the block, numba's ``BaseFunction.get_call_type`` (the template search behind
     every operator, intrinsic and numpy function call a kernel makes) answers a repeated
-    (function, typing context, argument types) from the first answer; the memo is dropped when
-    the last block leaves.  ``NUMBATC_NUMBA_MEMO=1`` turns it off."""
+    (function, typing context, argument types) from the first answer, and the typing context's
+    ``resolve_value_type`` a repeated global or constant; the memos are dropped when the last
+    block leaves.  ``NUMBATC_NUMBA_MEMO=1`` turns them off."""
     if os.environ.get("NUMBATC_NUMBA_MEMO"):
         yield
         return
-    from numba.core.types import functions
-    from numba.cuda.typing import context
-
-    with _MEMO_LOCK:
-        if _MEMO_DEPTH[0] == 0:
-            original = functions.BaseFunction.__dict__["get_call_type"]
-            resolve = context.BaseContext.__dict__["resolve_value_type"]
-            _MEMO_ORIGINAL[:] = [original, resolve]
-            functions.BaseFunction.get_call_type = _memo_get_call_type(original)
-            context.BaseContext.resolve_value_type = _memo_resolve_value_type(resolve)
-        _MEMO_DEPTH[0] += 1
-    try:
+    with _MEMOS.active():
         yield
-    finally:
-        with _MEMO_LOCK:
-            _MEMO_DEPTH[0] -= 1
-            if _MEMO_DEPTH[0] == 0:
-                functions.BaseFunction.get_call_type, context.BaseContext.resolve_value_type = (
-                    _MEMO_ORIGINAL)
-                _MEMO_ORIGINAL.clear()
-                _MEMO.clear()
-                _VALUE_MEMO.clear()
