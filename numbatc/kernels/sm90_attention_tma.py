@@ -364,7 +364,7 @@ def launch_attention(p, cfg, var):
         not 16-byte aligned (no tensor map: the checked path runs the cp.async twin)."""
         if (q | k | v) & 15:
             return False
-        params = last.params((q, k, v), qkv_maps, q, k, v, stream)
+        params = last.params((q, k, v), qkv_maps, q, k, v, stream, stream=stream)
         prepared(stream, *params, out, lse, *sizes, scale * sm90_attention.LOG2E)
         return True
 

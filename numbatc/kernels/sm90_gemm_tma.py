@@ -634,7 +634,7 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
 
             def relaunch(a, b, c, bias, out, alpha, beta, stream, eflat=()):
                 params = last.params((a, b, out) if tma_store else (a, b), maps, a, b, out,
-                                     stream)
+                                     stream, stream=stream)
                 extra = () if split is None else split(stream)
                 prepared(stream, *params, c, bias, out, *sizes, alpha, beta, group_m, *extra,
                          *eflat)

@@ -13,6 +13,10 @@ operands first seen while a stream captures a CUDA graph, and a map's kernel par
 - :func:`map_params`: the 7 kernel parameters of a map's ``uint64[:]`` device array, computed
   once per map (a prepared launch passes them as they are).
 - :class:`LastMaps`: a relaunch's memo of the last pointers' map parameters.
+- A map from the cache that a call uses while its stream captures is kept for the life of the
+  process (:data:`_RETAINED`): the graph's kernels read the map's device memory at every
+  replay, long after the cache may have dropped it (it holds :data:`_MAPS_LIMIT` maps, then
+  starts again), and freed memory would be reused by other allocations.
 """
 
 import functools
@@ -21,13 +25,27 @@ import threading
 import numpy as np
 from numba import cuda
 
-__all__ = ["CapturedMap", "LastMaps", "MapSlots", "map_params", "tiled_map"]
+__all__ = ["CapturedMap", "LastMaps", "MapSlots", "map_params", "retain_if_capturing",
+           "tiled_map"]
 
 SWIZZLE = 128
 
 _MAPS: dict = {}
 _MAPS_LIMIT = 1024
 _MAPS_LOCK = threading.Lock()
+#: id -> map, never dropped: the cached maps that calls used while capturing a CUDA graph
+_RETAINED: dict = {}
+
+
+def retain_if_capturing(maps, stream):
+    """Keep ``maps`` (from the cache) for the life of the process if ``stream`` is capturing a
+    CUDA graph, which will read their device memory at every replay."""
+    from numbatc import _capture
+
+    if _capture.is_capturing(stream):
+        for tm in maps:
+            if not isinstance(tm, CapturedMap):  # a slot of MapSlots lives as long anyway
+                _RETAINED[id(tm)] = tm
 
 
 class CapturedMap:
@@ -90,10 +108,12 @@ def tiled_map(src: int, dtype, shape, strides, box, stream=0):
     key = (int(src), dtype, shape, strides, box)
     tm = _MAPS.get(key)
     if tm is not None:
+        retain_if_capturing((tm,), stream)
         return tm
     with _MAPS_LOCK:
         tm = _MAPS.get(key)
         if tm is not None:
+            retain_if_capturing((tm,), stream)
             return tm
         device = cuda.current_context().device.id
         tm = TensorMap.tiled(int(src), box, dtype=dtype, shape=shape, strides=strides,
@@ -142,11 +162,15 @@ class LastMaps:
     def __init__(self):
         self._last = (None, None, None)
 
-    def params(self, ptrs, make, *args):
+    def params(self, ptrs, make, *args, stream=None):
         """The flat parameters of ``make(*args)``'s maps (a tuple, in order) for ``ptrs`` (the
-        tuple of pointers they describe)."""
-        last_ptrs, params, _ = self._last
+        tuple of pointers they describe).  ``stream``: the launch's; remembered maps that a
+        launch uses while it captures a CUDA graph are kept for good (retain_if_capturing;
+        ``make`` goes through tiled_map, which does the same)."""
+        last_ptrs, params, maps = self._last
         if last_ptrs == ptrs:
+            if stream is not None:
+                retain_if_capturing(maps, stream)
             return params
         maps = make(*args)
         params = tuple(x for tm in maps for x in map_params(tm))
