@@ -32,6 +32,8 @@ import inspect
 import os
 import threading
 
+import numpy as np
+
 __all__ = ["linear_ssa", "memo_call_types", "ssa_patchable"]
 
 #: sha256[:16] of numba-cuda's ``numba.cuda.core.ssa`` module source that _run_ssa_linear
@@ -221,12 +223,19 @@ _MEMO = {}
 _VALUE_MEMO = {}
 
 
+#: values whose equality does not imply the same numba type: (1, 2) == (1.0, 2.0), and
+#: np.float32(0) == 0 inside a tuple; typeof answers them at once anyway (no failure path)
+_NOT_MEMOISED = (bool, int, float, complex, str, bytes, tuple, frozenset, np.generic)
+
+
 def _memo_resolve_value_type(original):
-    # the type of a global or constant (an intrinsic, an operator, np.uint32, a device function):
-    # numba tries typeof first, whose failure formats a coloured error message, then its table of
-    # globals; keyed by the value's type and the value itself (hashable values only; ints keyed by
-    # value, never by id, so a freed object cannot alias another)
+    # the type of a global (an intrinsic, an operator, np.uint32, a device function, a module):
+    # numba tries typeof first, whose failure formats a coloured error message, then its table
+    # of globals.  Keyed by the value's type and the value; numbers, strings and tuples are not
+    # memoised (see _NOT_MEMOISED), so equal keys are the same object or equal callables.
     def resolve_value_type(self, val):
+        if isinstance(val, _NOT_MEMOISED):
+            return original(self, val)
         try:
             key = (self, type(val), val)
             got = _VALUE_MEMO.get(key)

@@ -196,3 +196,25 @@ def test_setmaxnreg_kernel_compiles_without_a_cubin(tmp_path, monkeypatch):
         compiled = launching.compile_kernel(small, tuple(sm80_gemm.signature(var)))
         assert not launching._holds_setmaxnreg(compiled._codelibrary)
     assert compiled._codelibrary._cubin_cache  # bound: precompile's stand-in made the cubin
+
+
+def test_value_memo_keeps_equal_values_of_other_types_apart():
+    """(1, 2) == (1.0, 2.0) and (np.float32(0),) == (0,) in Python, but their numba types differ:
+    the memo of global types answers only for values whose equality means the same thing
+    (functions, classes, intrinsics, device functions), so each tuple gets its own type."""
+    import numpy as np
+    from numba.cuda.descriptor import cuda_target
+
+    import intrinsics as nt
+
+    ctx = cuda_target.typing_context
+    with compile_passes.memo_call_types():
+        assert str(ctx.resolve_value_type((1, 2))) == "UniTuple(int64 x 2)"
+        assert str(ctx.resolve_value_type((1.0, 2.0))) == "UniTuple(float64 x 2)"
+        assert str(ctx.resolve_value_type((np.float32(0),) * 3)) == "UniTuple(float32 x 3)"
+        assert str(ctx.resolve_value_type((0,) * 3)) == "UniTuple(int64 x 3)"
+        assert str(ctx.resolve_value_type(np.float32(1))) == "float32"
+        assert str(ctx.resolve_value_type(1.0)) == "float64"
+        first = ctx.resolve_value_type(nt.ex2_approx)
+        assert ctx.resolve_value_type(nt.ex2_approx) is first  # memoised
+        assert len(compile_passes._VALUE_MEMO) == 1
