@@ -559,7 +559,7 @@ def _ptx_link_for_whole_program(active=True):
     original_bind = dispatcher._Kernel.bind  # (precompile's stand-in binding, within _target)
 
     def get_cubin(self, cc=None):
-        if self._lto and any("setmaxnreg" in ptx for ptx in self.get_asm_strs(cc=cc)):
+        if self._lto and _holds_setmaxnreg(self, cc):
             self._lto = False
         return original(self, cc)
 
@@ -576,10 +576,11 @@ def _ptx_link_for_whole_program(active=True):
         dispatcher._Kernel.bind = original_bind
 
 
-def _holds_setmaxnreg(library):
-    """True when the kernel's PTX (numba's code library) holds setmaxnreg: launched through the
-    driver's whole-program JIT (see _ptx_link_for_whole_program)."""
-    return any("setmaxnreg" in ptx for ptx in library.get_asm_strs())
+def _holds_setmaxnreg(library, cc=None):
+    """True when the kernel's PTX (numba's code library, for ``cc``: default the current
+    device's) holds setmaxnreg: launched through the driver's whole-program JIT (see
+    _ptx_link_for_whole_program)."""
+    return any("setmaxnreg" in ptx for ptx in library.get_asm_strs(cc=cc))
 
 
 @contextlib.contextmanager

@@ -169,12 +169,16 @@ def test_attention_shapes_plan_the_kernels_the_call_chooses():
     ("2x1024x1024x16x128", "BxSQxSKxHQxHKVxD"),
     ("2x64x64x6x4x64", "multiple of heads_kv"),
     ("2x64x64x4x4x60", "multiple of 8"),
+    ("0x64x64x4x4x64", ">= 1"),
+    (" , ", "no attention shapes"),
 ])
 def test_bad_attention_shapes_say_what_is_accepted(spec, message):
     with pytest.raises(ValueError, match=message):
         pc.plan(None, cc="9.0a", attention=spec)
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         pc.plan(None, "float8_e4m3fn", cc="9.0a", attention="2x64x64x2x2x64")
+    with pytest.raises(ValueError, match="no shapes given"):
+        pc.plan(None, cc="9.0a")
 
 
 def test_precompile_fills_the_attention_cache_the_launch_reads(tmp_path, monkeypatch):
