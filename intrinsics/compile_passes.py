@@ -27,6 +27,7 @@ only where numba-cuda's ssa module has the source this was written from
 """
 
 import contextlib
+import functools
 import hashlib
 import inspect
 import os
@@ -95,7 +96,14 @@ def _rewrite(blocks, states, handler, labels):
 
 
 def _fix_handler(cache_list_vars):
-    """numba's ``_FixSSAVars`` with ``_stmt_index`` by a dictionary of positions per block."""
+    """A new handler of numba's ``_FixSSAVars`` kind for one walk (:func:`_fix_class`)."""
+    return _fix_class()(cache_list_vars)
+
+
+@functools.cache
+def _fix_class():
+    """numba's ``_FixSSAVars`` with ``_stmt_index`` by a dictionary of positions per block (made
+    once: numba is imported on first use)."""
     from numba.cuda.core import ssa
 
     class _FixSSAVarsIndexed(ssa._FixSSAVars):
@@ -118,7 +126,7 @@ def _fix_handler(cache_list_vars):
                 return i
             return n
 
-    return _FixSSAVarsIndexed(cache_list_vars)
+    return _FixSSAVarsIndexed
 
 
 def _run_ssa_linear(blocks):
