@@ -12,6 +12,10 @@
   loaded from its PTX by the driver's JIT, which compiles the whole program and keeps it
   (``whole_program=True`` forces this path for any kernel).
 
+- Tensor maps passed by value (``TensorMap.param``, :mod:`intrinsics.grid_constant`): numba's
+  and cuda.core's launches pass no 128-byte aggregate; :func:`launch` sends such a kernel through
+  a prepared launch, which does.
+
 ``launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0)`` takes the grid in
 blocks (as ``kernel[grid, block]`` does), whatever cuda.core version is installed.
 
@@ -32,8 +36,8 @@ import numpy as np
 
 from numba import cuda
 
-__all__ = ["LaunchError", "PreparedLaunch", "array_params", "compile_kernel", "launch",
-           "max_dynamic_shared_bytes", "prepare"]
+__all__ = ["LaunchError", "PreparedLaunch", "array_params", "compile_kernel", "flat_params",
+           "has_param_blobs", "launch", "max_dynamic_shared_bytes", "prepare"]
 
 _DEFAULT_DYNAMIC_LIMIT = 48 * 1024
 
@@ -180,6 +184,14 @@ def launch(kernel, grid, block, args, shared_bytes=0, cluster=None, stream=0, wh
     if signature is None:
         args = tuple(_as_kernel_arg(a) for a in args)
         signature = tuple(kernel.typeof_pyval(a) for a in args)
+    if has_param_blobs(signature):
+        # cuda.core passes no 128-byte aggregate: a one-off prepared launch does
+        prepared = prepare(kernel, grid, block, signature, shared_bytes, cluster, whole_program)
+        if prepared is None:
+            raise LaunchError(f"a kernel that takes a tensor map by value is launched through "
+                              f"intrinsics.launch.prepare, which has no layout for {signature}")
+        prepared(_stream_handle(stream), *flat_params(signature, args))
+        return
     compiled, core_kernel = _plan_for(kernel, signature, shared_bytes, cluster, whole_program)
 
     core_grid = grid
@@ -203,6 +215,13 @@ _STREAMS = {}
 #: so a new stream never waits for another thread's compilation.
 _BUILD_LOCK = threading.RLock()
 _STREAMS_LOCK = threading.Lock()
+
+
+def _stream_handle(stream):
+    """The raw CUstream of a Numba stream, 0, or a raw handle (an int)."""
+    if isinstance(stream, int):
+        return stream
+    return int(_core_stream(stream).handle)
 
 
 def _core_stream(stream):
@@ -311,8 +330,12 @@ def param_layout(signature):
     meminfo, parent, nitems, itemsize, data, shape..., strides...: :func:`array_params` gives
     those values; a tuple into its members in order).  None for anything else (records ...).
     The format uses native alignment, so each parameter sits at an offset aligned to its own
-    size, as the kernel's .param space expects."""
+    size, as the kernel's .param space expects; a tensor map passed by value
+    (``tensormap_param``, intrinsics.grid_constant) is 128 bytes (``128s``) at an offset
+    aligned to 64, padded there with ``x``."""
     from numba import types
+
+    from intrinsics import grid_constant
 
     codes = []
 
@@ -321,6 +344,8 @@ def param_layout(signature):
             codes.append("Q")
         elif str(ty) in _PARAM_CODES and isinstance(ty, (types.Integer, types.Float)):
             codes.append(_PARAM_CODES[str(ty)])
+        elif grid_constant.is_param(ty):
+            codes.append(_BLOB_CODE)
         elif isinstance(ty, types.Array):
             # numba's array ABI: meminfo, parent, nitems, itemsize, data, shape[], strides[]
             codes.extend("QQqqQ" + "q" * (2 * ty.ndim))
@@ -335,10 +360,86 @@ def param_layout(signature):
     for ty in signature:
         if not add(ty):
             return None
-    fmt = "@" + "".join(codes)
-    offsets = [struct.calcsize("@" + "".join(codes[:i + 1])) - struct.calcsize(codes[i])
-               for i in range(len(codes))]
+    fmt, offsets = "@", []
+    for code in codes:
+        if code == _BLOB_CODE:
+            pad = -struct.calcsize(fmt) % grid_constant.PARAM_ALIGN
+            fmt += "x" * pad
+            offsets.append(struct.calcsize(fmt))
+            fmt += code
+        else:
+            offsets.append(struct.calcsize(fmt + code) - struct.calcsize(code))
+            fmt += code
     return fmt, offsets
+
+
+#: a tensor map passed by value: its 128 bytes (intrinsics.grid_constant)
+_BLOB_CODE = "128s"
+
+
+def _param_codes(fmt):
+    """The struct code of each parameter of a :func:`param_layout` format, padding left out."""
+    import re
+
+    return [code for code in re.findall(r"\d*[a-zA-Z?]", fmt[1:]) if code != "x"]
+
+
+def has_param_blobs(signature):
+    """Whether a kernel signature passes a tensor map by value (which numba's launch cannot)."""
+    from numba import types
+
+    from intrinsics import grid_constant
+
+    def any_blob(ty):
+        if isinstance(ty, types.BaseTuple):
+            return any(any_blob(t) for t in ty)
+        return grid_constant.is_param(ty)
+
+    return any(any_blob(ty) for ty in signature)
+
+
+def flat_params(signature, args):
+    """``args`` as the flat parameter values :func:`param_layout` lays out for ``signature``:
+    device arrays (anything with ``__cuda_array_interface__``) as numba's 7+ parameters, tuples
+    member by member, a by-value tensor map (TensorMapParam or TensorMap) as its 128 bytes,
+    pointers and numbers as they are."""
+    from numba import types
+
+    from intrinsics import grid_constant
+
+    out = []
+
+    def add(ty, value):
+        if grid_constant.is_param(ty):
+            param = getattr(value, "param", value)  # a TensorMap gives its .param
+            if getattr(param, "blob", None) is None:
+                raise LaunchError(f"a tensormap_param argument needs TensorMap.param, got {value!r}")
+            out.append(param.blob)
+        elif isinstance(ty, types.Array):
+            ca = getattr(value, "__cuda_array_interface__", None)
+            if ca is None:
+                raise LaunchError(f"an array argument of a kernel that takes a tensor map by value "
+                                  f"must be on the device, got {type(value).__name__}")
+            itemsize = np.dtype(ca["typestr"]).itemsize
+            shape = tuple(ca["shape"])
+            strides = ca.get("strides")
+            if strides is None:
+                strides, step = [], itemsize
+                for extent in reversed(shape):
+                    strides.insert(0, step)
+                    step *= extent
+            out.extend(array_params(ca["data"][0], shape, tuple(strides), itemsize))
+        elif isinstance(ty, types.BaseTuple):
+            for member, v in zip(ty, value):
+                add(member, v)
+        elif isinstance(ty, types.CPointer) or ty == types.voidptr:
+            out.append(int(value))
+        else:
+            out.append(value)
+
+    for ty, value in zip(signature, args):
+        add(ty, value)
+    return out
 
 
 def array_params(ptr, shape, strides, itemsize):
@@ -400,7 +501,8 @@ class PreparedLaunch:
         self._pack = struct.Struct(fmt).pack_into
         self._cu_launch = driver.cuLaunchKernel
         self._success = driver.CUresult.CUDA_SUCCESS
-        self._float_slots = [i for i, code in enumerate(fmt[1:]) if code in "fd"]
+        self._float_slots = [(i, code) for i, code in enumerate(_param_codes(fmt))
+                             if code in "fd"]
         self._keep = keep  # the compiled kernel: its module stays loaded while this lives
 
     def pack(self, *args):
@@ -409,8 +511,8 @@ class PreparedLaunch:
             self._pack(self._buf, 0, *args)
         except OverflowError:  # a float beyond float32: numba's ctypes.c_float gives inf
             args = list(args)
-            for i in self._float_slots:
-                args[i] = float(np.float32(args[i])) if self.fmt[1 + i] == "f" else float(args[i])
+            for i, code in self._float_slots:
+                args[i] = float(np.float32(args[i])) if code == "f" else float(args[i])
             self._pack(self._buf, 0, *args)
         return self._buf.raw[:struct.calcsize(self.fmt)]
 

@@ -4,12 +4,15 @@ before the driver sees them.
 
 A tensor map is a 128-byte opaque descriptor of a tensor in global memory and of the box one TMA
 instruction moves (PTX ISA 5.5, "Tensors"; CUDA Driver API 6.30, "Tensor Map Object Management").
-Build one on the host and hand ``tmap.device`` (16 ``uint64`` words in device memory) to a kernel,
-which passes it to the intrinsics in :mod:`intrinsics.tma`::
+Build one on the host and hand it to a kernel by value, ``tmap.param`` (CUDA C++'s
+``__grid_constant__`` parameter, :mod:`intrinsics.grid_constant`), or as ``tmap.device`` (16
+``uint64`` words copied to device memory); the kernel passes it on to the intrinsics in
+:mod:`intrinsics.tma`::
 
     a = cuda.to_device(np.zeros((M, K), np.float32))
     tmap = TensorMap.tiled(a, box=(64, 32), swizzle=128)    # (rows, cols): 64 rows x 128 B
-    kernel[...](tmap.device, ...)                           # kernel argument type: uint64[:]
+    launch(kernel, grid, block, (tmap.param, ...))          # intrinsics.launch; tensormap_param
+    kernel[grid, block](tmap.device, ...)                   # or: kernel argument type uint64[:]
 
     # in the kernel: coordinates are innermost first, as PTX takes them -- (col, row)
     tma_load(smem, 0, tmap, (k0, m0), bars, 0)
@@ -746,10 +749,11 @@ class TensorMap:
     ('zero' or 'nan'), ``tensor`` (the source array, None for a raw pointer).
     ``driver_params`` holds what the driver received (innermost first).
 
-    ``words`` is the encoded map as 16 ``uint64`` on the host; ``device`` copies it to the
-    device once (a numba device array, 64-byte aligned) -- pass that to the kernel, whose
-    parameter is then ``uint64[:]``, and on to the TMA intrinsics.  Keep the TensorMap (and the
-    tensor) alive while kernels use it.
+    ``words`` is the encoded map as 16 ``uint64`` on the host.  Pass it to a kernel by value as
+    ``param`` (the kernel's parameter type is then ``tensormap_param``, launched through
+    intrinsics.launch), or as ``device``, a copy in device memory made once (a numba device
+    array, 64-byte aligned; parameter type ``uint64[:]``) -- keep that TensorMap alive while
+    kernels use it.  Either goes on to the TMA intrinsics.  Keep the tensor alive too.
     """
 
     def __init__(self, mode, params, driver_params, encoded, owner=None):
@@ -760,6 +764,7 @@ class TensorMap:
         self.encoded = encoded
         self.tensor = owner  # the source array (None for a raw pointer)
         self._device = None
+        self._param = None
 
     # -- constructors --------------------------------------------------------------------------
 
@@ -902,6 +907,20 @@ class TensorMap:
                 "checked against every documented rule but not encoded"
             )
         return np.array([int(w) for w in self.encoded.opaque], dtype=np.uint64)
+
+    @property
+    def param(self):
+        """The map as a kernel argument passed by value (an
+        :class:`intrinsics.grid_constant.TensorMapParam`, numba type ``tensormap_param``): no
+        device memory, no copy; the launch carries its 128 bytes (see
+        :mod:`intrinsics.grid_constant`).  Made once."""
+        param = self._param
+        if param is None:
+            from intrinsics.grid_constant import TensorMapParam
+
+            blob = None if self.encoded is None else self.words.tobytes()
+            param = self._param = TensorMapParam(self, blob)
+        return param
 
     @property
     def device(self):

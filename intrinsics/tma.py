@@ -4,8 +4,10 @@
 instructions"; 9.7.9.15, "prefetch"; tensors and tensor maps in 5.5, "Tensors").
 
 One thread issues each copy; the TMA unit moves the whole box.  Build the tensor map on the
-host with :class:`intrinsics.tensormap.TensorMap` and pass ``tmap.device`` to the kernel (its
-parameter type is ``uint64[:]``).  A load completes on an mbarrier, a store on a bulk group::
+host with :class:`intrinsics.tensormap.TensorMap` and pass it to the kernel by value,
+``tmap.param`` (as CUDA C++'s ``__grid_constant__`` parameter, :mod:`intrinsics.grid_constant`;
+launch with :func:`intrinsics.launch.launch`), or as ``tmap.device`` (a ``uint64[:]`` copy in
+device memory, which numba's own launch can pass).  A load completes on an mbarrier, a store on a bulk group::
 
     # prologue: one thread initialises the barrier (intrinsics.mbarrier)
     if tid == 0:
@@ -57,6 +59,7 @@ from numba import types
 from numba.cuda import cgutils
 from numba.cuda.core.errors import NumbaTypeError
 
+from intrinsics import grid_constant
 from intrinsics._core import (
     SM90,
     Arch,
@@ -173,10 +176,12 @@ TENSOR_COPIES = {
 
 
 def _check_tmap(name, ty):
+    if grid_constant.is_param(ty):
+        return
     if not (isinstance(ty, types.Array) and ty.dtype == types.uint64 and ty.ndim == 1):
         raise NumbaTypeError(
-            f"{name}: the tensor map must be the uint64[:] device array from TensorMap.device, "
-            f"got {ty}"
+            f"{name}: the tensor map must be TensorMap.param (passed by value) or the uint64[:] "
+            f"device array from TensorMap.device, got {ty}"
         )
 
 
@@ -215,7 +220,10 @@ def _check_coords(copy, ty):
 
 
 def _tmap_address(context, builder, arrty, arr):
-    """Generic 64-bit address of the tensor map array's first word."""
+    """Generic 64-bit address of the tensor map: of the by-value parameter (its value is that
+    address, see intrinsics.grid_constant) or of the array's first word."""
+    if grid_constant.is_param(arrty):
+        return arr
     ary = context.make_array(arrty)(context, builder, value=arr)
     return builder.ptrtoint(ary.data, I64)
 
@@ -306,7 +314,8 @@ _tma_load.__doc__ = _doc(
     "``mbarrier_arrive_expect_tx(bars, bar_index, tmap.box_bytes)``).",
     "``tma_load(dst, dst_index, tmap, coords, bars, bar_index)``: ``dst[dst_index]`` is the "
     "box's first element in shared memory (128-byte aligned; 1024 B for 128B swizzle), "
-    "``tmap`` the ``uint64[:]`` from ``TensorMap.device``, ``coords`` the box's first element, "
+    "``tmap`` ``TensorMap.param`` (by value) or the ``uint64[:]`` from ``TensorMap.device``, "
+    "``coords`` the box's first element, "
     "innermost dimension first.  One thread issues it.",
 )
 _tma_load.__name__ = "tma_load"
@@ -417,7 +426,7 @@ _tma_prefetch.__doc__ = _doc(
     _PREFETCH,
     "Prefetch one box of the tensor described by ``tmap`` into the L2 cache (a hint: nothing "
     "lands in shared memory, nothing completes, nothing is waited for).",
-    "``tma_prefetch(tmap, coords)``: ``tmap`` the ``uint64[:]`` from ``TensorMap.device``, "
+    "``tma_prefetch(tmap, coords)``: ``tmap`` ``TensorMap.param`` or ``TensorMap.device``, "
     "``coords`` the box's first element, innermost dimension first, as for ``tma_load``.",
 )
 _tma_prefetch.__name__ = "tma_prefetch"
@@ -658,7 +667,7 @@ bulk_wait_group_read = _wait_group(read=True)
 @intrinsic
 def tma_prefetch_descriptor(typingctx, tmap):
     """Emits ``prefetch.tensormap [$0];`` (PTX ISA 9.7.9.15, prefetch): brings the tensor map
-    (the ``uint64[:]`` from ``TensorMap.device``, by its generic address) into the cache ahead
+    (``TensorMap.param`` or ``TensorMap.device``, by its generic address) into the cache ahead
     of the first TMA instruction that uses it.  Needs sm_90 or newer."""
     _check_tmap("prefetch.tensormap", tmap)
     sig = types.void(tmap)
@@ -678,12 +687,16 @@ def tensormap_fence_acquire(typingctx, tmap):
     membar/fence, proxy tensormap): makes the tensor map that the host copied into global memory
     (``TensorMap.device``) visible to the tensormap proxy, which TMA reads it through.  A thread
     must execute it once before its first TMA instruction on that map; ``.sys`` because the
-    writer is the host.  Needs sm_90 or newer."""
+    writer is the host.  Needs sm_90 or newer.  For a map passed by value (TensorMap.param) it
+    emits nothing: a kernel parameter is constant for the whole launch and is not written
+    through the generic proxy."""
     _check_tmap("fence.proxy.tensormap", tmap)
     sig = types.void(tmap)
 
     def codegen(context, builder, sig, args):
         require_arch("fence.proxy.tensormap::generic.acquire", SM90)
+        if grid_constant.is_param(sig.args[0]):
+            return context.get_dummy_value()
         address = _tmap_address(context, builder, sig.args[0], args[0])
         asm(builder, "fence.proxy.tensormap::generic.acquire.sys [$0], 128;", ["l"], [], [address],
             memory=True)

@@ -35,6 +35,10 @@
 #              arguments, optionally led by one VAR=value), SERVING_BENCH=0 / SERVING_SANITIZE=0
 #   firstcall  issue 18: first calls per shape, cold, with intrinsics.compile_passes on and off
 #              (first_call.txt); then FIRSTCALL_TESTS in shards (tests.txt, testlogs.txt)
+#   gridconst  tensor maps passed by value (intrinsics.grid_constant): GC_TESTS in shards (the
+#              TMA lanes, the Hopper GEMM and attention, graphs; tests.txt, testlogs.txt), what a
+#              captured call records (graph_nodes.txt), the warm host path (host_overhead.txt)
+#              and the graph-timed GEMM rows GC_BENCH (bench.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -141,6 +145,21 @@ if [[ $what == table ]]; then
   dt=${TABLE_DTYPE:-bfloat16}
   t ${TABLE_LIMIT:-400} $py -m numbatc.bench gemm --shapes ${TABLE_SHAPES:-table} --b-layout col \
     --dtype $dt --csv "$out/table_$dt.csv" --png "$out/table_$dt.png" > "$out/table_$dt.txt"
+fi
+
+if [[ $what == gridconst ]]; then
+  : "${GC_TESTS:=tests/gpu/test_tma_gpu.py tests/gpu/test_sm90_gemm_gpu.py tests/gpu/test_sm90_attention_gpu.py tests/gpu/test_graphs_gpu.py}"
+  t ${GC_LIMIT:-420} $py scripts/pytest_shards.py --shards ${GC_SHARDS:-15} --timeout ${GC_TIMEOUT:-400} \
+    --out /tmp/shards_gc $GC_TESTS -- --tb=short > "$out/tests.txt" 2>&1
+  for f in /tmp/shards_gc/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  [[ ${GC_EXTRA:-1} == 0 ]] || {
+    t 90 $py scripts/diag/graph_nodes.py 16x6144x4096 128x8192x8192 4096x1024x1024 > "$out/graph_nodes.txt"
+    for shape in 64,2048,2048 16,4096,4096; do
+      t 100 $py scripts/host_overhead.py --shape $shape --libs torch
+    done > "$out/host_overhead.txt"
+    t 200 $py -m numbatc.bench gemm --shapes ${GC_BENCH:-quick+llama8b} --b-layout col --timing graph \
+      > "$out/bench.txt"
+  }
 fi
 
 if [[ $what == host ]]; then

@@ -249,7 +249,8 @@ def test_tensor_map_must_be_uint64_vector():
         tma_load(smem, 0, tmap, (x, x), bars, 0)
 
     _typing_error(kernel, (types.float32[:], types.int32),
-                  r"tensor map must be the uint64\[:\] device array from TensorMap.device")
+                  r"tensor map must be TensorMap.param \(passed by value\) or the uint64\[:\] "
+                  r"device array from TensorMap.device")
     _typing_error(kernel, (types.uint64[:, :], types.int32), r"uint64\[:\] device array")
 
 

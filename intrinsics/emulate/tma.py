@@ -91,11 +91,16 @@ def device_tensormap(tmap):
 
 
 def _tensormap(thread, tmap, op):
+    from intrinsics.grid_constant import TensorMapParam
+
+    if isinstance(tmap, TensorMapParam):  # TensorMap.param: the map passed by value
+        return tmap.tensormap
     array = memory.host_array(tmap)
     tm = getattr(array, "tensormap", None)
     if tm is None:
         raise EmulationError(
-            f"{thread.where()}: {op}: the tensor map operand must be TensorMap.device, got a "
+            f"{thread.where()}: {op}: the tensor map operand must be TensorMap.param or "
+            f"TensorMap.device, got a "
             f"{array.dtype}{list(array.shape)} array that carries no TensorMap"
         )
     return tm

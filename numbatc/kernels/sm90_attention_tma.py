@@ -243,12 +243,13 @@ def producer_source(cfg, D, QB, KB, VB0):
 
 
 def signature(var):
-    """The kernel's argument types: the three tensor maps (``uint64[:]``, TensorMap.device),
-    out and lse as typed pointers, int64 sizes (n_work: the work tiles, = the grid unless
-    persistent) and O's strides, the float32 scale."""
+    """The kernel's argument types: the three tensor maps (passed by value, TensorMap.param:
+    intrinsics.grid_constant), out and lse as typed pointers, int64 sizes (n_work: the work
+    tiles, = the grid unless persistent) and O's strides, the float32 scale."""
     from numba import types
 
-    tmap = types.Array(types.uint64, 1, "C")
+    from intrinsics.grid_constant import tensormap_param as tmap
+
     return ((tmap, tmap, tmap, types.CPointer(types.uint16), types.CPointer(types.float32))
             + (types.int64,) * 9 + (types.float32,))
 
@@ -290,10 +291,9 @@ def operand_map(src, dtype, shape, strides, rows, stream=0):
     """The TensorMap of q, k or v: ``src`` a device pointer (int) on the GPU, a flat array in
     the emulation; ``shape`` (batch, seq, heads, D) and ``strides`` (batch, seq, head) in
     elements (0 for an extent of 1); boxes of (1, ``rows``, 1, 64).  On the GPU the maps are
-    numbatc.kernels.tensor_maps' (one cache per (pointer, geometry) for every TMA kernel; a map
-    made while ``stream`` captures a CUDA graph is written by a kernel the graph records, so
-    operands first seen inside a capture -- a model's activations -- work as numbatc.gemm's
-    do)."""
+    numbatc.kernels.tensor_maps' (one cache per (pointer, geometry) for every TMA kernel,
+    encoded on the host and passed by value, so operands first seen inside a CUDA graph capture
+    -- a model's activations -- need nothing more)."""
     from intrinsics.tensormap import TensorMap
 
     eb = 2
@@ -333,7 +333,7 @@ def launch_attention(p, cfg, var):
     m_blocks = -(-sq // sm90_attention._BM)
     n_work = sm90_attention.grid_for(batch, hq, sq)
     grid = min(n_work, _persistent_blocks()) if cfg.persistent else n_work
-    args = (*(m.device for m in maps), out, lse, sq, sk, hq, group, m_blocks, n_work, *o_st,
+    args = (*(m.param for m in maps), out, lse, sq, sk, hq, group, m_blocks, n_work, *o_st,
             np.float32(scale * sm90_attention.LOG2E))
     sig = None if config.ENABLE_CUDASIM else signature(var)
     launch_kernel(kernel, grid, cfg.threads, args,
@@ -364,7 +364,7 @@ def launch_attention(p, cfg, var):
         not 16-byte aligned (no tensor map: the checked path runs the cp.async twin)."""
         if (q | k | v) & 15:
             return False
-        params = last.params((q, k, v), qkv_maps, q, k, v, stream, stream=stream)
+        params = last.params((q, k, v), qkv_maps, q, k, v, stream)
         prepared(stream, *params, out, lse, *sizes, scale * sm90_attention.LOG2E)
         return True
 

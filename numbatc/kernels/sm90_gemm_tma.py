@@ -228,13 +228,11 @@ def make_producer(bm, bn, bk, stages, a_kmajor, b_kmajor, persistent, elem_bytes
 @functools.cache
 def signature(var, tma_store=False):
     """The kernel's argument types: sm90_gemm.signature's with the tensor maps of a and b
-    (``uint64[:]``, TensorMap.device) in place of the operand pointers, and with ``tma_store``
-    (the TMA store epilogue) out's tensor map after them."""
-    from numba import types
-
+    (passed by value, ``TensorMap.param``: intrinsics.grid_constant) in place of the operand
+    pointers, and with ``tma_store`` (the TMA store epilogue) out's tensor map after them."""
+    from intrinsics.grid_constant import tensormap_param as tmap
     from numbatc.kernels import sm90_gemm
 
-    tmap = types.Array(types.uint64, 1, "C")
     return (tmap,) * (3 if tma_store else 2) + tuple(sm90_gemm.signature(var)[2:])
 
 
@@ -582,9 +580,8 @@ def out_map(var, src, m, n, ldo, stream=0):
 
 def _tensor_map(src, dtype, shape, strides, box, stream):
     """A 128B-swizzled tiled TensorMap of ``src`` (natural order shape, byte strides, box): on
-    the GPU numbatc.kernels.tensor_maps' (cached per pointer and geometry; while ``stream``
-    captures a CUDA graph a new one is written by a recorded kernel), in the emulation a view
-    of the flat array."""
+    the GPU numbatc.kernels.tensor_maps' (cached per pointer and geometry, encoded on the host
+    and passed by value), in the emulation a view of the flat array."""
     from intrinsics.tensormap import TensorMap
 
     if not isinstance(src, (int, np.integer)):  # the emulation: a view of the flat array
@@ -634,7 +631,7 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
 
             def relaunch(a, b, c, bias, out, alpha, beta, stream, eflat=()):
                 params = last.params((a, b, out) if tma_store else (a, b), maps, a, b, out,
-                                     stream, stream=stream)
+                                     stream)
                 extra = () if split is None else split(stream)
                 prepared(stream, *params, c, bias, out, *sizes, alpha, beta, group_m, *extra,
                          *eflat)
@@ -649,7 +646,7 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
 
         c, bias, out = (FakeCUDAArray(x) if isinstance(x, np.ndarray) else x
                         for x in (c, bias, out))
-    args = (*(tm.device for tm in maps(a, b, out, stream)), c, bias, out, *sizes,
+    args = (*(tm.param for tm in maps(a, b, out, stream)), c, bias, out, *sizes,
             np.float32(alpha), np.float32(beta), group_m, *_scale_args(block_scales))
     if split is not None:
         ws, counters, k_chunk, splits = split(stream)

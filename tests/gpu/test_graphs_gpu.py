@@ -112,9 +112,10 @@ def test_gemm_graph(m, n, k, extra, dtype):
                                     "sm90:128x256x64_3s_pt_tma_ts"])
 def test_gemm_graph_operands_made_inside_the_capture(config, monkeypatch):
     """A model's activations are allocated inside the capture (torch's graph pool), at
-    addresses no eager call has seen: the TMA kernels' tensor maps for them are written by a
-    kernel recorded into the graph (numbatc.kernels.tensor_maps.MapSlots), not by a host copy, which would
-    invalidate the capture.  Both operands here are made inside the captured region."""
+    addresses no eager call has seen: the TMA kernels' tensor maps for them are made on the host
+    and passed by value (intrinsics.grid_constant), so the graph records them with the launch;
+    a host copy would invalidate the capture.  Both operands here are made inside the captured
+    region."""
     if config:
         monkeypatch.setenv("NUMBATC_GEMM_KERNEL", config)
     m, n, k = 300, 520, 264
@@ -130,6 +131,40 @@ def test_gemm_graph_operands_made_inside_the_capture(config, monkeypatch):
 
     _capture_and_replay(make, call, lambda x, w: _gemm_reference(x * 2, (w * 0.5).T), dtype,
                         f"gemm of captured operands {config or 'default'}")
+
+
+def _graph_node_kinds(graph):
+    """[node type name, ...] of a torch.cuda.CUDAGraph (scripts/diag/graph_nodes.py's count)."""
+    from cuda.bindings import driver
+
+    raw = driver.CUgraph(graph.raw_cuda_graph())
+    _, _, count = driver.cuGraphGetNodes(raw, 0)
+    _, found, count = driver.cuGraphGetNodes(raw, count)
+    return [driver.cuGraphNodeGetType(node)[1].name.replace("CU_GRAPH_NODE_TYPE_", "").lower()
+            for node in found[:count]]
+
+
+@pytest.mark.parametrize("config", ["sm90:128x256x64_4s_pt_tma", "sm90:128x256x64_3s_pt_tma_ts"])
+def test_captured_tma_gemm_records_its_kernel_only(config, monkeypatch):
+    """A captured TMA GEMM into an output first allocated inside the capture (a pointer numbatc
+    has not seen, so new tensor maps) records one kernel node: the maps are kernel parameters
+    (intrinsics.grid_constant), where a one-block kernel used to be recorded to write each new
+    map into device memory.  The replay is checked against float64.  (M > 256: no split-K,
+    whose second launch is a kernel of its own.)"""
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", config)
+    m, n, k = 520, 384, 512
+    a, w = _randn(m, k), _randn(n, k, scale=1 / math.sqrt(k))
+    numbatc.gemm(a, w.T)  # compiled and warm before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)  # its nodes stay readable
+    with torch.cuda.graph(graph):
+        out = numbatc.gemm(a, w.T)
+    assert _graph_node_kinds(graph) == ["kernel"], config
+    graph.instantiate()
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(out, _gemm_reference(a, w.T), torch.bfloat16, f"captured {config}")
 
 
 @pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (200, 1000, 520)])
@@ -218,8 +253,8 @@ def test_attention_graph(b, sq, sk, hq, hk, d, causal):
 def test_attention_graph_operands_made_inside_the_capture(config, monkeypatch):
     """q, k and v made inside the capture (a model's projections: torch's graph pool, addresses
     no eager call has seen), replayed with fresh inputs, then an eager call and another replay:
-    the TMA configurations' tensor maps for captured operands are written by a kernel the graph
-    records (numbatc.kernels.tensor_maps.MapSlots), where a host copy would invalidate the capture."""
+    the TMA configurations' tensor maps for captured operands travel by value with the
+    recorded launch (intrinsics.grid_constant), where a host copy would invalidate the capture."""
     if config:
         monkeypatch.setenv("NUMBATC_ATTN_KERNEL", config)
     b, sq, sk, hq, hk, d = (2, 1, 2048, 8, 2, 128) if config == "decode" else \

@@ -117,15 +117,17 @@ def _measured(tmap):
         "rows narrower than the swizzle span: test_narrow_rows_take_the_swizzle_span")
 
 
-def _load_and_check(tmap, tensor, start, type_name, prefetch=False):
+def _load_and_check(tmap, tensor, start, type_name, prefetch=False, form="device"):
     """One tile load of the box at ``start`` (natural order); the received image unswizzled and
-    compared with the NumPy model, fill included."""
+    compared with the NumPy model, fill included.  ``form``: the map in device memory
+    (``tmap.device``) or passed by value (``tmap.param``, a __grid_constant__ parameter)."""
     _measured(tmap)
     coords = _legal(tmap, start)
     nbytes = tmap.box_bytes
     out, status = _device_bytes(nbytes), _status()
     launch(load_kernel(tmap.rank, prefetch), 1, THREADS,
-           (tmap.device, cuda.to_device(coords), nbytes, out, status), shared_bytes=nbytes + ALIGN)
+           (getattr(tmap, form), cuda.to_device(coords), nbytes, out, status),
+           shared_bytes=nbytes + ALIGN)
     _check_status(status)
     dense = unswizzle_bytes(out.copy_to_host(), tmap.swizzle)
     got = dense.view(tensor.dtype).reshape(tmap.box)
@@ -182,6 +184,23 @@ def test_tile_load(rank, swizzle, where):
     _measured(tmap)
     assert tmap.box_bytes == tmap.smem_bytes == np.prod(box) * tensor.itemsize
     inside = _load_and_check(tmap, tensor, start, "bf16" if dtype == "bf16" else tensor.dtype)
+    assert inside.all() == (where == "inside")
+
+
+BY_VALUE_CASES = [(r, s, w) for r in ND for s in (0, 128) for w in ("inside", "before")]
+
+
+@pytest.mark.parametrize("rank, swizzle, where", BY_VALUE_CASES,
+                         ids=[f"{r}d-sw{s}-{w}" for r, s, w in BY_VALUE_CASES])
+def test_tile_load_by_value(rank, swizzle, where):
+    """The same loads with the map passed by value (``TensorMap.param``: 128 bytes in the
+    kernel's parameter space, read in place, intrinsics.grid_constant), with a tensor prefetch
+    through the parameter first."""
+    dtype, shape, box, start = nd_case(rank, swizzle, where)
+    tensor = random_tensor(rng(), shape, dtype)
+    tmap = _tmap(tensor, box, swizzle=swizzle, bf16=dtype == "bf16")
+    inside = _load_and_check(tmap, tensor, start, "bf16" if dtype == "bf16" else tensor.dtype,
+                             prefetch=True, form="param")
     assert inside.all() == (where == "inside")
 
 
@@ -322,9 +341,10 @@ STORE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("form", ["device", "param"])
 @pytest.mark.parametrize("swizzle, shape, box, start", STORE_CASES,
                          ids=[f"{len(s)}d-sw{w}-{_start_id(st)}" for w, s, _, st in STORE_CASES])
-def test_store_clips_to_the_tensor(swizzle, shape, box, start):
+def test_store_clips_to_the_tensor(swizzle, shape, box, start, form):
     gen = rng()
     poison = np.full(shape, -7.25, dtype=np.float32)
     target = cuda.to_device(poison)
@@ -333,7 +353,7 @@ def test_store_clips_to_the_tensor(swizzle, shape, box, start):
     _measured(tmap)
     image = swizzle_bytes(tile, swizzle)
     launch(store_kernel(len(shape)), 1, THREADS,
-           (tmap.device, cuda.to_device(_legal(tmap, start, "store")), cuda.to_device(image),
+           (getattr(tmap, form), cuda.to_device(_legal(tmap, start, "store")), cuda.to_device(image),
             image.size), shared_bytes=image.size + ALIGN)
     expected = poison.copy()
     inside = inside_mask(shape, start, box)
@@ -347,8 +367,9 @@ def test_store_clips_to_the_tensor(swizzle, shape, box, start):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("form", ["device", "param"])
 @pytest.mark.parametrize("ctas", [2, 4])
-def test_multicast_fills_every_cta(ctas):
+def test_multicast_fills_every_cta(ctas, form):
     rows_per_cta, cols = 16, 32
     tensor = random_tensor(rng(), (ctas * rows_per_cta + 5, cols), np.float32)
     tmap = _tmap(tensor, (rows_per_cta, cols), swizzle=128)
@@ -357,7 +378,8 @@ def test_multicast_fills_every_cta(ctas):
     status = _status(ctas)
     # CTA r loads rows [16 r, 16 r + 16): coordinate 1 (rows) steps by 16 per CTA rank.
     launch(multicast_kernel(2), ctas, THREADS,
-           (tmap.device, cuda.to_device(_legal(tmap, (0, 0))), 1, rows_per_cta, box, out, status),
+           (getattr(tmap, form), cuda.to_device(_legal(tmap, (0, 0))), 1, rows_per_cta, box, out,
+            status),
            shared_bytes=ctas * box + ALIGN, cluster=(ctas, 1, 1))
     _check_status(status)
     expected = np.concatenate([
