@@ -78,11 +78,17 @@ def is_param(ty):
 
 
 class _UntypedByval(ir.values.ArgumentAttributes):
-    """llvmlite writes ``byval(<type>)``; the NVVM IR parser of typed pointers (numba's dialect)
-    reads only the bare ``byval``."""
+    """llvmlite writes ``byval(<type>)``, which libNVVM (CUDA 13) reads for sm_100 and newer;
+    for older targets its parser reads only the bare ``byval`` (measured on this toolchain:
+    each form is a parse error for the other targets, tests/test_tensor_maps.py)."""
 
     def _expand(self, name, typ):
         return name if name == "byval" else super()._expand(name, typ)
+
+
+def _typed_byval(cc):
+    """Whether libNVVM wants ``byval(<type>)`` for target ``cc`` (see _UntypedByval)."""
+    return cc is not None and tuple(cc[:2]) >= (10, 0)
 
 
 def _register():
@@ -106,7 +112,11 @@ def _register():
             return builder.inttoptr(value, _BLOB.as_pointer())
 
         def from_argument(self, builder, value):
-            value._numbatc_grid_constant = True  # read by _mark_kernel if this is the kernel
+            from intrinsics._core import compile_cc
+
+            # read by _mark_kernel if this is the kernel (after lowering, when the target being
+            # compiled for is no longer at hand)
+            value._numbatc_grid_constant = ("target", compile_cc())
             return builder.ptrtoint(value, I64)
 
     @typeof_impl.register(TensorMapParam)
@@ -119,8 +129,10 @@ def _mark_kernel(kernel):
     kernel's ``grid_constant`` NVVM annotation (NVVM IR specification, "grid_constant")."""
     positions = []
     for i, arg in enumerate(kernel.args):
-        if getattr(arg, "_numbatc_grid_constant", False):
-            attributes = _UntypedByval()
+        mark = getattr(arg, "_numbatc_grid_constant", None)
+        if mark is not None:
+            attributes = ir.values.ArgumentAttributes() if _typed_byval(mark[1]) else \
+                _UntypedByval()
             attributes.add("byval")
             attributes.align = PARAM_ALIGN
             arg.attributes = attributes

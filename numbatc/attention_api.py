@@ -111,6 +111,28 @@ class AttentionProblem:
     def stream(self):
         return streams.numba_stream(self.stream_handle, self.device)
 
+    @classmethod
+    def contiguous(cls, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, *, causal=False,
+                   dtype="bfloat16", cc=(9, 0), lse=False, scale=None, ptr=4096):
+        """The problem of contiguous q, k, v and out (one stand-in pointer ``ptr``; lse too
+        with ``lse``) on no device: what the dispatcher and the kernel modules read (shapes,
+        strides, alignments, dtypes), never the arrays.  numbatc.precompile plans with it, the
+        tests describe problems with it.  ``scale``: head_dim ** -0.5 by default."""
+        from types import SimpleNamespace
+
+        def operand(shape):
+            b, s, h, d = shape
+            return SimpleNamespace(ptr=ptr, shape=shape, strides=(s * h * d, h * d, d, 1))
+
+        q = operand((batch, seqlen_q, heads_q, head_dim))
+        kv = operand((batch, seqlen_k, heads_kv, head_dim))
+        lse_array = SimpleNamespace(ptr=ptr, shape=(batch, heads_q, seqlen_q),
+                                    strides=(heads_q * seqlen_q, seqlen_q, 1)) if lse else None
+        return cls(q=q, k=kv, v=kv, out=q, lse=lse_array, batch=batch, seqlen_q=seqlen_q,
+                   seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
+                   causal=causal, scale=head_dim ** -0.5 if scale is None else scale,
+                   dtype=dtype, device=None, cc=cc, stream_handle=0)
+
 
 def _device_capability(device):
     # numbatc.gemm's query (one cache, and one place for the CPU tests to patch)

@@ -133,26 +133,12 @@ def _attention_name(shape):
 
 
 def _attention_problem(shape, dtype, lse, cc):
-    """numbatc.attention's problem description for contiguous q, k, v of ``shape`` (the
-    dispatcher and the kernel modules read shapes, strides, alignments and dtypes, never the
-    arrays)."""
-    from types import SimpleNamespace
-
+    """numbatc.attention's problem description for contiguous q, k, v of ``shape``."""
     from numbatc.attention_api import AttentionProblem
 
     b, sq, sk, hq, hkv, d, causal = shape
-
-    def operand(rows, heads):
-        return SimpleNamespace(ptr=1 << 20, shape=(b, rows, heads, d),
-                               strides=(rows * heads * d, heads * d, d, 1))
-
-    q, kv = operand(sq, hq), operand(sk, hkv)
-    lse_array = SimpleNamespace(ptr=1 << 20, shape=(b, hq, sq), strides=(hq * sq, sq, 1)) \
-        if lse else None
-    return AttentionProblem(
-        q=q, k=kv, v=kv, out=q, lse=lse_array, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq,
-        heads_kv=hkv, head_dim=d, causal=causal, scale=d ** -0.5, dtype=dtype, device=None, cc=cc,
-        stream_handle=0)
+    return AttentionProblem.contiguous(b, sq, sk, hq, hkv, d, causal=causal, dtype=dtype, cc=cc,
+                                       lse=lse, ptr=1 << 20)
 
 
 def parse_cc(cc):

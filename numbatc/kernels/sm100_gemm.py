@@ -263,12 +263,12 @@ def grid_for(cfg: Sm100Config, m: int, n: int):
 
 @functools.cache
 def signature(var):
-    """Argument types on the GPU: the two tensor maps (64-byte aligned uint64[:] copies), then
-    c, bias and out as typed pointers as in every GEMM kernel (epilogue.signature)."""
-    from numba import types
+    """Argument types on the GPU: the two tensor maps (passed by value, TensorMap.param:
+    intrinsics.grid_constant), then c, bias and out as typed pointers as in every GEMM kernel
+    (epilogue.signature)."""
+    from intrinsics.grid_constant import tensormap_param as tmap
 
     base = epilogue.signature(var)
-    tmap = types.Array(types.uint64, 1, "C")
     return (tmap, tmap) + base[2:5] + (base[5], base[6], base[7]) + base[10:]
 
 
@@ -287,7 +287,7 @@ def tensor_maps(cfg: Sm100Config, var, a_view, b_view):
 
 def launch_flat(cfg: Sm100Config, var, tma_a, tma_b, c, bias, out, m, n, k, ldc, ldo, alpha,
                 beta, stream=0, group_m=8, epilogue_args=()):
-    """Launch the kernel: ``tma_a``/``tma_b`` are the tensor maps' ``.device`` arrays, c, bias
+    """Launch the kernel: ``tma_a``/``tma_b`` are the tensor maps' ``.param``, c, bias
     and out flat as in sm80_gemm.launch_flat."""
     import numpy as np
 
@@ -349,7 +349,7 @@ def launch(p, cfg: Sm100Config):
     keep += [ta, tb, a_view, b_view]
     c = operands.pointer(p.c, keep) if p.c is not None else out
     bias = operands.pointer(p.bias, keep) if p.bias is not None else out
-    launch_flat(cfg, var, ta.device, tb.device, c, bias, out, p.m, p.n, p.k,
+    launch_flat(cfg, var, ta.param, tb.param, c, bias, out, p.m, p.n, p.k,
                 p.c.ld if p.c is not None else 0, p.out.ld, p.alpha, p.beta,
                 stream=operands.launch_stream(p), **operands.epilogue_args(p))
     return None

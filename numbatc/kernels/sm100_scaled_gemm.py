@@ -346,12 +346,14 @@ def grid_for(cfg: ScaledConfig, m: int, n: int):
 
 @functools.cache
 def signature(var: ScaledVariant):
-    """Argument types on the GPU: the two tensor maps (64-byte aligned uint64[:] copies), the
-    two scale-chunk buffers (uint8[:]), then c, bias, out and the scalars as in sm100_gemm."""
+    """Argument types on the GPU: the two tensor maps (passed by value, TensorMap.param:
+    intrinsics.grid_constant), the two scale-chunk buffers (uint8[:]), then c, bias, out and
+    the scalars as in sm100_gemm."""
     from numba import types
 
+    from intrinsics.grid_constant import tensormap_param as tmap
+
     base = epilogue.signature(var.epilogue_variant)
-    tmap = types.Array(types.uint64, 1, "C")
     chunks = types.Array(types.uint8, 1, "C")
     return (tmap, tmap, chunks, chunks) + base[2:8] + base[10:]
 
@@ -430,7 +432,7 @@ def scale_chunks(scales, groups, k_tiles, cpk, stream=0, device=None):
 
 def launch_flat(cfg: ScaledConfig, var: ScaledVariant, tma_a, tma_b, sfa, sfb, c, bias, out, m,
                 n, k, ldc, ldo, alpha, beta, stream=0, group_m=8, epilogue_args=()):
-    """Launch the kernel: ``tma_a``/``tma_b`` the tensor maps' ``.device`` arrays, ``sfa``/``sfb``
+    """Launch the kernel: ``tma_a``/``tma_b`` the tensor maps' ``.param``, ``sfa``/``sfb``
     the chunk buffers (:func:`scale_chunks`; A's with ceil(M/128) groups, B's with
     ceil(N/BN) * BN/128), c, bias and out flat as in sm80_gemm.launch_flat; ``k`` counts
     values."""
@@ -504,7 +506,7 @@ def launch(p, cfg: ScaledConfig):
     keep += [ta, tb, a_view, b_view, sfa, sfb]
     c = operands.pointer(p.c, keep) if p.c is not None else out
     bias = operands.pointer(p.bias, keep) if p.bias is not None else out
-    launch_flat(cfg, var, ta.device, tb.device, sfa, sfb, c, bias, out, p.m, p.n, p.k,
+    launch_flat(cfg, var, ta.param, tb.param, sfa, sfb, c, bias, out, p.m, p.n, p.k,
                 p.c.ld if p.c is not None else 0, p.out.ld, p.alpha, p.beta,
                 stream=operands.launch_stream(p), **operands.epilogue_args(p))
     return None

@@ -44,12 +44,8 @@ def attention_problem(batch=2, seqlen_q=100, seqlen_k=100, heads_q=4, heads_kv=4
     """A numbatc.attention_api.AttentionProblem over contiguous q, k, v and out."""
     from numbatc.attention_api import AttentionProblem
 
-    q = attention_operand((batch, seqlen_q, heads_q, head_dim))
-    kv = attention_operand((batch, seqlen_k, heads_kv, head_dim))
-    return AttentionProblem(
-        q=q, k=kv, v=kv, out=q, lse=None, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-        heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, causal=causal, scale=0.125,
-        dtype=dtype, device=None, cc=cc, stream_handle=0)
+    return AttentionProblem.contiguous(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
+                                       causal=causal, dtype=dtype, cc=cc, scale=0.125)
 
 
 def softmax_problem(rows, n, dtype="bfloat16", out_dtype=None, *, ptr=4096, ld=None, cc=(9, 0)):
