@@ -423,11 +423,11 @@ def flat_params(signature, args):
             itemsize = np.dtype(ca["typestr"]).itemsize
             shape = tuple(ca["shape"])
             strides = ca.get("strides")
-            if strides is None:
-                strides, step = [], itemsize
-                for extent in reversed(shape):
-                    strides.insert(0, step)
-                    step *= extent
+            if strides is None:  # C-contiguous, as numba's own launch reads it
+                from numba.cuda.np.numpy_support import strides_from_shape
+
+                strides = strides_from_shape(shape=shape, itemsize=itemsize, c_contiguous=True,
+                                             f_contiguous=False)
             out.extend(array_params(ca["data"][0], shape, tuple(strides), itemsize))
         elif isinstance(ty, types.BaseTuple):
             for member, v in zip(ty, value):
@@ -437,6 +437,9 @@ def flat_params(signature, args):
         else:
             out.append(value)
 
+    if len(args) != len(signature):
+        raise LaunchError(f"the kernel takes {len(signature)} arguments ({signature}), got "
+                          f"{len(args)}")
     for ty, value in zip(signature, args):
         add(ty, value)
     return out

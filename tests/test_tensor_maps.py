@@ -50,7 +50,7 @@ def test_cache_holds_host_maps_only(monkeypatch):
     key = (4096, "bfloat16", (64, 64), (128,), (64, 64))
     cached = Map(4)
     monkeypatch.setitem(tensor_maps._MAPS, key, cached)
-    assert tensor_maps.tiled_map(4096, "bfloat16", (64, 64), (128,), (64, 64), stream=7) is cached
+    assert tensor_maps.tiled_map(4096, "bfloat16", (64, 64), (128,), (64, 64)) is cached
     assert tensor_maps.map_params(cached) == (bytes([4]) * 128,)
 
 
@@ -147,6 +147,8 @@ def test_flat_params_of_a_by_value_launch():
         flat_params(sig[1:2], (TensorMapParam(None, None),))
     with pytest.raises(ValueError, match="128 bytes"):
         TensorMapParam(None, bytes(16))
+    with pytest.raises(LaunchError, match="takes 4 arguments"):
+        flat_params(sig, (Dev(), TensorMapParam(None, blob)))
 
 
 def test_launched_kernels_get_the_grid_constant_too():

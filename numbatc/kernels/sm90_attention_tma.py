@@ -287,7 +287,7 @@ class _Host:
         self._ary = array
 
 
-def operand_map(src, dtype, shape, strides, rows, stream=0):
+def operand_map(src, dtype, shape, strides, rows):
     """The TensorMap of q, k or v: ``src`` a device pointer (int) on the GPU, a flat array in
     the emulation; ``shape`` (batch, seq, heads, D) and ``strides`` (batch, seq, head) in
     elements (0 for an extent of 1); boxes of (1, ``rows``, 1, 64).  On the GPU the maps are
@@ -310,7 +310,7 @@ def operand_map(src, dtype, shape, strides, rows, stream=0):
         return TensorMap.tiled(_Host(view), box, dtype=dt, swizzle=_SWIZZLE)
     from numbatc.kernels import tensor_maps
 
-    return tensor_maps.tiled_map(int(src), dt, shape, byte_strides, box, stream)
+    return tensor_maps.tiled_map(int(src), dt, shape, byte_strides, box)
 
 
 def launch_attention(p, cfg, var):
@@ -326,9 +326,9 @@ def launch_attention(p, cfg, var):
     args, stream = sm80_attention.kernel_arguments(p, keep)
     q, k, v, out, lse, batch, sq, sk, hq, group, q_st, k_st, v_st, o_st, scale = args
     D = p.head_dim
-    maps = (operand_map(q, var.dtype, (batch, sq, hq, D), q_st, sm90_attention._BM, stream),
-            operand_map(k, var.dtype, (batch, sk, p.heads_kv, D), k_st, cfg.block_n, stream),
-            operand_map(v, var.dtype, (batch, sk, p.heads_kv, D), v_st, cfg.block_n, stream))
+    maps = (operand_map(q, var.dtype, (batch, sq, hq, D), q_st, sm90_attention._BM),
+            operand_map(k, var.dtype, (batch, sk, p.heads_kv, D), k_st, cfg.block_n),
+            operand_map(v, var.dtype, (batch, sk, p.heads_kv, D), v_st, cfg.block_n))
     kernel = sm90_attention.kernel_for(cfg, var)
     m_blocks = -(-sq // sm90_attention._BM)
     n_work = sm90_attention.grid_for(batch, hq, sq)
@@ -353,8 +353,8 @@ def launch_attention(p, cfg, var):
     sizes = args[5:-1]
     from numbatc.kernels.tensor_maps import LastMaps
 
-    def qkv_maps(q, k, v, stream):
-        return tuple(operand_map(ptr, *geo, stream) for ptr, geo in zip((q, k, v), geometry))
+    def qkv_maps(q, k, v):
+        return tuple(operand_map(ptr, *geo) for ptr, geo in zip((q, k, v), geometry))
 
     last = LastMaps()
     last.params((q, k, v), lambda: maps)  # the maps this launch made
@@ -364,7 +364,7 @@ def launch_attention(p, cfg, var):
         not 16-byte aligned (no tensor map: the checked path runs the cp.async twin)."""
         if (q | k | v) & 15:
             return False
-        params = last.params((q, k, v), qkv_maps, q, k, v, stream)
+        params = last.params((q, k, v), qkv_maps, q, k, v)
         prepared(stream, *params, out, lse, *sizes, scale * sm90_attention.LOG2E)
         return True
 

@@ -561,24 +561,24 @@ class _Host:
         self._ary = array
 
 
-def operand_map(cfg, var, op, src, m, n, k, ld, stream=0):
+def operand_map(cfg, var, op, src, m, n, k, ld):
     """The TensorMap of operand ``op`` ('a' or 'b'): ``src`` a device pointer (int) on the GPU,
     a flat array in the emulation (see :func:`_tensor_map`)."""
     shape, strides, box = _map_geometry(cfg, var, op, m, n, k, ld)
     dtype = _TMA_DTYPE[var.in_dtype if op == "a" else getattr(var, "b_dtype", var.in_dtype)]
-    return _tensor_map(src, dtype, shape, strides, box, stream)
+    return _tensor_map(src, dtype, shape, strides, box)
 
 
-def out_map(var, src, m, n, ldo, stream=0):
+def out_map(var, src, m, n, ldo):
     """The TensorMap the TMA store epilogue writes out (bf16 / f16, row-major, (m, n) with row
     pitch ``ldo``) through: boxes of (64 rows, 64 columns), 128B swizzle, as the staging tile
     lies (see _tma_store_epilogue)."""
     eb = 2
     stride = ldo * eb if m > 1 else -(-max(ldo * eb, 16) // 16) * 16
-    return _tensor_map(src, _TMA_DTYPE[var.out_dtype], (m, n), (stride, eb), (64, 64), stream)
+    return _tensor_map(src, _TMA_DTYPE[var.out_dtype], (m, n), (stride, eb), (64, 64))
 
 
-def _tensor_map(src, dtype, shape, strides, box, stream):
+def _tensor_map(src, dtype, shape, strides, box):
     """A 128B-swizzled tiled TensorMap of ``src`` (natural order shape, byte strides, box): on
     the GPU numbatc.kernels.tensor_maps' (cached per pointer and geometry, encoded on the host
     and passed by value), in the emulation a view of the flat array."""
@@ -588,13 +588,13 @@ def _tensor_map(src, dtype, shape, strides, box, stream):
         host = getattr(src, "_ary", src)
         view = np.lib.stride_tricks.as_strided(host, shape=shape, strides=strides)
         return TensorMap.tiled(_Host(view), box, dtype=dtype, swizzle=_SWIZZLE)
-    return tensor_maps_cache.tiled_map(int(src), dtype, shape, strides, box, stream)
+    return tensor_maps_cache.tiled_map(int(src), dtype, shape, strides, box)
 
 
-def tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream=0):
+def tensor_maps(cfg, var, a, b, m, n, k, lda, ldb):
     """(TensorMap of a, of b) for flat operands as sm90_gemm.launch_flat takes them."""
-    return (operand_map(cfg, var, "a", a, m, n, k, lda, stream),
-            operand_map(cfg, var, "b", b, m, n, k, ldb, stream))
+    return (operand_map(cfg, var, "a", a, m, n, k, lda),
+            operand_map(cfg, var, "b", b, m, n, k, ldb))
 
 
 def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta,
@@ -615,9 +615,9 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
     sig = signature(var, tma_store=tma_store)
     sizes = (m, n, k, lda, ldb, ldc, ldo)
 
-    def maps(a, b, out, stream):
-        ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb, stream)
-        return (ta, tb, out_map(var, out, m, n, ldo, stream)) if tma_store else (ta, tb)
+    def maps(a, b, out):
+        ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb)
+        return (ta, tb, out_map(var, out, m, n, ldo)) if tma_store else (ta, tb)
 
     if prepare and not config.ENABLE_CUDASIM:
         eflat = ()
@@ -630,8 +630,7 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
             last = tensor_maps_cache.LastMaps()
 
             def relaunch(a, b, c, bias, out, alpha, beta, stream, eflat=()):
-                params = last.params((a, b, out) if tma_store else (a, b), maps, a, b, out,
-                                     stream)
+                params = last.params((a, b, out) if tma_store else (a, b), maps, a, b, out)
                 extra = () if split is None else split(stream)
                 prepared(stream, *params, c, bias, out, *sizes, alpha, beta, group_m, *extra,
                          *eflat)
@@ -646,7 +645,7 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
 
         c, bias, out = (FakeCUDAArray(x) if isinstance(x, np.ndarray) else x
                         for x in (c, bias, out))
-    args = (*(tm.param for tm in maps(a, b, out, stream)), c, bias, out, *sizes,
+    args = (*(tm.param for tm in maps(a, b, out)), c, bias, out, *sizes,
             np.float32(alpha), np.float32(beta), group_m, *_scale_args(block_scales))
     if split is not None:
         ws, counters, k_chunk, splits = split(stream)

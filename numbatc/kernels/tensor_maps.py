@@ -29,11 +29,10 @@ _MAPS_LIMIT = 4096
 _MAPS_LOCK = threading.Lock()
 
 
-def tiled_map(src: int, dtype, shape, strides, box, stream=0):
+def tiled_map(src: int, dtype, shape, strides, box):
     """The 128B-swizzled tiled TensorMap of device pointer ``src`` (natural order ``shape``,
     byte ``strides``, ``box``; ``dtype`` intrinsics.tensormap's name), cached per (pointer,
-    geometry).  ``stream`` is not used (a map is made on the host the same way whether or not
-    the launch's stream captures); it stays for the callers' symmetry with the launch."""
+    geometry).  Made on the host the same way whether or not a stream is capturing."""
     from intrinsics.tensormap import TensorMap
 
     key = (int(src), dtype, shape, strides, box)
