@@ -484,14 +484,42 @@ def store_pair(out, base, v0, v1):
             out.append(pack_p_source(ind))
         return "\n".join(out)
 
-    def pack_p_source(ind):
-        """Source: P as RS A fragments (S registers 8c..8c+7 are keys 16c..16c+15)."""
+    def pack_p_source(ind, reg=lambda v: f"p[{v}]"):
+        """Source: P as RS A fragments (S registers 8c..8c+7 are keys 16c..16c+15); ``reg``
+        names P's register v (the tuple softmax_tile returns, by default)."""
         out = []
         for c in range(KK):
             b = 8 * c
-            out.append(f"{ind}pa_{c} = ({pack}(p_{b}, p_{b + 1}), {pack}(p_{b + 2}, p_{b + 3}), "
-                       f"{pack}(p_{b + 4}, p_{b + 5}), {pack}(p_{b + 6}, p_{b + 7}))")
+            out.append(f"{ind}pa_{c} = ({pack}({reg(b)}, {reg(b + 1)}), "
+                       f"{pack}({reg(b + 2)}, {reg(b + 3)}), {pack}({reg(b + 4)}, {reg(b + 5)}), "
+                       f"{pack}({reg(b + 6)}, {reg(b + 7)}))")
         return "\n".join(out)
+
+    def softmax_call(ind, masked_cond, pack_p=True):
+        """Source: one tile's softmax through the device function softmax_tile (written once
+        into the module: :func:`softmax_tile_source`), P in the tuple ``p`` and, with pack_p,
+        as RS A fragments pa_0..; leaves alpha_0, alpha_1 (O's rescale factors for rows g,
+        g + 8).  NOTE: the overlapped schedule runs softmax twice (its first tile is peeled);
+        one function instead of two pasted copies halves what numba types and lowers for it
+        (the kernel's first compile), and the inlined PTX is the same."""
+        # NOTE: np.int64(n0): the peeled tile's n0 is the literal 0, which numba would type
+        # as Literal[int](0) and compile the function a second time for
+        call = (f"{ind}p, m_0, m_1, l_0, l_1, alpha_0, alpha_1 = softmax_tile(sacc, "
+                f"{masked_cond}, np.int64(n0), tq, row0, Sk, off, m_0, m_1, l_0, l_1, "
+                f"scale_log2)")
+        return call + ("\n" + pack_p_source(ind) if pack_p else "")
+
+    def softmax_tile_source():
+        """Source: the device function softmax_tile (see :func:`softmax_call`)."""
+        regs = ", ".join(f"p_{v}" for v in range(NS))
+        return (
+            "@cuda.jit(device=True, forceinline=True)\n"
+            "def softmax_tile(sacc, masked, n0, tq, row0, Sk, off, m_0, m_1, l_0, l_1, "
+            "scale_log2):\n"
+            '    """Mask S where ``masked``, update the running max and sum of rows g, g + 8;\n'
+            '    returns (P, m_0, m_1, l_0, l_1, alpha_0, alpha_1)."""\n'
+            + softmax("    ", "masked", pack_p=False)
+            + f"\n    return ({regs}), m_0, m_1, l_0, l_1, alpha_0, alpha_1\n")
 
     def pin(ind, names):
         """Source: pin registers that ordinary code wrote above the next wgmma_fence.  NOTE:
@@ -580,6 +608,7 @@ def store_pair(out, base, v0, v1):
     zeros_o = _tup(["z"] * NO)
     zeros_p = "(np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0))"
 
+    w("\n" + softmax_tile_source())
     if tma:
         w(sm90_attention_tma.head_source(cfg, D, shared_bytes(cfg, D)))
     else:
@@ -716,7 +745,7 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
             nt.wgmma_wait_group(0)
             sacc = nt.wgmma_fence_operand(sacc)
 {release(I, "k", "s")}
-{softmax(I, mask_cond)}
+{softmax_call(I, mask_cond)}
             {rescale}
 {wait_full(I, "v", "s", "ph")}
 {group(I, fenced(I, ["o"] + P_REGS), pv_mmas(I, "s"))}
@@ -736,7 +765,7 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
             nt.wgmma_wait_group(0)
             sacc = nt.wgmma_fence_operand(sacc)
 {release(I, "k", "s" if pers else "0")}
-{softmax(I, mask_cond)}
+{softmax_call(I, mask_cond)}
         for n in range(1, n_wg):
             s = {st("n")}
             ph = {par("n")}
@@ -753,7 +782,7 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
             nt.wgmma_wait_group(1)  # S(n) done; P(n-1) V(n-1) may still run
             sacc = nt.wgmma_fence_operand(sacc)
 {release(I, "k", "s")}
-{softmax(I, mask_cond, pack_p=False)}
+{softmax_call(I, mask_cond, pack_p=False)}
             nt.wgmma_wait_group(0)
             o = nt.wgmma_fence_operand(o)
 {fence_p(I)}
