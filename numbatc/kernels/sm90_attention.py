@@ -497,16 +497,19 @@ def store_pair(out, base, v0, v1):
 
     def softmax_call(ind, masked_cond, pack_p=True):
         """Source: one tile's softmax through the device function softmax_tile (written once
-        into the module: :func:`softmax_tile_source`), P in the tuple ``p`` and, with pack_p,
-        as RS A fragments pa_0..; leaves alpha_0, alpha_1 (O's rescale factors for rows g,
-        g + 8).  NOTE: the overlapped schedule runs softmax twice (its first tile is peeled);
-        one function instead of two pasted copies halves what numba types and lowers for it
-        (the kernel's first compile), and the inlined PTX is the same."""
-        # NOTE: np.int64(n0): the peeled tile's n0 is the literal 0, which numba would type
-        # as Literal[int](0) and compile the function a second time for
-        call = (f"{ind}p, m_0, m_1, l_0, l_1, alpha_0, alpha_1 = softmax_tile(sacc, "
-                f"{masked_cond}, np.int64(n0), tq, row0, Sk, off, m_0, m_1, l_0, l_1, "
-                f"scale_log2)")
+        into the module: :func:`softmax_tile_source`, which tests ``masked_cond`` itself), S
+        as masked back in ``sacc``, P in the tuple ``p`` and, with pack_p, as RS A fragments
+        pa_0..; leaves alpha_0, alpha_1 (O's rescale factors for rows g, g + 8).
+
+        NOTE: the overlapped schedule runs softmax twice (its first tile is peeled); one
+        function instead of two pasted copies halves what numba types and lowers for it (the
+        kernel's first compile).  It returns S as masked and tests the mask condition inside,
+        as the pasted code did: with S left unmasked at the call site, or the condition passed
+        in as a bool, ptxas wrote different SASS.  np.int64(n0): the peeled tile's n0 is the
+        literal 0, which numba would type as Literal[int](0) and compile the function for a
+        second time."""
+        call = (f"{ind}sacc, p, m_0, m_1, l_0, l_1, alpha_0, alpha_1 = softmax_tile(sacc, "
+                f"np.int64(n0), tq, row0, wrow0, Sk, off, m_0, m_1, l_0, l_1, scale_log2)")
         return call + ("\n" + pack_p_source(ind) if pack_p else "")
 
     def softmax_tile_source():
@@ -514,12 +517,13 @@ def store_pair(out, base, v0, v1):
         regs = ", ".join(f"p_{v}" for v in range(NS))
         return (
             "@cuda.jit(device=True, forceinline=True)\n"
-            "def softmax_tile(sacc, masked, n0, tq, row0, Sk, off, m_0, m_1, l_0, l_1, "
+            "def softmax_tile(sacc, n0, tq, row0, wrow0, Sk, off, m_0, m_1, l_0, l_1, "
             "scale_log2):\n"
-            '    """Mask S where ``masked``, update the running max and sum of rows g, g + 8;\n'
-            '    returns (P, m_0, m_1, l_0, l_1, alpha_0, alpha_1)."""\n'
-            + softmax("    ", "masked", pack_p=False)
-            + f"\n    return ({regs}), m_0, m_1, l_0, l_1, alpha_0, alpha_1\n")
+            '    """Mask S where the tile crosses the last key (or, causal, the diagonal),\n'
+            '    update the running max and sum of rows g, g + 8; returns (S as masked, P,\n'
+            '    m_0, m_1, l_0, l_1, alpha_0, alpha_1)."""\n'
+            + softmax("    ", mask_cond, pack_p=False)
+            + f"\n    return sacc, ({regs}), m_0, m_1, l_0, l_1, alpha_0, alpha_1\n")
 
     def pin(ind, names):
         """Source: pin registers that ordinary code wrote above the next wgmma_fence.  NOTE:
