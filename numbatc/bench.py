@@ -404,10 +404,13 @@ def write_bars(rows, path, labels, ref_key, ref_label):
 
 #: (head_dim, seqlen): batch * seqlen = 16384 tokens, heads * head_dim = 2048.
 ATTENTION_SHAPES = {
-    "all": [(d, s) for d in (64, 128, 192, 256) for s in (512, 1024, 2048, 4096, 8192, 16384)],
+    "all": [(d, s) for d in (64, 96, 128, 192, 256)
+            for s in (512, 1024, 2048, 4096, 8192, 16384)],
     "quick": [(d, s) for d in (64, 128) for s in (1024, 4096)],
-    "large": [(d, s) for d in (192, 256) for s in (1024, 4096, 16384)],  # issue 17's new ones
+    "large": [(d, s) for d in (96, 192, 256) for s in (1024, 4096, 16384)],  # issue 17's new ones
     # one head dim each: NUMBATC_ATTN_KERNEL=sm90:<config> names a configuration of that head dim
+    # (head_dim 96: 21 heads, 2016 columns)
+    "hd96": [(96, s) for s in (1024, 4096, 16384)],
     "hd192": [(192, s) for s in (1024, 4096, 16384)],
     "hd256": [(256, s) for s in (1024, 4096, 16384)],
 }
@@ -1142,9 +1145,10 @@ def _parser():
     attention = sub.add_parser("attention", parents=[common], help=_SUBCOMMANDS["attention"],
                                description=_SUBCOMMANDS["attention"])
     attention.add_argument("--shapes", default="all", choices=sorted(ATTENTION_SHAPES),
-                           help="all (default): head_dim 64/128/192/256 x seqlen 512..16384; "
-                                "quick: head_dim 64/128 x seqlen 1024/4096; large: head_dim "
-                                "192/256 x seqlen 1024/4096/16384; hd192, hd256: one of them")
+                           help="all (default): head_dim 64/96/128/192/256 x seqlen "
+                                "512..16384; quick: head_dim 64/128 x seqlen 1024/4096; large: "
+                                "head_dim 96/192/256 x seqlen 1024/4096/16384; hd96, hd192, "
+                                "hd256: one of them")
     attention.add_argument("--png", metavar="FILE", help="write a bar plot to FILE (needs "
                            "matplotlib: pip install numbatc[plots])")
     attention.add_argument("--configs", action="store_true",

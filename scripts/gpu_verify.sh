@@ -39,6 +39,10 @@
 #              TMA lanes, the Hopper GEMM and attention, graphs; tests.txt, testlogs.txt), what a
 #              captured call records (graph_nodes.txt), the warm host path (host_overhead.txt)
 #              and the graph-timed GEMM rows GC_BENCH (bench.txt)
+#   hd96       issue 17's head_dim 96 (64B swizzle): its GPU tests in shards (tests.txt,
+#              testlogs.txt) beside compute-sanitizer memcheck on attention_sm90_large
+#              (sanitize.txt), then bench attention --shapes hd96 for the default and the
+#              portable kernel, or HD96_CFGS (NUMBATC_ATTN_KERNEL values; bench.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -160,6 +164,23 @@ if [[ $what == gridconst ]]; then
     t 200 $py -m numbatc.bench gemm --shapes ${GC_BENCH:-quick+llama8b} --b-layout col --timing graph \
       > "$out/bench.txt"
   }
+fi
+
+if [[ $what == hd96 ]]; then
+  ( t ${HD96_SANITIZE_LIMIT:-280} compute-sanitizer --tool memcheck --error-exitcode 1 \
+      $py scripts/sanitize_cases.py attention_sm90_large | grep -vE "^\s*$" | tail -10 ) \
+    > "$out/sanitize.txt" 2>&1 &
+  t ${HD96_LIMIT:-300} $py scripts/pytest_shards.py --shards ${HD96_SHARDS:-13} \
+    --timeout ${HD96_TIMEOUT:-280} --out /tmp/shards_96 tests/gpu/test_sm90_attention_gpu.py \
+    tests/gpu/test_attention_gpu.py -- --tb=short -k "${HD96_K:-96 and not timing}" \
+    > "$out/tests.txt" 2>&1
+  for f in /tmp/shards_96/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  wait
+  echo "[tests and sanitizer done at $((SECONDS - start)) s]" >> "$out/tests.txt"
+  [[ ${HD96_BENCH:-1} == 0 ]] || for cfg in ${HD96_CFGS:-"" sm80}; do
+    echo "== ${cfg:-default}"
+    NUMBATC_ATTN_KERNEL=$cfg t 90 $py -m numbatc.bench attention --shapes hd96 | grep -E "^ +[0-9]|rror|ratio"
+  done > "$out/bench.txt" 2>&1
 fi
 
 if [[ $what == host ]]; then

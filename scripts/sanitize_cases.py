@@ -5,7 +5,7 @@
 
 Kinds: gemm_sm80, gemm_sm90, gemm_sm90_split (split-K forced), gemm_sm90_persistent, gemm_sm90_ts
 (the TMA store epilogue), gemm_fp8, gemm_fp8_block (blockwise scales), attention_sm80, attention_sm90,
-attention_sm90_large (head_dim 192 / 256 on the Hopper kernel),
+attention_sm90_large (head_dim 96 / 192 / 256 on the Hopper kernel),
 attention_warm (the default kernel's warm call: the pointer relaunch, new pointers each call),
 decode (flash-decoding's split kernel and combine, splits forced), kvcache
 (numbatc.attention_with_kvcache: paged and contiguous, decode and prefill, then garbage lengths
@@ -27,8 +27,10 @@ from numbatc.kernels import sm90_attention
 
 GEMM = [(128, 256, 64), (200, 264, 136), (77, 1000, 520), (3, 300, 1500)]  # last: split-K
 ATTN = [(1, 113, 2, 1, 64, False), (1, 200, 2, 2, 128, True)]
-#: the Hopper kernel's large head dims (its 128 x 112 and 128 x 80 tiles, two stages)
-ATTN_LARGE = [(1, 113, 2, 1, 192, True, 203), (2, 200, 2, 2, 256, True), (1, 239, 2, 1, 256, False, 1)]
+#: the Hopper kernel's large head dims (its 128 x 112 and 128 x 80 tiles, two stages) and
+#: head_dim 96 (the 64B swizzle)
+ATTN_LARGE = [(1, 113, 2, 1, 192, True, 203), (2, 200, 2, 2, 256, True), (1, 239, 2, 1, 256, False, 1),
+              (1, 113, 2, 1, 96, True, 203), (2, 300, 3, 1, 96, False)]
 
 
 def check(name, got, ref, tol):

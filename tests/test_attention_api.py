@@ -250,7 +250,8 @@ def test_default_choice(walk):
     assert walk(head_dim=32) == ("sm80_attention", "m128n64_w8_qreg")
     assert walk(head_dim=192) == ("sm90_attention", sm90_attention.choose_config(192).name)
     assert walk(head_dim=256) == ("sm90_attention", sm90_attention.choose_config(256).name)
-    assert walk(head_dim=96)[0] == "sm80_attention"
+    assert walk(head_dim=96) == ("sm90_attention", sm90_attention.choose_config(96).name)
+    assert walk(head_dim=80)[0] == "sm80_attention"
     assert walk(head_dim=64, cc=(8, 0))[0] == "sm80_attention"
     assert walk(head_dim=64, cc=(10, 0))[0] == "sm80_attention"
 
@@ -296,7 +297,7 @@ def test_print_config_says_why_sm90_was_passed_over(walk, monkeypatch, capsys):
     assert capsys.readouterr().err == (
         decode.format("sm80_attention", "seqlen_q 100 > 16 (not decode-shaped)")
         + "numbatc.attention: sm80_attention, not sm90_attention: head_dim 32 is not one of "
-        "(64, 128, 192, 256)\n")
+        "(64, 96, 128, 192, 256)\n")
     walk("sm80")
     assert capsys.readouterr().err == (
         decode.format("sm80_attention", "NUMBATC_ATTN_KERNEL=sm80")
@@ -319,7 +320,7 @@ def test_default_head_dims_switch(walk, monkeypatch, capsys):
     assert walk(head_dim=128)[0] == "sm90_attention"
     assert walk("sm90", head_dim=256) == ("sm90_attention", sm90_attention.DEFAULT_TMA[256])
     assert walk("sm90:n80_2s_ov_pp_fx", head_dim=256) == ("sm90_attention", "n80_2s_ov_pp_fx")
-    with pytest.raises(ValueError, match=r"'n128_2s_ov_pp_fx_tma' is for head_dim \(64, 128\), "
+    with pytest.raises(ValueError, match=r"'n128_2s_ov_pp_fx_tma' is for head_dim \(64, 96, 128\), "
                                          "not 256; choose from"):
         walk("sm90:n128_2s_ov_pp_fx_tma", head_dim=256)
     monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")

@@ -50,6 +50,11 @@ CASES += [(name, d, dtype, causal, lse) for d in (192, 256)
           for name in (attn.DEFAULT_TMA[d], attn.DEFAULT[d])
           for dtype, causal, lse in (("float16", False, False), ("bfloat16", True, False),
                                      ("float16", False, True))]
+# head_dim 96 (64B swizzle, three parts per row): the default, its cp.async twin, the 3-stage
+# ring and the persistent one
+CASES += [(name, 96, "bfloat16", True, True) for name in sorted(
+    n for n, c in attn.CONFIGS.items() if 96 in c.head_dims)]
+CASES += [(name, 96, "float16", False, False) for name in (attn.DEFAULT_TMA[96], attn.DEFAULT[96])]
 
 
 @pytest.mark.parametrize("name, d, dtype, causal, with_lse", CASES,
@@ -131,8 +136,8 @@ def test_bad_configs_and_head_dims_are_named():
         attn.Sm90AttnConfig("bad", 72)
     with pytest.raises(ValueError, match="head_dim 256 needs 328704 bytes of shared memory"):
         attn.Sm90AttnConfig("bad", 128, head_dims=(256,))
-    with pytest.raises(ValueError, match=r"head_dims must be among \(64, 128, 192, 256\)"):
-        attn.Sm90AttnConfig("bad", 64, head_dims=(96,))
+    with pytest.raises(ValueError, match=r"head_dims must be among \(64, 96, 128, 192, 256\)"):
+        attn.Sm90AttnConfig("bad", 64, head_dims=(80,))
     with pytest.raises(ValueError, match="pingpong needs overlap"):
         attn.Sm90AttnConfig("bad", 128, pingpong=True)
     with pytest.raises(ValueError, match="stages must be >= 2"):
@@ -142,10 +147,10 @@ def test_bad_configs_and_head_dims_are_named():
     with pytest.raises(ValueError, match="more than 227 KB"):
         attn.kernel_source(attn.Sm90AttnConfig("big", 192, stages=3),
                            attn.AttnVariant(128, "bfloat16", False, False))
-    with pytest.raises(ValueError, match=r"head_dim \(64, 128, 192, 256\), got 96"):
-        attn.kernel_source(attn.CONFIGS["n128_2s"], attn.AttnVariant(96, "bfloat16", False, False))
-    with pytest.raises(ValueError, match=r"head_dim \(64, 128, 192, 256\), got 96"):
-        attn.choose_config(96)
+    with pytest.raises(ValueError, match=r"head_dim \(64, 96, 128, 192, 256\), got 80"):
+        attn.kernel_source(attn.CONFIGS["n128_2s"], attn.AttnVariant(80, "bfloat16", False, False))
+    with pytest.raises(ValueError, match=r"head_dim \(64, 96, 128, 192, 256\), got 160"):
+        attn.choose_config(160)
     for d in attn.HEAD_DIMS:
         assert attn.choose_config(d) in attn.CONFIGS.values()
         assert d in attn.choose_config(d).head_dims
@@ -184,10 +189,13 @@ def test_fast_exp_configs_use_the_two_instruction_exponential(name):
                                             for d in c.head_dims))
 def test_tma_byte_counts_are_the_boxes(name, d):
     """Every expect_tx in the generated producer arms its barrier with exactly the bytes of the
-    boxes that signal it (64 head-dim elements x rows x 2 bytes each, out-of-bounds fill
-    included), every box starts at an innermost coordinate that is a multiple of 64 elements
-    (the 16-byte rule) and on a 1024-byte boundary of shared memory (128B swizzle)."""
+    boxes that signal it (one swizzle row of head-dim elements -- 64, or 32 at head_dim 96 --
+    x rows x 2 bytes each, out-of-bounds fill included), every box starts at an innermost
+    coordinate that is a multiple of the box's columns (the 16-byte rule) and on a boundary of
+    shared memory that the swizzle's repeat divides (1024 bytes for 128B, 512 for 64B)."""
     cfg = attn.CONFIGS[name]
+    cols = attn.swizzle_for(d) // 2
+    assert cols == (32 if d == 96 else 64)
     src = attn.kernel_source(cfg, attn.AttnVariant(d, "bfloat16", True, True))
     producer = src.split("# ---- producer warpgroup")[1].split("# ---- consumer warpgroups")[0]
     armed = {}
@@ -199,9 +207,9 @@ def test_tma_byte_counts_are_the_boxes(name, d):
     rows = {"q": attn._BM, "k": cfg.block_n, "v": cfg.block_n}
     boxes = {}
     for offset, tensor, inner, bar in loads:
-        boxes[bar] = boxes.get(bar, 0) + rows[tensor] * 64 * 2
-        assert int(inner) % 64 == 0, inner
-        assert all(int(x) % 1024 == 0 for x in re.findall(r"\d+", offset)), offset
+        boxes[bar] = boxes.get(bar, 0) + rows[tensor] * cols * 2
+        assert int(inner) % cols == 0 and int(inner) * 2 % 16 == 0, inner
+        assert all(int(x) % (8 * 2 * cols) == 0 for x in re.findall(r"\d+", offset)), offset
     assert set(armed) == {"qbar", "kbars", "vbars"}, armed
     assert armed == boxes, (armed, boxes)
     assert armed["qbar"] == attn._BM * d * 2 and armed["kbars"] == cfg.block_n * d * 2

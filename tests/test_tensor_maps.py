@@ -47,7 +47,7 @@ def test_cache_holds_host_maps_only(monkeypatch):
     graph) depends on a cached map -- a launch carries the map's bytes."""
     from numbatc.kernels import tensor_maps
 
-    key = (4096, "bfloat16", (64, 64), (128,), (64, 64))
+    key = (4096, "bfloat16", (64, 64), (128,), (64, 64), tensor_maps.SWIZZLE)
     cached = Map(4)
     monkeypatch.setitem(tensor_maps._MAPS, key, cached)
     assert tensor_maps.tiled_map(4096, "bfloat16", (64, 64), (128,), (64, 64)) is cached

@@ -19,7 +19,7 @@ replaces with -inf, a zero V row contributes 0 * 0.  The ``_tma`` configurations
 tensor copies instead (numbatc.kernels.sm90_attention_tma; the end of this docstring).
 
 Shared memory (dynamic, 1024-byte aligned; every tile on a 1024-byte boundary, so descriptors
-have base offset 0), with D = head_dim (64, 128, 192 or 256) and BN = BLOCK_N:
+have base offset 0), with D = head_dim (64, 96, 128, 192 or 256) and BN = BLOCK_N:
 
     Q    2 parts (one per consumer) of (64, D) K-major, 128B swizzle      2 x 64 * D * 2 bytes
     K    ``stages`` x (BN, D) K-major (keys = the wgmma N index)            BN * D * 2 each
@@ -27,7 +27,8 @@ have base offset 0), with D = head_dim (64, 128, 192 or 256) and BN = BLOCK_N:
          contiguous): 8-key atoms of 8 x 128 B along D, trans-b 1
 
 (intrinsics.layout.SmemLayout gives the byte layouts, the descriptors' LBO/SBO and K steps; for
-D = 64 both K and V tiles are simply 128-byte rows, swizzled.)
+D = 64 both K and V tiles are simply 128-byte rows, swizzled.  At D = 96 every tile takes the
+64B swizzle instead (:func:`swizzle_for`): rows of 32 columns, three parts per row.)
 
 Register fragments: the m64nBN f32 accumulator of S holds, in thread (warp w, lane l), rows
 16w + l/4 (+8) and columns 8j + 2(l%4) (+1) in registers 4j..4j+3
@@ -83,19 +84,18 @@ __all__ = ["Sm90AttnConfig", "CONFIGS", "DEFAULT", "DEFAULT_HEAD_DIMS", "DEFAULT
 AttnVariant = sm80_attention.AttnVariant
 LOG2E = sm80_attention.LOG2E
 #: head dims this kernel implements (others stay on sm80_attention): Q, K and V tiles of whole
-#: 128-byte swizzle rows (64 bf16 / f16 columns), O's accumulator (D / 2 registers a thread)
-#: within the consumers' setmaxnreg budget
-HEAD_DIMS = (64, 128, 192, 256)
+#: swizzle rows (128 bytes, 64 bf16 / f16 columns; 64 bytes at head_dim 96, :func:`swizzle_for`),
+#: O's accumulator (D / 2 registers a thread) within the consumers' setmaxnreg budget
+HEAD_DIMS = (64, 96, 128, 192, 256)
 #: head dims numbatc.attention's default walk sends here (:func:`declines` the others, which
 #: then run sm80_attention); ``NUMBATC_ATTN_KERNEL=sm90[:<config>]`` forces any of HEAD_DIMS.
 #: 192 and 256 are in since they were added (branch hd256), before their H200 measurements.
-DEFAULT_HEAD_DIMS = (64, 128, 192, 256)
+DEFAULT_HEAD_DIMS = (64, 96, 128, 192, 256)
 #: BLOCK_N values: multiples of 16 (the k16 steps of P V; 8-row swizzle atoms of K) whose
 #: m64nBNk16 Q K^T is a legal wgmma (N a multiple of 8 up to 256)
 BLOCK_NS = (64, 80, 96, 112, 128, 192)
 
 _THREADS_PER_WG = 128
-_SWIZZLE = 128
 _BM = 128  # query rows per block: 64 per consumer warpgroup
 # NOTE: ptxas puts the 1024-aligned dynamic window after the static mbarriers, at 1024.
 _STATIC_SHARED = 1024
@@ -193,7 +193,8 @@ CONFIGS = {
         Sm90AttnConfig("n64_2s_ov_pp", 64, overlap=True, pingpong=True),
         # the two-instruction exponential (fast_exp); _pp_fx is the default for every head dim
         Sm90AttnConfig("n128_2s_ov_fx", 128, overlap=True, fast_exp=True),
-        Sm90AttnConfig("n128_2s_ov_pp_fx", 128, overlap=True, pingpong=True, fast_exp=True),
+        Sm90AttnConfig("n128_2s_ov_pp_fx", 128, overlap=True, pingpong=True, fast_exp=True,
+                       head_dims=(64, 96, 128)),
         # TMA producers (sm90_attention_tma): one thread, so 24 registers; the consumers get 240.
         # Each falls back to its cp.async twin (the name without _tma, else the default) for
         # operands a tensor map cannot describe (see :func:`resolve`).
@@ -201,13 +202,15 @@ CONFIGS = {
         Sm90AttnConfig("n128_2s_ov_fx_tma", 128, overlap=True, fast_exp=True, producer="tma",
                        producer_regs=24, consumer_regs=240),
         Sm90AttnConfig("n128_2s_ov_pp_fx_tma", 128, overlap=True, pingpong=True, fast_exp=True,
-                       producer="tma", producer_regs=24, consumer_regs=240),
+                       producer="tma", producer_regs=24, consumer_regs=240,
+                       head_dims=(64, 96, 128)),
         Sm90AttnConfig("n128_3s_ov_pp_fx_tma", 128, stages=3, overlap=True, pingpong=True,
-                       fast_exp=True, producer="tma", producer_regs=24, consumer_regs=240),
+                       fast_exp=True, producer="tma", producer_regs=24, consumer_regs=240,
+                       head_dims=(64, 96, 128)),
         # persistent: the producer loads the next tile's Q and K/V during this one's epilogue
         Sm90AttnConfig("n128_2s_ov_pp_fx_tma_pt", 128, overlap=True, pingpong=True,
                        fast_exp=True, producer="tma", producer_regs=24, consumer_regs=240,
-                       persistent=True),
+                       persistent=True, head_dims=(64, 96, 128)),
         # head_dim 256 (FA3's tiles: 128 x 80, 2 stages): O is 128 registers a consumer thread,
         # S 40, P 20; Q 64 KB + 2 x (K 40 KB + V 40 KB) = 224 KB of shared memory.
         Sm90AttnConfig("n80_2s_ov_pp_fx_tma", 80, overlap=True, pingpong=True, fast_exp=True,
@@ -236,10 +239,11 @@ CONFIGS = {
 #: passed the attention GPU suites (docs/PERFORMANCE.md).  Operands no tensor map describes run
 #: the cp.async twin (:func:`resolve`).
 TMA_BY_DEFAULT = True
-DEFAULT = {64: "n128_2s_ov_pp_fx", 128: "n128_2s_ov_pp_fx", 192: "n112_2s_ov_pp_fx",
-           256: "n80_2s_ov_pp_fx"}
-DEFAULT_TMA = {64: "n128_2s_ov_pp_fx_tma", 128: "n128_2s_ov_pp_fx_tma",
-               192: "n112_2s_ov_pp_fx_tma", 256: "n80_2s_ov_pp_fx_tma"}
+DEFAULT = {64: "n128_2s_ov_pp_fx", 96: "n128_2s_ov_pp_fx", 128: "n128_2s_ov_pp_fx",
+           192: "n112_2s_ov_pp_fx", 256: "n80_2s_ov_pp_fx"}
+DEFAULT_TMA = {64: "n128_2s_ov_pp_fx_tma", 96: "n128_2s_ov_pp_fx_tma",
+               128: "n128_2s_ov_pp_fx_tma", 192: "n112_2s_ov_pp_fx_tma",
+               256: "n80_2s_ov_pp_fx_tma"}
 
 
 def check_fits(cfg: Sm90AttnConfig, head_dim: int):
@@ -334,17 +338,28 @@ def _layouts(cfg, D):
         from numbatc.kernels import sm90_attention_tma
 
         return sm90_attention_tma.layouts(cfg, D)
-    return (SmemLayout("K", _SWIZZLE, 64, D, 2),             # Q part of one consumer
-            SmemLayout("K", _SWIZZLE, cfg.block_n, D, 2),    # K stage
-            SmemLayout("MN", _SWIZZLE, D, cfg.block_n, 2),   # V stage (mn = D, k = keys)
-            64 * D * 2)                                      # consumer 1's Q part
+    sw = swizzle_for(D)
+    return (SmemLayout("K", sw, 64, D, 2),             # Q part of one consumer
+            SmemLayout("K", sw, cfg.block_n, D, 2),    # K stage
+            SmemLayout("MN", sw, D, cfg.block_n, 2),   # V stage (mn = D, k = keys)
+            64 * D * 2)                                # consumer 1's Q part
+
+
+def swizzle_for(D):
+    """Bytes of the tiles' shared-memory swizzle at head dim ``D``: 128 (swizzle rows of 64 bf16
+    / f16 values) where D is a multiple of 64, else 64 (rows of 32: head_dim 96).  One mode for
+    every tile of the kernel: P V's N is all of D, so V's MN-major atoms must tile D exactly (as
+    FA3's shared-memory selector picks 64B atoms for head_dim 96)."""
+    return 128 if D % 64 == 0 else 64
 
 
 def _chunks_per_row(D):
     """Producer threads that share one row of a tile in the cp.async loaders: D / 8 (one 16-byte
-    chunk each) up to head_dim 128; 8 above (one chunk of each 64-column half, the halves in
-    turn), so that the rows a thread steps stay a multiple of the swizzle's 8."""
-    return D // 8 if D <= 128 else 8
+    chunk each) up to head_dim 128 with the 128B swizzle; otherwise the chunks of one swizzle
+    row (8 of 128 B above head_dim 128, 4 of 64 B at 96), each thread copying its chunk of
+    every part of the row in turn, so that the rows a thread steps stay a multiple of 8."""
+    sw = swizzle_for(D)
+    return D // 8 if D <= 128 and sw == 128 else sw // 16
 
 
 def _loader(w, name, rows, D, delta, half=0):
@@ -352,10 +367,11 @@ def _loader(w, name, rows, D, delta, half=0):
 
     Thread p copies chunk j = p % C of rows r0 + i * STEP (C = _chunks_per_row(D), r0 = p // C <
     STEP = 128 / C, a multiple of 8): in every layout here the shared offset of copy i is the
-    thread's swizzled base ``d`` plus a constant ``delta(i * STEP)`` (the 128B swizzle depends on
-    the row mod 8 only), and the global index advances by STEP rows per copy.  Above head_dim
-    128 (C = 8) each row step copies the chunk j of every 64-column half: ``half`` bytes further
-    in shared memory, 64 elements further in global memory.
+    thread's swizzled base ``d`` plus a constant ``delta(i * STEP)`` (a swizzle depends on the
+    row mod 8 only), and the global index advances by STEP rows per copy.  Where a thread's
+    chunks cover one swizzle row only (above head_dim 128: C = 8 of 128 B; head_dim 96: C = 4 of
+    64 B) each row step copies chunk j of every part of the row (64 or 32 columns): ``half``
+    bytes further in shared memory, a part's columns further in global memory.
 
     NOTE: as in sm90_gemm's loaders, the producer runs in few registers and LLVM's LICM would
     hoist per-copy invariants out of the key loop (and spill them): STEP * ld and the rows left
@@ -365,12 +381,13 @@ def _loader(w, name, rows, D, delta, half=0):
     step = _THREADS_PER_WG // cpr
     count = rows // step
     halves = D // 8 // cpr
+    part = swizzle_for(D) // 2  # columns of one swizzle row
     assert step % 8 == 0 and rows % step == 0 and halves * cpr * 8 == D, (step, rows, D)
     w(f"""
 @cuda.jit(device=True, forceinline=True)
 def load_{name}(smem, d, src, g, ld, rows_left):
     # ({rows}, {D}) tile: {count * halves} copies of 16 bytes per thread, rows r0 + {step} i""" +
-      (f" (x {halves} halves)" if halves > 1 else "") + f"""; rows at or
+      (f" (x {halves} parts)" if halves > 1 else "") + f"""; rows at or
     # past rows_left (counted from r0) are zero-filled
     row_ld = np.int64(nt.wgmma_fence_operand(np.int32({step} * ld)))
     left = np.int64(nt.wgmma_fence_operand(np.int32(max(min(rows_left, {rows}), -1))))""")
@@ -385,7 +402,7 @@ def load_{name}(smem, d, src, g, ld, rows_left):
             continue
         w(f"    if {i * step} < left:")
         for hh in range(halves):
-            w(f"        CP(smem, d + {delta(i * step) + hh * half}, src, g + {64 * hh}, 16)")
+            w(f"        CP(smem, d + {delta(i * step) + hh * half}, src, g + {part * hh}, 16)")
         w("    else:")
         for hh in range(halves):
             w(f"        CP(smem, d + {delta(i * step) + hh * half}, src, 0, 0)")
@@ -400,6 +417,8 @@ def kernel_source(cfg: Sm90AttnConfig, var: AttnVariant) -> str:
         raise ValueError(f"sm90_attention takes bfloat16 or float16, got {var.dtype!r}")
     check_fits(cfg, D)
     BN, S = cfg.block_n, cfg.stages
+    SW = swizzle_for(D)
+    A = SW // 16  # 16-byte chunks of one swizzle row
     ptx = _PTX_TYPE[var.dtype]
     pack = "nt.pack_bf16x2" if var.dtype == "bfloat16" else "nt.pack_f16x2"
     q_lay, k_lay, v_lay, QPB = _layouts(cfg, D)  # QPB: consumer 1's Q rows start here
@@ -442,13 +461,13 @@ def store_pair(out, base, v0, v1):
     out[base + 1] = np.uint16(p >> 16)
 ''')
     if not tma:
-        # Loaders.  Q part p = row // 64 of the block, row % 64 within it; K rows 128 B apart
-        # inside each 64-column half; V: 8-key atoms of D * 16 bytes.
-        # Above head_dim 128 the 64-column halves: Q's and K's K-major ones 64 * 128 and
-        # BN * 128 bytes apart, V's 1024 (MN-major: its atoms stack along D).
-        _loader(w, "q", _BM, D, lambda r: (r // 64) * QPB + (r % 64) * 128, 64 * 128)
-        _loader(w, "k", BN, D, lambda r: r * 128, BN * 128)
-        _loader(w, "v", BN, D, lambda r: (r // 8) * D * 16, 1024)
+        # Loaders.  Q part p = row // 64 of the block, row % 64 within it; K rows SW bytes
+        # apart inside each part of SW / 2 columns; V: 8-key atoms of D * 16 bytes.  The parts
+        # (above head_dim 128: 64-column halves; at 96 three of 32 columns): Q's and K's K-major
+        # ones 64 * SW and BN * SW bytes apart, V's 8 * SW (MN-major: its atoms stack along D).
+        _loader(w, "q", _BM, D, lambda r: (r // 64) * QPB + (r % 64) * SW, 64 * SW)
+        _loader(w, "k", BN, D, lambda r: r * SW, BN * SW)
+        _loader(w, "v", BN, D, lambda r: (r // 8) * D * 16, 8 * SW)
 
     def softmax(ind, masked_cond, pack_p=True):
         """Source: mask S (when masked_cond holds), update the running max and sum, P (p_<v>,
@@ -676,10 +695,10 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         nt.setmaxnreg_dec({cfg.producer_regs})
         j = t % {_chunks_per_row(D)}
         r0 = t // {_chunks_per_row(D)}
-        swz = ((j % 8) ^ (r0 % 8)) * 16
-        q_d = (j // 8) * {64 * 128} + r0 * 128 + swz
-        k_d = {QB} + (j // 8) * {BN * 128} + r0 * 128 + swz
-        v_d = {VB0} + (r0 // 8) * {D * 16} + (j // 8) * 1024 + (r0 % 8) * 128 + swz
+        swz = ((j % {A}) ^ {"(r0 % 8)" if SW == 128 else "((r0 % 8) // 2)"}) * 16  # {SW}B swizzle
+        q_d = (j // {A}) * {64 * SW} + r0 * {SW} + swz
+        k_d = {QB} + (j // {A}) * {BN * SW} + r0 * {SW} + swz
+        v_d = {VB0} + (r0 // 8) * {D * 16} + (j // {A}) * {8 * SW} + (r0 % 8) * {SW} + swz
         load_q(smem, q_d, q, b * q_sb + h * q_sh + (m0 + r0) * q_ss + j * 8, q_ss, Sq - m0 - r0)
         nt.cp_async_mbarrier_arrive_noinc(bars, 0)
         # this thread's first copy of key tile n: k_g, v_g; rows of the tile left: left
@@ -717,9 +736,9 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         else:
             n_wg = min(n_tiles, {div_bn('wlast', BN)} + 1)''')
     w(f'''        # descriptors: this warpgroup's Q part; K and V stage 0 (stage s: + s * {KB} bytes)
-        dq = nt.smem_desc(smem, cw * {QPB}, {q_lay.lbo}, {q_lay.sbo}, {_SWIZZLE})
-        dk = nt.smem_desc(smem, {QB}, {k_lay.lbo}, {k_lay.sbo}, {_SWIZZLE})
-        dv = nt.smem_desc(smem, {VB0}, {v_lay.lbo}, {v_lay.sbo}, {_SWIZZLE})
+        dq = nt.smem_desc(smem, cw * {QPB}, {q_lay.lbo}, {q_lay.sbo}, {SW})
+        dk = nt.smem_desc(smem, {QB}, {k_lay.lbo}, {k_lay.sbo}, {SW})
+        dv = nt.smem_desc(smem, {VB0}, {v_lay.lbo}, {v_lay.sbo}, {SW})
         z = ZERO
         m_0 = NEG_INF
         m_1 = NEG_INF

@@ -1,6 +1,6 @@
 """sm90_attention's TMA producer (the ``_tma`` configurations): one thread of the producer
 warpgroup loads Q once per query block and drives the K and V rings with tensor copies
-(``cp.async.bulk.tensor``, 128B swizzle) that complete on mbarriers; the two wgmma consumer
+(``cp.async.bulk.tensor``, 128B swizzle; 64B at head_dim 96) that complete on mbarriers; the two wgmma consumer
 warpgroups, their ping-pong, the softmax and the epilogue are sm90_attention's.
 
     block = 384 threads = 3 warpgroups, launch_bounds (384, 1)
@@ -12,7 +12,9 @@ warpgroups, their ping-pong, the softmax and the epilogue are sm90_attention's.
 
 Tensor maps (intrinsics.tensormap.TensorMap.tiled, rank 4, innermost first as the device sees
 them): (d, head, seq, batch) of q, k and v as they lie in memory -- any strides, no copy -- with
-boxes of (64, 1, rows, 1): 64 head-dim elements = one 128-byte swizzle row per sequence row.
+boxes of (64, 1, rows, 1): 64 head-dim elements = one 128-byte swizzle row per sequence row
+(at head_dim 96, 64B swizzle: boxes of 32 elements, one 64-byte swizzle row, three per tile
+row; the offsets below with 64 -> 32 and 128 -> 64).
 Rows past the end of the sequence (and past Sq for Q) are outside the tensor: TMA fills them
 with zeros and still counts their bytes (the batch is its own dimension, so a box never reads
 the next batch's rows).  A zero K row gives a score the mask replaces with -inf, a zero V row
@@ -31,7 +33,7 @@ Byte counts: expect_tx(q_full) = 128 * D * 2 (QB), expect_tx(k_full[s]) = expect
 = BN * D * 2 (KB): whole boxes, out-of-bounds fill included.  Every box starts at an innermost
 coordinate of 0 or 64 elements (0 or 128 bytes): the 16-byte rule of intrinsics.tma holds;
 the sequence, head and batch coordinates are outer and free.  Every box lands on a 1024-byte
-boundary (QB, KB, BN * 128 are multiples of 1024), as the 128B swizzle needs.
+boundary (QB, KB, BN * 128 are multiples of 1024), as the 128B swizzle needs (64B: 512).
 
 Barriers: q_full = qbar[0] (one arrival, the expect_tx); the K and V rings are two
 numbatc.kernels.pipeline rings (``tma_pipeline(stages)``: full[s] = kbars[s] one arrival plus
@@ -62,12 +64,10 @@ import os
 
 import numpy as np
 
-__all__ = ["PERSISTENT_TOP", "consumer_loop", "globals_source", "head_source",
+__all__ = ["PERSISTENT_TOP", "box_columns", "consumer_loop", "globals_source", "head_source",
            "launch_attention", "layouts", "operand_map", "producer_source", "signature",
            "unsupported"]
 
-_SWIZZLE = 128
-_BOX_D = 64  # head-dim elements per box: one 128-byte swizzle row of bf16 / f16
 _TMA_DTYPE = {"bfloat16": "bf16", "float16": "f16"}
 
 _RING = """from numbatc.kernels.pipeline import tma_pipeline
@@ -155,11 +155,21 @@ def layouts(cfg, D):
     """(Q, K stage, V stage) shared layouts as the boxes write them, and the byte offset of
     consumer 1's Q rows (row 64)."""
     from intrinsics.layout import SmemLayout
+    from numbatc.kernels.sm90_attention import swizzle_for
     from numbatc.kernels.sm90_gemm_tma import MnKFirstLayout
 
-    q = SmemLayout("K", _SWIZZLE, 128, D, 2)
-    return (q, SmemLayout("K", _SWIZZLE, cfg.block_n, D, 2),
-            MnKFirstLayout("MN", _SWIZZLE, D, cfg.block_n, 2), int(q.offset(64, 0)))
+    sw = swizzle_for(D)
+    q = SmemLayout("K", sw, 128, D, 2)
+    return (q, SmemLayout("K", sw, cfg.block_n, D, 2),
+            MnKFirstLayout("MN", sw, D, cfg.block_n, 2), int(q.offset(64, 0)))
+
+
+def box_columns(D):
+    """Head-dim elements per box at head dim ``D``: one swizzle row of bf16 / f16 (64 with the
+    128B swizzle, 32 with head_dim 96's 64B one)."""
+    from numbatc.kernels.sm90_attention import swizzle_for
+
+    return swizzle_for(D) // 2
 
 
 def head_source(cfg, D, nbytes):
@@ -172,7 +182,7 @@ def head_source(cfg, D, nbytes):
 @cuda.jit(cache=True, launch_bounds=({cfg.threads}, 1))
 def attention_kernel(tma_q, tma_k, tma_v, out, lse, Sq, Sk, Hq, group, m_blocks, n_work, o_sb,
                      o_ss, o_sh, scale_log2):
-    # Q (128, {D}) | K {S} x ({BN}, {D}) | V {S} x ({BN}, {D}), 128B swizzle: {nbytes} bytes
+    # Q (128, {D}) | K {S} x ({BN}, {D}) | V {S} x ({BN}, {D}), {2 * box_columns(D)}B swizzle: {nbytes} bytes
     smem = cuda.shared.array(0, np.uint8, alignment=1024)
     # q_full = qbar[0]: the producer's expect_tx arrival + {128 * D * 2} bytes{q_empty}.  K and V rings:
     # full[s] = kbars[s] / vbars[s] (one expect_tx arrival + {BN * D * 2} bytes), empty[s] =
@@ -188,7 +198,9 @@ def producer_source(cfg, D, QB, KB, VB0):
     offset.  Persistent: a loop over the block's work tiles; the ring's (index, phase) runs on
     across them, and each tile's Q waits for q_empty (the previous tile's Q K^T retired)."""
     BN = cfg.block_n
-    halves = range(D // _BOX_D)
+    box_d = box_columns(D)
+    sw = 2 * box_d  # bytes of a swizzle row: one box row
+    halves = range(D // box_d)
     pers = cfg.persistent
     x = " " * (16 if pers else 12)  # the body of ``if t == 0`` (and of the tile loop)
     lines = [f'''
@@ -214,10 +226,10 @@ def producer_source(cfg, D, QB, KB, VB0):
             while tile < n_work:
                 {_NEXT_TILE}
                 nt.mbarrier_wait_parity(qbar, 1, qphase ^ 1)  # the previous tile's Q is free''')
-    lines.append(f'''{x}# Q (128 rows from m0, {D}): {len(halves)} box(es) of (128, 64), {QB} bytes
+    lines.append(f'''{x}# Q (128 rows from m0, {D}): {len(halves)} box(es) of (128, {box_d}), {QB} bytes
 {x}nt.mbarrier_arrive_expect_tx(qbar, 0, {QB})''')
     for j in halves:
-        lines.append(f"{x}nt.tma_load(smem, {j * 128 * 128}, tma_q, ({_BOX_D * j}, h, m0, b), "
+        lines.append(f"{x}nt.tma_load(smem, {j * 128 * sw}, tma_q, ({box_d * j}, h, m0, b), "
                      "qbar, 0)")
     lines.append(f"{x}# key tile n: the ring's stage index; K then V, {KB} bytes each")
     if not pers:
@@ -228,13 +240,13 @@ def producer_source(cfg, D, QB, KB, VB0):
 {x}    ACQUIRE(kbars, index, phase)
 {x}    COMMIT(kbars, index, {KB})''')
     for j in halves:
-        lines.append(f"{x}    nt.tma_load(smem, {QB} + base + {j * BN * 128}, tma_k, "
-                     f"({_BOX_D * j}, hk, n0, b), kbars, index)")
+        lines.append(f"{x}    nt.tma_load(smem, {QB} + base + {j * BN * sw}, tma_k, "
+                     f"({box_d * j}, hk, n0, b), kbars, index)")
     lines.append(f'''{x}    ACQUIRE(vbars, index, phase)
 {x}    COMMIT(vbars, index, {KB})''')
     for j in halves:
-        lines.append(f"{x}    nt.tma_load(smem, {VB0} + base + {j * BN * 128}, tma_v, "
-                     f"({_BOX_D * j}, hk, n0, b), vbars, index)")
+        lines.append(f"{x}    nt.tma_load(smem, {VB0} + base + {j * BN * sw}, tma_v, "
+                     f"({box_d * j}, hk, n0, b), vbars, index)")
     lines.append(f'''{x}    index, phase = ADVANCE(index, phase)
 {x}    n0 += {BN}''')
     if pers:
@@ -290,7 +302,8 @@ class _Host:
 def operand_map(src, dtype, shape, strides, rows):
     """The TensorMap of q, k or v: ``src`` a device pointer (int) on the GPU, a flat array in
     the emulation; ``shape`` (batch, seq, heads, D) and ``strides`` (batch, seq, head) in
-    elements (0 for an extent of 1); boxes of (1, ``rows``, 1, 64).  On the GPU the maps are
+    elements (0 for an extent of 1); boxes of (1, ``rows``, 1, :func:`box_columns`), swizzled
+    as the kernel's tiles (128B; 64B at head_dim 96).  On the GPU the maps are
     numbatc.kernels.tensor_maps' (one cache per (pointer, geometry) for every TMA kernel,
     encoded on the host and passed by value, so operands first seen inside a CUDA graph capture
     -- a model's activations -- need nothing more)."""
@@ -302,15 +315,17 @@ def operand_map(src, dtype, shape, strides, rows):
     span = -(-max([n * st for n, st in zip(shape, byte_strides)] + [shape[3] * eb]) // 16) * 16
     byte_strides = tuple(st if n > 1 else span for n, st in zip(shape, byte_strides)) + (eb,)
     shape = tuple(int(n) for n in shape)
-    box = (1, rows, 1, _BOX_D)
+    box_d = box_columns(shape[3])
+    box = (1, rows, 1, box_d)
+    swizzle = 2 * box_d
     dt = _TMA_DTYPE[dtype]
     if not isinstance(src, (int, np.integer)):  # the emulation
         host = getattr(src, "_ary", src)
         view = np.lib.stride_tricks.as_strided(host, shape=shape, strides=byte_strides)
-        return TensorMap.tiled(_Host(view), box, dtype=dt, swizzle=_SWIZZLE)
+        return TensorMap.tiled(_Host(view), box, dtype=dt, swizzle=swizzle)
     from numbatc.kernels import tensor_maps
 
-    return tensor_maps.tiled_map(int(src), dt, shape, byte_strides, box)
+    return tensor_maps.tiled_map(int(src), dt, shape, byte_strides, box, swizzle)
 
 
 def launch_attention(p, cfg, var):

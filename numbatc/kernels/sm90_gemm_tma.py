@@ -114,14 +114,15 @@ _TMA_DTYPE = {"bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "u8", "floa
 
 @dataclass(frozen=True)
 class MnKFirstLayout(SmemLayout):
-    """An MN-major 128B-swizzled tile whose 8-k atoms stack along K first: the column of 64
-    mn values (128 bytes) for all k is one block of k * 128 bytes, the next column follows.
-    This is what a TMA box of (k rows, 64 mn) writes, once per 64 mn."""
+    """An MN-major swizzled tile whose 8-k atoms stack along K first: the column of one swizzle
+    row of mn values (128 bytes: 64 bf16) for all k is one block of k * swizzle bytes, the next
+    column follows.  This is what a TMA box of (k rows, one swizzle row of mn) writes, once per
+    column (the GEMM's 128B swizzle; attention's V at head_dim 96 takes 64B)."""
 
     def __post_init__(self):
         super().__post_init__()
-        if self.major != "MN" or self.swizzle != _SWIZZLE:
-            raise ValueError("MnKFirstLayout is an MN-major 128B-swizzle layout")
+        if self.major != "MN" or not self.swizzle:
+            raise ValueError("MnKFirstLayout is an MN-major swizzled layout")
 
     @property
     def lbo(self):

@@ -12,7 +12,7 @@ launch.  Nothing is copied to the device, so:
   recorded to write a map, none has to have run before the capture);
 - the cache holds host objects only: dropping one never frees memory a graph still reads.
 
-- :func:`tiled_map`: the 128B-swizzled tiled TensorMap of a device pointer, cached.  A map
+- :func:`tiled_map`: the swizzled (128B unless asked) tiled TensorMap of a device pointer, cached.  A map
   describes memory, not an allocation, so a recycled pointer reuses it correctly.
 - :func:`map_params`: a map's kernel parameters (one: its 128 bytes).
 - :class:`LastMaps`: a relaunch's memo of the last pointers' map parameters.
@@ -29,18 +29,18 @@ _MAPS_LIMIT = 4096
 _MAPS_LOCK = threading.Lock()
 
 
-def tiled_map(src: int, dtype, shape, strides, box):
-    """The 128B-swizzled tiled TensorMap of device pointer ``src`` (natural order ``shape``,
-    byte ``strides``, ``box``; ``dtype`` intrinsics.tensormap's name), cached per (pointer,
-    geometry).  Made on the host the same way whether or not a stream is capturing."""
+def tiled_map(src: int, dtype, shape, strides, box, swizzle=SWIZZLE):
+    """The ``swizzle``-byte swizzled tiled TensorMap of device pointer ``src`` (natural order
+    ``shape``, byte ``strides``, ``box``; ``dtype`` intrinsics.tensormap's name), cached per
+    (pointer, geometry).  Made on the host the same way whether or not a stream is capturing."""
     from intrinsics.tensormap import TensorMap
 
-    key = (int(src), dtype, shape, strides, box)
+    key = (int(src), dtype, shape, strides, box, swizzle)
     tm = _MAPS.get(key)
     if tm is not None:
         return tm
     tm = TensorMap.tiled(int(src), box, dtype=dtype, shape=shape, strides=strides,
-                         swizzle=SWIZZLE)
+                         swizzle=swizzle)
     tm.param  # noqa: B018 -- its 128 bytes, once
     with _MAPS_LOCK:
         if len(_MAPS) >= _MAPS_LIMIT:

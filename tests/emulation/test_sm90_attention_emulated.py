@@ -2,7 +2,7 @@
 through numbatc.attention with ``NUMBATC_ATTN_KERNEL=sm90:<config>``: the warp-specialised
 cp.async -> mbarrier -> wgmma pipeline (SS for Q K^T, RS for P V), the online softmax in the
 accumulator's registers, masks for ragged key tiles and the causal diagonal, rows that see no
-key, GQA, head_dim 64, 128, 192 and 256, bf16 and f16, lse; both schedules (in order, and the
+key, GQA, head_dim 64, 96, 128, 192 and 256, bf16 and f16, lse; both schedules (in order, and the
 overlapped one with a wgmma group in flight during the softmax, and that one with the two
 consumers' ping-pong on named barriers), rings of 2 and 3 stages that wrap.  The TMA producers (_tma):
 tensor copies of Q, K and V through rank-4 maps (out-of-bounds rows zero-filled, the
@@ -69,6 +69,13 @@ CASES = [
     # head_dim 192 (3 boxes, BN 112): GQA, causal, ragged; then the cp.async twin
     (1, 70, 239, 2, 1, 192, True, "float16", "n112_2s_ov_pp_fx_tma"),
     (1, 113, 203, 1, 1, 192, False, "bfloat16", "n112_2s_ov_pp_fx"),
+    # head_dim 96 (64B swizzle: three boxes of 32 columns per tile row, V's atoms of 32 d):
+    # GQA, causal, ragged both ways; the cp.async twin (three parts per row step); 3 stages
+    # wrapping over 5 key tiles; persistent with rows that see no key
+    (1, 113, 203, 2, 1, 96, True, "bfloat16", "n128_2s_ov_pp_fx_tma"),
+    (1, 70, 239, 1, 1, 96, True, "float16", "n128_2s_ov_pp_fx"),
+    (1, 40, 520, 2, 2, 96, False, "bfloat16", "n128_3s_ov_pp_fx_tma"),
+    (1, 260, 100, 2, 1, 96, True, "float16", "n128_2s_ov_pp_fx_tma_pt"),
 ]
 
 

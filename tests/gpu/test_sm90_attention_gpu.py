@@ -32,8 +32,10 @@ check = base.check
 #: the TMA configurations of head_dim 64 and 128 (each falls back to sm90_attention.twin where
 #: no tensor map fits)
 TMA_CONFIGS = sorted(n for n, c in sm90_attention.CONFIGS.items() if c.tma and 128 in c.head_dims)
-#: (configuration, head dim) of head_dim 192 and 256 (their tiles fit those head dims only)
-LARGE = sorted((n, d) for n, c in sm90_attention.CONFIGS.items() for d in c.head_dims if d > 128)
+#: (configuration, head dim) of head_dim 192 and 256 (their tiles fit those head dims only) and
+#: 96 (the 64B swizzle: three boxes or parts per row)
+LARGE = sorted((n, d) for n, c in sm90_attention.CONFIGS.items() for d in c.head_dims
+               if d > 128 or d == 96)
 #: every (configuration, head dim) the kernel is built for
 PAIRS = sorted((n, d) for n, c in sm90_attention.CONFIGS.items() for d in c.head_dims)
 #: the sweep's seqlen pairs: the portable kernel's and FlashAttention's test suite's hard ones
@@ -215,6 +217,10 @@ LARGE_SMALL = [
     ("n64_2s_ov_pp_fx_tma", (2, 20, 90, 1, 1, 256, True, "bfloat16")),
     ("n112_2s_ov_pp_fx_tma", (1, 70, 239, 2, 1, 192, True, "float16")),
     ("n112_2s_ov_pp_fx", (1, 113, 203, 1, 1, 192, False, "bfloat16")),
+    ("n128_2s_ov_pp_fx_tma", (1, 113, 203, 2, 1, 96, True, "bfloat16")),
+    ("n128_2s_ov_pp_fx", (1, 70, 239, 1, 1, 96, True, "float16")),
+    ("n128_3s_ov_pp_fx_tma", (1, 40, 520, 2, 2, 96, False, "bfloat16")),
+    ("n128_2s_ov_pp_fx_tma_pt", (1, 260, 100, 2, 1, 96, True, "float16")),
 ]
 
 
@@ -228,7 +234,7 @@ def test_large_head_dims_small_cases_first(sm90, name, args):
 
 @pytest.mark.parametrize("name, d", LARGE, ids=[f"{n}-{d}" for n, d in LARGE])
 def test_large_head_dims_hard_cases(sm90, name, d):
-    """head_dim 192 and 256: FlashAttention's awkward seqlen pairs, causal with seqlen_q >
+    """head_dim 96, 192 and 256: FlashAttention's awkward seqlen pairs, causal with seqlen_q >
     seqlen_k, odd batch and head counts, GQA / MQA, bf16 and f16, several waves of blocks; the
     TMA configurations also on heads-major and packed views (read in place) and a misaligned k
     (their cp.async twin, named by NUMBATC_PRINT_CONFIG)."""
@@ -262,13 +268,13 @@ def test_large_head_dims_hard_cases(sm90, name, d):
     assert used == want
 
 
-@pytest.mark.parametrize("d", [192, 256])
+@pytest.mark.parametrize("d", [96, 192, 256])
 def test_large_head_dims_default_walk(d, monkeypatch, capsys):
     """The default walk (no NUMBATC_ATTN_KERNEL) on the GPU: DEFAULT_HEAD_DIMS decides between
     the Hopper kernel and the portable one, and NUMBATC_PRINT_CONFIG says which and why."""
     monkeypatch.delenv("NUMBATC_ATTN_KERNEL", raising=False)
     monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
-    for heads in [(64, 128, 192, 256), (64, 128)]:
+    for heads in [(64, 96, 128, 192, 256), (64, 128)]:
         monkeypatch.setattr(sm90_attention, "DEFAULT_HEAD_DIMS", heads)
         check(2, 300, 500, 4, 2, d, True, "bfloat16")
         err = capsys.readouterr().err
@@ -286,7 +292,7 @@ def test_timing(sm90, monkeypatch):
     import numbatc
 
     b, h, s = 4, 16, 4096
-    for d in (64, 128, 192, 256):
+    for d in (64, 96, 128, 192, 256):
         q, k, v = (base.to_device(base.values((b, s, h, d), "bfloat16"), "bfloat16") for _ in range(3))
         for causal in (False, True):
             flops = 4 * b * h * s * s * d / (2 if causal else 1)
