@@ -478,6 +478,118 @@ def bench_attention(shapes, dtype="bfloat16", reps=20, causal_modes=(False, True
     return rows
 
 
+#: (head_dim, shortest, longest) of the varlen benchmark: sequences of seeded random lengths in
+#: [shortest, longest], as many as fit 16384 tokens, packed; heads * head_dim = 2048
+VARLEN_SHAPES = {
+    "all": [(d, lo, hi) for d in (64, 128) for lo, hi in ((64, 1024), (512, 4096), (2048, 8192))],
+    "quick": [(d, 512, 4096) for d in (64, 128)],
+}
+
+
+def varlen_lengths(shortest, longest, total=16384, seed=0):
+    """Sequence lengths drawn uniformly from [shortest, longest] (seeded) while they fit
+    ``total`` tokens (at least one sequence)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lens = [int(rng.integers(shortest, longest + 1))]
+    while True:
+        n = int(rng.integers(shortest, longest + 1))
+        if sum(lens) + n > total:
+            return lens
+        lens.append(n)
+
+
+def _torch_varlen(torch):
+    """torch's own varlen attention (``torch.nn.attention.varlen.varlen_attn``, FlashAttention
+    underneath) as ``fn(q, k, v, cu_q, cu_k, max_q, max_k, causal)``, or None where this torch
+    has none.  Its causal flag was ``is_causal`` at first and ``window_size=(-1, 0)`` later."""
+    import inspect
+
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    if "is_causal" in params:
+        return lambda q, k, v, cq, ck, mq, mk, causal: varlen_attn(q, k, v, cq, ck, mq, mk,
+                                                                   is_causal=causal)
+    return lambda q, k, v, cq, ck, mq, mk, causal: varlen_attn(
+        q, k, v, cq, ck, mq, mk, window_size=(-1, 0) if causal else (-1, -1))
+
+
+def bench_varlen(shapes, dtype="bfloat16", reps=20, causal_modes=(False, True)):
+    """numbatc.attention_varlen against torch's varlen attention (``_torch_varlen``) on the same
+    packed sequences (each sequence's queries and keys the same length); TFLOP/s count the work
+    of the real rows only: 4 * H * D * sum(L * L) (sum(L * (L + 1) / 2) when causal).  Each
+    numbatc call reads the prefix sums back to check them (a small synchronous copy; see
+    numbatc.attention_varlen), which back-to-back timing includes; ``--timing graph`` leaves it
+    out (no check under capture)."""
+    import numpy as np
+    import torch
+
+    import numbatc
+
+    ref_fn = _torch_varlen(torch)
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    rows = []
+    cases = [(d, lo, hi, c) for d, lo, hi in shapes for c in causal_modes]
+    progress = Progress(len(cases), "attention varlen")
+    for d, lo, hi, causal in cases:
+        lens = varlen_lengths(lo, hi)
+        h, total, longest = max(1, 2048 // d), sum(lens), max(lens)
+        cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+        q, k, v = (torch.randn(total, h, d, device="cuda", dtype=tdt) for _ in range(3))
+        out = torch.empty_like(q)
+
+        def ours_call():
+            numbatc.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, out=out)
+
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        ours_call()
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        pairs = sum(n * (n + 1) / 2 if causal else n * n for n in lens)
+        flops = 4.0 * h * d * pairs
+        r = max(3, min(reps, int(4e13 / flops)))
+        ours = _time_gpu(ours_call, torch, r)
+        theirs, backend, err = float("nan"), "none", float("nan")
+        if ref_fn is not None:
+            try:
+                ref = ref_fn(q, k, v, cu, cu, longest, longest, causal)
+                ref = ref[0] if isinstance(ref, tuple) else ref
+                theirs = _time_gpu(lambda: ref_fn(q, k, v, cu, cu, longest, longest, causal),
+                                   torch, r)
+                backend, err = "varlen_attn", (out - ref).abs().max().item()
+            except (RuntimeError, TypeError) as e:  # this torch's varlen_attn refused the case
+                backend = f"varlen_attn: {type(e).__name__}"
+        rows.append(dict(sequences=len(lens), tokens=total, shortest=min(lens), longest=longest,
+                         heads=h, head_dim=d, causal=causal, dtype=dtype, numbatc_ms=ours,
+                         ref_ms=theirs, numbatc_tflops=flops / ours / 1e9,
+                         ref_tflops=flops / theirs / 1e9, ratio=theirs / ours,
+                         ref_backend=backend, first_call_s=first, max_abs_err=err))
+        progress.step(f"d={d} lengths {lo}..{hi}{' causal' if causal else ''}: "
+                      f"{rows[-1]['ratio']:.2f}x {backend}")
+        q = k = v = out = ref = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main_varlen(args):
+    """``python -m numbatc.bench varlen``: the sweep, then the table (and --csv)."""
+    rows = bench_varlen(VARLEN_SHAPES[args.shapes], args.dtype, args.reps)
+    _table(rows, [("sequences", "seqs", "d"), ("tokens", "tokens", "d"),
+                  ("shortest", "shortest", "d"), ("longest", "longest", "d"),
+                  ("head_dim", "D", "d"), ("causal", "causal", ""),
+                  ("numbatc_tflops", "numbatc TF/s", ".1f"), ("ref_tflops", "torch TF/s", ".1f"),
+                  ("ratio", "ratio", ".2f"), ("ref_backend", "reference", ""),
+                  ("first_call_s", "first call s", ".2f"), ("max_abs_err", "max abs err", ".2e")])
+    if args.csv:
+        write_csv(rows, args.csv)
+    return 0
+
+
 #: (head_dim, seqlen) of the backward benchmark: batch * seqlen = 16384, heads * head_dim = 2048
 ATTENTION_BACKWARD_SHAPES = {
     "all": [(d, s) for d in (64, 128) for s in (1024, 2048, 4096, 8192, 16384)],
@@ -1083,6 +1195,8 @@ _SUBCOMMANDS = {
                  "backend)",
     "attention-backward": "numbatc.attention_backward against the backward of torch's "
                           "scaled_dot_product_attention (fastest backend)",
+    "varlen": "numbatc.attention_varlen over packed sequences of random lengths against torch's "
+              "varlen attention (torch.nn.attention.varlen)",
     "decode": "numbatc.attention on decode shapes (flash-decoding) against torch SDPA, in GB/s of "
               "K and V against the copy bandwidth",
     "softmax": "numbatc.softmax against torch.softmax, then numbatc.gemm_softmax",
@@ -1163,6 +1277,11 @@ def _parser():
     backward.add_argument("--configs", action="store_true",
                           help="also time every sm80_attention_backward configuration "
                                "(NUMBATC_ATTN_BWD_CONFIG)")
+    varlen = sub.add_parser("varlen", parents=[common], help=_SUBCOMMANDS["varlen"],
+                            description=_SUBCOMMANDS["varlen"])
+    varlen.add_argument("--shapes", default="all", choices=sorted(VARLEN_SHAPES),
+                        help="all (default): head_dim 64/128 x lengths 64..1024, 512..4096, "
+                             "2048..8192 (16384 tokens); quick: head_dim 64/128 x 512..4096")
     decode = sub.add_parser("decode", parents=[common], help=_SUBCOMMANDS["decode"],
                             description=_SUBCOMMANDS["decode"])
     decode.add_argument("--shapes", default="all", choices=sorted(DECODE_ATTENTION_SHAPES),
@@ -1218,6 +1337,8 @@ def _main(args):
         return main_attention_backward(args)
     if args.what == "decode":
         return main_decode(args)
+    if args.what == "varlen":
+        return main_varlen(args)
     if args.what == "softmax":
         return main_softmax(args)
     if args.what == "epilogue":
