@@ -254,3 +254,23 @@ def test_tma_switch_twins_and_refusals(monkeypatch):
         cfg, reason = attn.resolve(p, tma_cfg)
         assert cfg.name == "n128_2s_ov_pp_fx" and reason.startswith("not n128_2s_ov_pp_fx_tma: ")
     assert attn.resolve(problem(), tma_cfg) == (tma_cfg, None)
+
+
+@pytest.mark.parametrize("d", [96, 128])
+def test_pair_stores_store_each_column_pair_once(d, tmp_path):
+    """The pair-store variant (out 4-byte aligned: what numbatc.attention allocates) stores O as
+    one st.global.b32 per column pair -- D / 4 per thread, two rows of D / 8 pairs -- and no
+    16-bit store; the other keeps two st.global.u16 a pair.  Assembles without spills."""
+    cfg = attn.CONFIGS[attn.DEFAULT_TMA[d]]
+    stores = {}
+    for pairs in (True, False):
+        var = attn.AttnVariant(d, "bfloat16", True, True, pair_stores=pairs)
+        ptx = compile_ptx(attn.kernel_for(cfg, var), attn.signature(var, cfg), "sm_90a",
+                          launch_bounds=(cfg.threads, 1))
+        stores[pairs] = (ptx.count("st.global.b32"), ptx.count("st.global.u16"))
+        if pairs:
+            log = whole_program_ptxas(ptx, tmp_path)
+            assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+            for code in ("C7509", "C7513", "C7519"):
+                assert code not in log, log
+    assert stores == {True: (d // 4, 0), False: (0, d // 2)}, stores

@@ -89,7 +89,9 @@ class AttnVariant:
     sequence's rows from the cu_seqlens prefix sums, and the KV-cache forms
     (numbatc.attention_with_kvcache): ``kv_cache``, each sequence's key count from
     cache_seqlens, ``paged`` (with kv_cache), keys read through a block table (see
-    :func:`kernel_source`)."""
+    :func:`kernel_source`); ``pair_stores``: O's column pairs stored as one 32-bit store each
+    (sm90_attention, where out starts 4-byte aligned and its strides are even:
+    :func:`pair_stores_fit`)."""
 
     head_dim: int
     dtype: str  # 'bfloat16' | 'float16'
@@ -98,6 +100,7 @@ class AttnVariant:
     varlen: bool = False
     kv_cache: bool = False
     paged: bool = False
+    pair_stores: bool = False
 
     @property
     def padded_dim(self):
@@ -671,6 +674,13 @@ def _strides3(ca):
     return _stepped(ca.shape, ca.strides)
 
 
+def pair_stores_fit(ca):
+    """True when every (even, odd) column pair of the 16-bit array ``ca`` (batch, seq, head,
+    dim) starts 4-byte aligned: the start and every stepped stride even (head_dim is a multiple
+    of 8), so that one st.global.b32 stores a pair."""
+    return ca.ptr % 4 == 0 and all(s % 2 == 0 for s in _strides3(ca))
+
+
 def _aligned(ca):
     """True when every 16-byte chunk of a row (8 elements from a multiple of 8) is 16-byte
     aligned: the start and every stepped stride."""
@@ -802,14 +812,15 @@ def launch(p, cfg: AttnConfig):
                             cfg.block_m)
 
 
-def pointer_relaunch(kernel, grid, threads, sig, shared, args, block_m):
+def pointer_relaunch(kernel, grid, threads, sig, shared, args, block_m, out_align=1):
     """The warm calls' launch of ``kernel`` (sm80_attention's or sm90_attention's cp.async
     kernel: both take launch_flat's arguments) for problems like the one whose launch ``args``
     (:func:`kernel_arguments`', on the GPU, nothing packed) are given: ``fn(q, k, v, out, lse,
     scale, stream_handle)`` with device pointers (lse 0 without it), one cuLaunchKernel through
     a parameter buffer made here (intrinsics.launch.prepare); True when launched, False where
     these pointers need the checked path (a start of q, k or v that is not 16-byte aligned: it
-    packs a copy).  None where no prepared launch can be made (the emulation)."""
+    packs a copy; an out not ``out_align``-byte aligned, which a kernel of pair stores needs).
+    None where no prepared launch can be made (the emulation)."""
     from numba import config
 
     from intrinsics.launch import prepare
@@ -822,8 +833,10 @@ def pointer_relaunch(kernel, grid, threads, sig, shared, args, block_m):
         return None
     sizes = (sq, sk, hq, group, -(-sq // block_m), *q_st, *k_st, *v_st, *o_st)
 
+    out_mask = out_align - 1
+
     def relaunch(q, k, v, out, lse, scale, stream):
-        if (q | k | v) & 15:
+        if (q | k | v) & 15 or out & out_mask:
             return False
         prepared(stream, q, k, v, out, lse, *sizes, scale * LOG2E)
         return True

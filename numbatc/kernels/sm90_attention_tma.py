@@ -374,10 +374,13 @@ def launch_attention(p, cfg, var):
     last = LastMaps()
     last.params((q, k, v), lambda: maps)  # the maps this launch made
 
+    out_mask = 3 if var.pair_stores else 0
+
     def relaunch(q, k, v, out, lse, scale, stream):
         """Launch for these device pointers (lse 0 without it): True, or False where a start is
-        not 16-byte aligned (no tensor map: the checked path runs the cp.async twin)."""
-        if (q | k | v) & 15:
+        not 16-byte aligned (no tensor map: the checked path runs the cp.async twin) or out is
+        not 4-byte aligned for a kernel of pair stores (the checked path compiles the other)."""
+        if (q | k | v) & 15 or out & out_mask:
             return False
         params = last.params((q, k, v), qkv_maps, q, k, v)
         prepared(stream, *params, out, lse, *sizes, scale * sm90_attention.LOG2E)

@@ -102,6 +102,23 @@ def test_sm90_attention_in_the_emulation(sm90, monkeypatch, b, sq, sk, hq, hkv, 
     assert all(bar["arrived"] == 0 for bar in touched), "a named barrier left part-full"
 
 
+@pytest.mark.parametrize("name", ["n128_2s_ov_pp_fx_tma", "n128_2s_ov_pp_fx"])
+def test_pair_stores_only_where_out_is_aligned(sm90, monkeypatch, name):
+    """O's column pairs are one 32-bit store each where out starts 4-byte aligned (the
+    default); an out 2 bytes past that takes two 16-bit stores a pair; both exact."""
+    from tests.helpers.attention import offset_out
+
+    seen = []
+    real = sm90_attention.kernel_for
+    monkeypatch.setattr(sm90_attention, "kernel_for",
+                        lambda cfg, var: seen.append(var.pair_stores) or real(cfg, var))
+    used = sm90(name)
+    check(1, 70, 90, 2, 1, 64, True, "bfloat16")
+    check(1, 70, 90, 2, 1, 64, True, "float16", out_view=offset_out)
+    assert used == [name, name]
+    assert seen[0] is True and seen[-1] is False, seen
+
+
 def test_no_keys(sm90):
     used = sm90("n128_2s_ov")
     check(1, 5, 0, 2, 2, 64, False)

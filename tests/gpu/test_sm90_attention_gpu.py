@@ -268,6 +268,25 @@ def test_large_head_dims_hard_cases(sm90, name, d):
     assert used == want
 
 
+@pytest.mark.parametrize("name", ["n128_2s_ov_pp_fx_tma", "n128_2s_ov_pp_fx",
+                                  "n80_2s_ov_pp_fx_tma"])
+def test_pair_stores_only_where_out_is_aligned(sm90, monkeypatch, name):
+    """O's column pairs are one 32-bit store each where out starts 4-byte aligned (the
+    default); an out 2 bytes past that takes two 16-bit stores a pair; then the warm call
+    with an aligned out again (its relaunch refuses the offset one): all exact."""
+    seen = []
+    real = sm90_attention.kernel_for
+    monkeypatch.setattr(sm90_attention, "kernel_for",
+                        lambda cfg, var: seen.append(var.pair_stores) or real(cfg, var))
+    d = max(sm90_attention.CONFIGS[name].head_dims)
+    used = sm90(name)
+    for out_view in (None, base.offset_out, None, base.offset_out):
+        check(2, 300, 333, 4, 2, d, True, "bfloat16", out_view=out_view)
+    # calls 3 and 4 may take the warm relaunch (made by call 1: pair stores), which must
+    # refuse call 4's offset out; a pair store there would fault (misaligned address)
+    assert set(used) == {name} and seen[:2] == [True, False], (used, seen)
+
+
 @pytest.mark.parametrize("d", [96, 192, 256])
 def test_large_head_dims_default_walk(d, monkeypatch, capsys):
     """The default walk (no NUMBATC_ATTN_KERNEL) on the GPU: DEFAULT_HEAD_DIMS decides between

@@ -79,13 +79,28 @@ def reference(q, k, v, causal, scale):
     return out, lse, wabs, sbound
 
 
-def check(b, sq, sk, hq, hkv, d, causal, dtype="bfloat16", lib="numba", scale=None, views=None):
+def offset_out(poisoned, dtype):
+    """A numba device output holding ``poisoned`` that starts 2 bytes past a 4-byte boundary
+    (its strides even): sm90_attention's 32-bit pair stores do not fit it."""
+    host = poisoned.astype(NP_DTYPE[dtype])
+    host = host.view(np.uint16) if dtype == "bfloat16" else host
+    dev = cuda.to_device(np.zeros(host.size + 1, host.dtype))[1:].reshape(host.shape)
+    dev.copy_to_device(host)
+    return numbatc.bfloat16(dev) if dtype == "bfloat16" else dev
+
+
+def check(b, sq, sk, hq, hkv, d, causal, dtype="bfloat16", lib="numba", scale=None, views=None,
+          out_view=None):
+    """One numbatc.attention call against :func:`reference`; ``views(q, k, v, dtype)`` makes
+    the device q, k, v, ``out_view(poisoned, dtype)`` the device output from its NaN-poisoned
+    float64 contents (defaults: contiguous arrays of ``lib``)."""
     q, k, v = values((b, sq, hq, d), dtype), values((b, sk, hkv, d), dtype), values((b, sk, hkv, d), dtype)
     if views is None:
         dq, dk, dv = (to_device(x, dtype, lib) for x in (q, k, v))
     else:
         dq, dk, dv = views(q, k, v, dtype)
-    out = to_device(np.full(q.shape, np.nan), dtype, lib)
+    poisoned = np.full(q.shape, np.nan)
+    out = to_device(poisoned, dtype, lib) if out_view is None else out_view(poisoned, dtype)
     got, lse = numbatc.attention(dq, dk, dv, causal=causal, scale=scale, out=out, return_lse=True)
     assert got is out
     cuda.synchronize()
