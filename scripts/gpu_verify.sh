@@ -43,6 +43,10 @@
 #              testlogs.txt) beside compute-sanitizer memcheck on attention_sm90_large
 #              (sanitize.txt), then bench attention --shapes hd96 for the default and the
 #              portable kernel, or HD96_CFGS (NUMBATC_ATTN_KERNEL values; bench.txt)
+#   stores     sm90_attention's 32-bit pair stores of O: the attention suites' cases that run
+#              the default kernels and the pair / misaligned-out tests in shards (tests.txt,
+#              testlogs.txt), scripts/diag/attn_store_ab.py (aligned against offset out, same
+#              run, with SDPA; store_ab.txt), then bench attention quick (bench.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -181,6 +185,16 @@ if [[ $what == hd96 ]]; then
     echo "== ${cfg:-default}"
     NUMBATC_ATTN_KERNEL=$cfg t 90 $py -m numbatc.bench attention --shapes hd96 | grep -E "^ +[0-9]|rror|ratio"
   done > "$out/bench.txt" 2>&1
+fi
+
+if [[ $what == stores ]]; then
+  : "${STORES_K:=pair or small_cases or (sweep and n128_2s_ov_pp_fx_tma-) or misaligned or full-128 or causal-128 or full-64 or causal-64 or full-96 or causal-96}"
+  t ${STORES_LIMIT:-220} $py scripts/pytest_shards.py --shards 15 --timeout ${STORES_TIMEOUT:-200} \
+    --out /tmp/shards_st tests/gpu/test_sm90_attention_gpu.py tests/gpu/test_attention_gpu.py \
+    -- --tb=short -k "$STORES_K" > "$out/tests.txt" 2>&1
+  for f in /tmp/shards_st/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  t 150 $py scripts/diag/attn_store_ab.py ${STORES_AB:-} > "$out/store_ab.txt"
+  t 100 $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]|rror" > "$out/bench.txt"
 fi
 
 if [[ $what == host ]]; then

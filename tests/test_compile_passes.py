@@ -62,7 +62,8 @@ def _both_ways(original, violators):
 @pytest.mark.parametrize("which", ["attention", "gemm"])
 def test_linear_ssa_gives_numbas_ir(which):
     """Each function's SSA reconstruction renders to the same text both ways (_both_ways), on
-    every function of the default attention kernel (one with 111 violators) and GEMM kernel."""
+    every function of the default attention kernel (its body has 38 violators since the tile
+    softmax became a device function; 111 before) and GEMM kernel."""
     from numba.cuda.core import ssa
 
     from intrinsics.toolchain import compile_ptx
@@ -76,7 +77,7 @@ def test_linear_ssa_gives_numbas_ir(which):
     finally:
         ssa._run_ssa = original
     assert len(violators) >= 5  # the kernel and its device functions
-    assert max(violators) >= (100 if which == "attention" else 3)
+    assert max(violators) >= (30 if which == "attention" else 3)
 
 
 def test_linear_ssa_handles_loops_and_phis():

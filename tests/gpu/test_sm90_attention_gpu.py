@@ -284,7 +284,9 @@ def test_pair_stores_only_where_out_is_aligned(sm90, monkeypatch, name):
         check(2, 300, 333, 4, 2, d, True, "bfloat16", out_view=out_view)
     # calls 3 and 4 may take the warm relaunch (made by call 1: pair stores), which must
     # refuse call 4's offset out; a pair store there would fault (misaligned address)
-    assert set(used) == {name} and seen[:2] == [True, False], (used, seen)
+    # (the cp.async launch compiles twice per checked call: the launch and its relaunch)
+    first_u16 = seen.index(False)
+    assert set(used) == {name} and seen[0] and not any(seen[first_u16:]), (used, seen)
 
 
 @pytest.mark.parametrize("d", [96, 192, 256])
