@@ -113,6 +113,16 @@ class Progress:
 TIMING = "stream"
 
 
+def _first_call_s(fn, torch):
+    """Seconds of one call of ``fn`` from an idle device until its work is done (compiles,
+    cache loads and the launch included): the benchmarks' first_call_s."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def _time_gpu(fn, torch, reps, warmup=3):
     """Median milliseconds per call of ``fn`` on the current stream, by CUDA events around
     back-to-back calls: each timed group enqueues enough calls to last about a millisecond, so
@@ -227,11 +237,7 @@ def bench_gemm(shapes, dtype="bfloat16", reps=20, b_layout="row", fp8_scales="te
             sa = sb = 1.0
             ours_fn = lambda: numbatc.gemm(a, b, out=out)  # noqa: E731
             ref_fn = lambda: torch.matmul(a, b, out=out)  # noqa: E731
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        ours_fn()
-        torch.cuda.synchronize()
-        first = time.perf_counter() - t0
+        first = _first_call_s(ours_fn, torch)
         chosen = _chosen_config(ours_fn)
         if fp8 and fp8_scales == "block":
             fa = bsa.repeat_interleave(128, 1)[:, :k]
@@ -446,11 +452,7 @@ def bench_attention(shapes, dtype="bfloat16", reps=20, causal_modes=(False, True
         b, h = max(1, 16384 // s), max(1, 2048 // d)
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=tdt) for _ in range(3))
         out = torch.empty_like(q)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        numbatc.attention(q, k, v, causal=causal, out=out)
-        torch.cuda.synchronize()
-        first = time.perf_counter() - t0
+        first = _first_call_s(lambda: numbatc.attention(q, k, v, causal=causal, out=out), torch)
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # SDPA's (B, H, S, D), same memory
         flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
         r = max(3, min(reps, int(4e13 / flops)))
@@ -545,11 +547,7 @@ def bench_varlen(shapes, dtype="bfloat16", reps=20, causal_modes=(False, True)):
         def ours_call():
             numbatc.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, out=out)
 
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        ours_call()
-        torch.cuda.synchronize()
-        first = time.perf_counter() - t0
+        first = _first_call_s(ours_call, torch)
         pairs = sum(n * (n + 1) / 2 if causal else n * n for n in lens)
         flops = 4.0 * h * d * pairs
         r = max(3, min(reps, int(4e13 / flops)))
@@ -621,11 +619,7 @@ def bench_attention_backward(shapes, dtype="bfloat16", reps=20, causal_modes=(Fa
             numbatc.attention_backward(q, k, v, out, lse, do, causal=causal, dq=grads[0],
                                        dk=grads[1], dv=grads[2])
 
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        ours_call()
-        torch.cuda.synchronize()
-        first = time.perf_counter() - t0
+        first = _first_call_s(ours_call, torch)
         flops = 10.0 * b * h * s * s * d / (2 if causal else 1)
         r = max(3, min(reps, int(4e13 / flops)))
         ours = _time_gpu(ours_call, torch, r)
@@ -709,11 +703,7 @@ def bench_decode(shapes, dtype="bfloat16", reps=20, heads=(32, 8), head_dim=128,
         q = torch.randn(b, sq, hq, head_dim, device="cuda", dtype=tdt)
         k, v = (torch.randn(b, sk, hkv, head_dim, device="cuda", dtype=tdt) for _ in range(2))
         out = torch.empty_like(q)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        numbatc.attention(q, k, v, out=out)
-        torch.cuda.synchronize()
-        first = time.perf_counter() - t0
+        first = _first_call_s(lambda: numbatc.attention(q, k, v, out=out), torch)
         config = _chosen_attention(lambda: numbatc.attention(q, k, v, out=out))
         ours = _time_gpu(lambda: numbatc.attention(q, k, v, out=out), torch, reps)
         theirs, backend, ref = _sdpa_decode(q, k, v, gqa, reps)
@@ -791,11 +781,7 @@ def bench_decode_paged(shapes, page_size, dtype="bfloat16", reps=20, heads=(32, 
         def call():
             numbatc.attention_with_kvcache(q, kp, vp, seqlens, block_table=table, out=out)
 
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        call()
-        torch.cuda.synchronize()
-        first = time.perf_counter() - t0
+        first = _first_call_s(call, torch)
         config = _chosen_attention(call)
         t0 = time.perf_counter()
         for _ in range(5):
