@@ -47,6 +47,10 @@
 #              the default kernels and the pair / misaligned-out tests in shards (tests.txt,
 #              testlogs.txt), scripts/diag/attn_store_ab.py (aligned against offset out, same
 #              run, with SDPA; store_ab.txt), then bench attention quick (bench.txt)
+#   stores80   the portable kernel's pair stores (branch sm80-pair-stores): the varlen, KV-cache
+#              and attention suites with NUMBATC_ATTN_KERNEL=sm80 in shards (tests.txt,
+#              testlogs.txt), then bench varlen quick and bench attention quick with the portable
+#              kernel forced (bench.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -195,6 +199,18 @@ if [[ $what == stores ]]; then
   for f in /tmp/shards_st/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
   t 150 $py scripts/diag/attn_store_ab.py ${STORES_AB:-} > "$out/store_ab.txt"
   t 100 $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]|rror" > "$out/bench.txt"
+fi
+
+if [[ $what == stores80 ]]; then
+  NUMBATC_ATTN_KERNEL=sm80 t ${STORES80_LIMIT:-300} $py scripts/pytest_shards.py --shards 15 \
+    --timeout ${STORES80_TIMEOUT:-280} --out /tmp/shards_s80 tests/gpu/test_attention_varlen_gpu.py \
+    tests/gpu/test_attention_kvcache_gpu.py tests/gpu/test_attention_gpu.py -- --tb=short \
+    > "$out/tests.txt" 2>&1
+  for f in /tmp/shards_s80/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  {
+    t 100 $py -m numbatc.bench varlen --shapes quick | grep -E "^ +[0-9]|rror"
+    NUMBATC_ATTN_KERNEL=sm80 t 100 $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]|rror"
+  } > "$out/bench.txt" 2>&1
 fi
 
 if [[ $what == host ]]; then

@@ -52,6 +52,23 @@ def test_chosen_config_assembles(head_dim, dtype, causal, arch, max_spill, varle
     assert registers <= 255 and spills <= max_spill, (registers, spills)
 
 
+@pytest.mark.parametrize("head_dim, varlen", [(64, False), (128, True)])
+def test_pair_stores_variant(head_dim, varlen):
+    """pair_stores (out 4-byte aligned, strides even): O's column pairs are st.global.b32, as
+    many as the other variant's st.global.u16 halved, and no 16-bit store; no spills on sm_80."""
+    cfg = attn.choose_config(head_dim)
+    stores = {}
+    for pairs in (True, False):
+        var = attn.AttnVariant(head_dim, "bfloat16", True, with_lse=True, varlen=varlen,
+                               pair_stores=pairs)
+        ptx = compile_ptx(attn.kernel_for(cfg, var), attn.signature(var), "sm_80")
+        stores[pairs] = (ptx.count("st.global.b32"), ptx.count("st.global.u16"))
+        if pairs:
+            assert ptxas_report(ptx, "sm_80")[1] == 0
+    assert stores[True][1] == 0 and stores[False][0] == 0, stores
+    assert 2 * stores[True][0] == stores[False][1] >= head_dim // 2, stores
+
+
 def test_heuristic_names_a_real_config():
     for d in range(8, 257, 8):
         assert attn.choose_config(d) in attn.CONFIGS.values()

@@ -90,8 +90,7 @@ class AttnVariant:
     (numbatc.attention_with_kvcache): ``kv_cache``, each sequence's key count from
     cache_seqlens, ``paged`` (with kv_cache), keys read through a block table (see
     :func:`kernel_source`); ``pair_stores``: O's column pairs stored as one 32-bit store each
-    (sm90_attention, where out starts 4-byte aligned and its strides are even:
-    :func:`pair_stores_fit`)."""
+    (where out starts 4-byte aligned and its strides are even: :func:`pair_stores_fit`)."""
 
     head_dim: int
     dtype: str  # 'bfloat16' | 'float16'
@@ -287,6 +286,18 @@ def keep(x, col, row, Sk, off):
 '''
 
 
+def store_pair_source(var, pack):
+    """Source of both attention kernels' ``store_pair(out, base, v0, v1)``: (v0, v1) packed by
+    ``pack`` into out[base], out[base + 1] -- one st.global.b32 with ``var.pair_stores`` (out
+    4-byte aligned, its strides even: :func:`pair_stores_fit`), else two 16-bit stores."""
+    if var.pair_stores:
+        body = f"    nt.st_global_b32(out, base, {pack}(v0, v1))"
+    else:
+        body = (f"    p = {pack}(v0, v1)\n    out[base] = np.uint16(p & 0xFFFF)\n"
+                "    out[base + 1] = np.uint16(p >> 16)")
+    return f"@cuda.jit(device=True, forceinline=True)\ndef store_pair(out, base, v0, v1):\n{body}\n"
+
+
 def store_o_rows(w, ind, D, row, reg):
     """Emit the stores of a 16-row O fragment block's rows row(0) and row(1) (each thread: the
     pairs of columns tq, tq + 1 of every 8-column group; ``reg(h, d, c)`` names the register
@@ -367,12 +378,7 @@ def mask_tile(s, col, row, Sk, off):
             keep(s[2], col, row + 8, Sk, off), keep(s[3], col + 1, row + 8, Sk, off))
 
 
-@cuda.jit(device=True, forceinline=True)
-def store_pair(out, base, v0, v1):
-    p = {pack}(v0, v1)
-    out[base] = np.uint16(p & 0xFFFF)
-    out[base + 1] = np.uint16(p >> 16)
-''')
+{store_pair_source(var, pack)}''')
     _loader(w, "kv", BN, DP // 8, D // 8, T)
     _loader(w, "q", BM, DP // 8, D // 8, T)
     if var.paged:
@@ -773,7 +779,7 @@ def compiled(p, cfg: AttnConfig):
     """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
     arguments)."""
     return cfg, AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None, p.varlen,
-                            p.kv_cache, p.paged)
+                            p.kv_cache, p.paged, pair_stores=pair_stores_fit(p.out))
 
 
 def launch(p, cfg: AttnConfig):
@@ -809,7 +815,7 @@ def launch(p, cfg: AttnConfig):
         # no warm calls
     return pointer_relaunch(kernel_for(cfg, var), grid_for(cfg, p.batch, p.heads_q, p.seqlen_q),
                             cfg.threads, signature(var), shared_bytes(cfg, var), args,
-                            cfg.block_m)
+                            cfg.block_m, out_align=4 if var.pair_stores else 1)
 
 
 def pointer_relaunch(kernel, grid, threads, sig, shared, args, block_m, out_align=1):

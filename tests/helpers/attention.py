@@ -177,11 +177,12 @@ def reference_varlen(q, k, v, lens_q, lens_k, causal, scale):
 
 
 def check_varlen(lens_q, lens_k, hq, hkv, d, causal, dtype="bfloat16", lib="numba", scale=None,
-                 views=None, host_cu=False, max_seqlen=None):
+                 views=None, host_cu=False, max_seqlen=None, out_view=None):
     """One numbatc.attention_varlen call (output poisoned with NaN, lse asked) against
     :func:`reference_varlen`.  ``views(q, k, v, dtype)`` makes the device q, k, v (default:
     contiguous arrays of ``lib``); ``host_cu`` passes the prefix sums as NumPy arrays;
-    ``max_seqlen``: (max_seqlen_q, max_seqlen_k), default the longest lengths."""
+    ``max_seqlen``: (max_seqlen_q, max_seqlen_k), default the longest lengths; ``out_view`` as
+    :func:`check`'s."""
     tq, tk = int(sum(lens_q)), int(sum(lens_k))
     q, k, v = values((tq, hq, d), dtype), values((tk, hkv, d), dtype), values((tk, hkv, d), dtype)
     if views is None:
@@ -197,7 +198,8 @@ def check_varlen(lens_q, lens_k, hq, hkv, d, causal, dtype="bfloat16", lib="numb
         else:
             cq, ck = cuda.to_device(cq), cuda.to_device(ck)
     mq, mk = max_seqlen or (max(lens_q, default=0), max(lens_k, default=0))
-    out = to_device(np.full(q.shape, np.nan), dtype, lib)
+    poisoned = np.full(q.shape, np.nan)
+    out = to_device(poisoned, dtype, lib) if out_view is None else out_view(poisoned, dtype)
     got, lse = numbatc.attention_varlen(dq, dk, dv, cq, ck, mq, mk, causal=causal, scale=scale,
                                         out=out, return_lse=True)
     assert got is out
