@@ -48,7 +48,7 @@
 #              testlogs.txt), scripts/diag/attn_store_ab.py (aligned against offset out, same
 #              run, with SDPA; store_ab.txt), then bench attention quick (bench.txt)
 #   stores80   the portable kernel's pair stores (branch sm80-pair-stores): the varlen, KV-cache
-#              and attention suites with NUMBATC_ATTN_KERNEL=sm80 in shards (tests.txt,
+#              and attention suites on the default walk in shards (tests.txt,
 #              testlogs.txt), then bench varlen quick and bench attention quick with the portable
 #              kernel forced (bench.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
@@ -202,7 +202,9 @@ if [[ $what == stores ]]; then
 fi
 
 if [[ $what == stores80 ]]; then
-  NUMBATC_ATTN_KERNEL=sm80 t ${STORES80_LIMIT:-300} $py scripts/pytest_shards.py --shards 15 \
+  # (varlen and prefill over a KV cache run the portable kernel on the default walk, as do
+  # test_attention_gpu's head dims outside sm90_attention's)
+  t ${STORES80_LIMIT:-300} $py scripts/pytest_shards.py --shards 15 \
     --timeout ${STORES80_TIMEOUT:-280} --out /tmp/shards_s80 tests/gpu/test_attention_varlen_gpu.py \
     tests/gpu/test_attention_kvcache_gpu.py tests/gpu/test_attention_gpu.py -- --tb=short \
     > "$out/tests.txt" 2>&1
