@@ -90,7 +90,9 @@ class AttnVariant:
     (numbatc.attention_with_kvcache): ``kv_cache``, each sequence's key count from
     cache_seqlens, ``paged`` (with kv_cache), keys read through a block table (see
     :func:`kernel_source`); ``pair_stores``: O's column pairs stored as one 32-bit store each
-    (where out starts 4-byte aligned and its strides are even: :func:`pair_stores_fit`)."""
+    (where out starts 4-byte aligned and its strides are even: :func:`pair_stores_fit`);
+    ``tma_store``: sm90_attention's TMA configurations (not persistent) write O through shared
+    memory and TMA stores where a tensor map describes out (sm90_attention_tma.out_fits)."""
 
     head_dim: int
     dtype: str  # 'bfloat16' | 'float16'
@@ -100,6 +102,7 @@ class AttnVariant:
     kv_cache: bool = False
     paged: bool = False
     pair_stores: bool = False
+    tma_store: bool = False
 
     @property
     def padded_dim(self):

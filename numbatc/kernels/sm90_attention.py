@@ -627,8 +627,9 @@ LN2 = np.float32({math.log(2.0)!r})
     zeros_p = "(np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0))"
 
     w("\n" + softmax_tile_source())
+    assert not var.tma_store or (tma and not pers), "TMA stores of O: TMA, not persistent"
     if tma:
-        w(sm90_attention_tma.head_source(cfg, D, shared_bytes(cfg, D)))
+        w(sm90_attention_tma.head_source(cfg, D, shared_bytes(cfg, D), var.tma_store))
     else:
         w(f'''
 
@@ -846,7 +847,8 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         bh = np.uint32(pid // np.uint32(m_blocks))
         b = np.int64(np.uint32(bh // np.uint32(Hq)))
         h = np.int64(np.uint32(bh % np.uint32(Hq)))''')
-    w("        o_start = b * o_sb + h * o_sh")
+    if not var.tma_store:
+        w("        o_start = b * o_sb + h * o_sh")
     for hh in range(2):
         w(f"        l = quad_sum(l_{hh})")
         w(f"        inv_{hh} = np.float32(1) / l if l > ZERO else ZERO")
@@ -857,8 +859,11 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
     # NOTE (sm80_attention): scaled in place before any store, so that LLVM cannot hoist the
     # scaled values above the row checks and double O's registers.
     w("        o = " + _tup([f"o[{v}] * inv_{(v // 2) % 2}" for v in range(NO)]))
-    sm80_attention.store_o_rows(w, "        ", D, lambda hh: f"row0 + {8 * hh}",
-                                lambda hh, jj, c: f"o[{4 * jj + 2 * hh + c}]")
+    if var.tma_store:
+        _tma_store_o(w, D, pack)
+    else:
+        sm80_attention.store_o_rows(w, "        ", D, lambda hh: f"row0 + {8 * hh}",
+                                    lambda hh, jj, c: f"o[{4 * jj + 2 * hh + c}]")
     if pers:
         from numbatc.kernels import sm90_attention_tma
 
@@ -866,6 +871,53 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         del lines[tile_part:]
         w(sm90_attention_tma.consumer_loop(body, cfg.pingpong))
     return "\n".join(lines) + "\n"
+
+
+def _tma_store_o(w, D, pack):
+    """Emit the TMA store of O (``var.tma_store``; TMA configurations, not persistent): the
+    warpgroup's (64, D) tile of O, scaled, goes through stmatrix into the warpgroup's own rows
+    of Q's buffer -- free: only this warpgroup's Q K^T read them, and the last one retired --
+    in Q's swizzled layout, which is what a TMA box of (64 rows, one swizzle row of columns)
+    of out reads; thread 0 of the warpgroup then stores one box per swizzle row of columns
+    (TMA drops the rows at or past Sq) and waits until they have read shared memory before
+    the block may exit.
+
+    Box j (columns j * SW / 2 ..) of warpgroup cw lies at j * 128 * SW + cw * 64 * SW (Q's
+    part j, rows 64 cw ..), row r at r * SW, its 16-byte chunk c at (c ^ s(r)) * 16 with s(r)
+    = r % 8 (128B swizzle) or (r // 2) % 4 (64B).  stmatrix.x4 call jj of a box writes its
+    fragments 2jj, 2jj + 1 (16 columns) for the warp's 16 rows: lane l gives the address of
+    matrix q = l // 8 (q % 2: rows 0-7 or 8-15; q // 2: which fragment) at row 16 warp +
+    8 (q % 2) + l % 8, and register q holds its (row l // 4, columns 2 (l % 4), + 1) pair: O
+    registers 4 f + 2 (q % 2), + 1 of fragment f = 2jj + q // 2 (sm90_gemm_tma's staging, with
+    Q's boxes)."""
+    SW = swizzle_for(D)
+    box_d = SW // 2
+    calls = box_d // 16  # stmatrix.x4 calls per box: 16 columns each
+    s_of_r = "sr" if SW == 128 else "(sr // 2)"
+    w(f"""        # O through this warpgroup's rows of Q's buffer ({SW}B swizzle) and TMA stores
+        lt = t % 128
+        sq = lane // 8
+        sr = lane % 8
+        sx = (sq // 2) ^ {s_of_r}
+        srow = cw * {64 * SW} + ((lt // 32) * 16 + (sq % 2) * 8 + sr) * {SW}""")
+    for j in range(D // box_d):
+        for jj in range(calls):
+            f0 = j * (box_d // 8) + 2 * jj
+            regs = [f"{pack}(o[{4 * f + 2 * h}], o[{4 * f + 2 * h + 1}])"
+                    for f in (f0, f0 + 1) for h in (0, 1)]
+            w(f"        nt.stmatrix_x4(smem, srow + {j * 128 * SW} + (({2 * jj} ^ sx) << 4), "
+              f"({', '.join(regs)}))")
+    w(f"""        nt.fence_proxy_async_shared()  # generic-proxy writes, read by the TMA stores
+        if cw == 0:
+            nt.named_barrier_sync(4, 128)
+        else:
+            nt.named_barrier_sync(5, 128)
+        if lt == 0:""")
+    for j in range(D // box_d):
+        w(f"            nt.tma_store(tma_o, ({box_d * j}, h, wrow0, b), smem, "
+          f"{j * 128 * SW} + cw * {64 * SW})")
+    w("""            nt.bulk_commit_group()
+            nt.bulk_wait_group_read(0)  # the boxes have left shared memory before the exit""")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -984,8 +1036,15 @@ def choose(p, name=None):
 def compiled(p, cfg: Sm90AttnConfig):
     """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
     arguments; signature(var, cfg) its argument types)."""
-    return resolve(p, cfg)[0], AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None,
-                                           pair_stores=sm80_attention.pair_stores_fit(p.out))
+    run = resolve(p, cfg)[0]
+    tma_store = run.tma and not run.persistent
+    if tma_store:
+        from numbatc.kernels import sm90_attention_tma
+
+        tma_store = sm90_attention_tma.out_fits(p.out)
+    return run, AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None,
+                            pair_stores=sm80_attention.pair_stores_fit(p.out),
+                            tma_store=tma_store)
 
 
 def launch(p, cfg: Sm90AttnConfig):

@@ -172,15 +172,16 @@ def box_columns(D):
     return swizzle_for(D) // 2
 
 
-def head_source(cfg, D, nbytes):
-    """Source of the kernel's first lines: its parameters, shared memory and barriers."""
+def head_source(cfg, D, nbytes, tma_store=False):
+    """Source of the kernel's first lines: its parameters (out's tensor map after v's with
+    ``tma_store``), shared memory and barriers."""
     S, BN = cfg.stages, cfg.block_n
     q_empty = ("; q_empty = qbar[1]:\n    # one arrival per consumer thread (256) once the tile's "
                "Q K^T retired" if cfg.persistent else "")
     return f'''
 
 @cuda.jit(cache=True, launch_bounds=({cfg.threads}, 1))
-def attention_kernel(tma_q, tma_k, tma_v, out, lse, Sq, Sk, Hq, group, m_blocks, n_work, o_sb,
+def attention_kernel(tma_q, tma_k, tma_v, {"tma_o, " if tma_store else ""}out, lse, Sq, Sk, Hq, group, m_blocks, n_work, o_sb,
                      o_ss, o_sh, scale_log2):
     # Q (128, {D}) | K {S} x ({BN}, {D}) | V {S} x ({BN}, {D}), {2 * box_columns(D)}B swizzle: {nbytes} bytes
     smem = cuda.shared.array(0, np.uint8, alignment=1024)
@@ -255,14 +256,15 @@ def producer_source(cfg, D, QB, KB, VB0):
 
 
 def signature(var):
-    """The kernel's argument types: the three tensor maps (passed by value, TensorMap.param:
-    intrinsics.grid_constant), out and lse as typed pointers, int64 sizes (n_work: the work
+    """The kernel's argument types: the three tensor maps (four with ``var.tma_store``: out's
+    last; passed by value, TensorMap.param: intrinsics.grid_constant), out and lse as typed pointers, int64 sizes (n_work: the work
     tiles, = the grid unless persistent) and O's strides, the float32 scale."""
     from numba import types
 
     from intrinsics.grid_constant import tensormap_param as tmap
 
-    return ((tmap, tmap, tmap, types.CPointer(types.uint16), types.CPointer(types.float32))
+    maps = 4 if var.tma_store else 3
+    return ((tmap,) * maps + (types.CPointer(types.uint16), types.CPointer(types.float32))
             + (types.int64,) * 9 + (types.float32,))
 
 
@@ -289,6 +291,16 @@ def unsupported(p):
                 return (f"{name}'s {what} stride is {st} elements ({nbytes} bytes), not a multiple "
                         f"of 16 bytes below 2**40 (a tensor map needs it)")
     return None
+
+
+def out_fits(out):
+    """Whether a tensor map describes ``out`` (batch, seq, head, dim) for the TMA stores of O: a
+    16-byte aligned start and batch / sequence / head strides (of extent > 1) that are
+    multiples of 16 bytes below 2**40."""
+    if out.ptr % 16:
+        return False
+    return all(n == 1 or (st * 2 % 16 == 0 and st * 2 < _MAX_STRIDE)
+               for n, st in zip(out.shape[:3], out.strides[:3]))
 
 
 class _Host:
@@ -344,10 +356,19 @@ def launch_attention(p, cfg, var):
     maps = (operand_map(q, var.dtype, (batch, sq, hq, D), q_st, sm90_attention._BM),
             operand_map(k, var.dtype, (batch, sk, p.heads_kv, D), k_st, cfg.block_n),
             operand_map(v, var.dtype, (batch, sk, p.heads_kv, D), v_st, cfg.block_n))
+    if var.tma_store:  # boxes of one warpgroup's 64 rows
+        maps += (operand_map(out, var.dtype, (batch, sq, hq, D), o_st, 64),)
     kernel = sm90_attention.kernel_for(cfg, var)
     m_blocks = -(-sq // sm90_attention._BM)
     n_work = sm90_attention.grid_for(batch, hq, sq)
     grid = min(n_work, _persistent_blocks()) if cfg.persistent else n_work
+    if config.ENABLE_CUDASIM and var.tma_store:
+        # numba's simulator copies a NumPy argument in, and back after the kernel: that copy of
+        # out would overwrite what the TMA stores wrote into out's own memory (as in
+        # sm90_gemm_tma).  A simulator array is passed as it is.
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        out = FakeCUDAArray(out) if isinstance(out, np.ndarray) else out
     args = (*(m.param for m in maps), out, lse, sq, sk, hq, group, m_blocks, n_work, *o_st,
             np.float32(scale * sm90_attention.LOG2E))
     sig = None if config.ENABLE_CUDASIM else signature(var)
@@ -365,16 +386,18 @@ def launch_attention(p, cfg, var):
     geometry = ((var.dtype, (batch, sq, hq, D), q_st, sm90_attention._BM),
                 (var.dtype, (batch, sk, p.heads_kv, D), k_st, cfg.block_n),
                 (var.dtype, (batch, sk, p.heads_kv, D), v_st, cfg.block_n))
-    sizes = args[5:-1]
+    if var.tma_store:
+        geometry += ((var.dtype, (batch, sq, hq, D), o_st, 64),)
+    sizes = args[len(maps) + 2:-1]
     from numbatc.kernels.tensor_maps import LastMaps
 
-    def qkv_maps(q, k, v):
-        return tuple(operand_map(ptr, *geo) for ptr, geo in zip((q, k, v), geometry))
+    def qkv_maps(*ptrs):
+        return tuple(operand_map(ptr, *geo) for ptr, geo in zip(ptrs, geometry))
 
     last = LastMaps()
-    last.params((q, k, v), lambda: maps)  # the maps this launch made
+    last.params((q, k, v, out)[:len(maps)], lambda: maps)  # the maps this launch made
 
-    out_mask = 3 if var.pair_stores else 0
+    out_mask = 15 if var.tma_store else 3 if var.pair_stores else 0
 
     def relaunch(q, k, v, out, lse, scale, stream):
         """Launch for these device pointers (lse 0 without it): True, or False where a start is
@@ -382,7 +405,8 @@ def launch_attention(p, cfg, var):
         not 4-byte aligned for a kernel of pair stores (the checked path compiles the other)."""
         if (q | k | v) & 15 or out & out_mask:
             return False
-        params = last.params((q, k, v), qkv_maps, q, k, v)
+        ptrs = (q, k, v, out) if var.tma_store else (q, k, v)
+        params = last.params(ptrs, qkv_maps, *ptrs)
         prepared(stream, *params, out, lse, *sizes, scale * sm90_attention.LOG2E)
         return True
 

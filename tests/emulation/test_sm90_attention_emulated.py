@@ -98,7 +98,10 @@ def test_sm90_attention_in_the_emulation(sm90, monkeypatch, b, sq, sk, hq, hkv, 
     used = sm90(cfg)
     check(b, sq, sk, hq, hkv, d, causal, dtype)
     assert used == [cfg]
-    assert bool(touched) == sm90_attention.CONFIGS[cfg].pingpong
+    # named barriers: the ping-pong's, and each warpgroup's before the TMA stores of O (TMA
+    # configurations but the persistent ones; check's out is aligned)
+    c = sm90_attention.CONFIGS[cfg]
+    assert bool(touched) == (c.pingpong or (c.tma and not c.persistent))
     assert all(bar["arrived"] == 0 for bar in touched), "a named barrier left part-full"
 
 
