@@ -51,6 +51,10 @@
 #              and attention suites on the default walk in shards (tests.txt,
 #              testlogs.txt), then bench varlen quick and bench attention quick with the portable
 #              kernel forced (bench.txt)
+#   tmastore   sm90_attention's TMA stores of O (branch attn-tma-store): the sm90 attention
+#              suite's default-kernel and store cases in shards (tests.txt, testlogs.txt),
+#              memcheck / racecheck of attention_sm90 and attention_sm90_large (sanitize.txt), then
+#              bench attention quick and hd96 (bench.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -213,6 +217,23 @@ if [[ $what == stores80 ]]; then
     t 100 $py -m numbatc.bench varlen --shapes quick | grep -E "^ +[0-9]|rror"
     NUMBATC_ATTN_KERNEL=sm80 t 100 $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]|rror"
   } > "$out/bench.txt" 2>&1
+fi
+
+if [[ $what == tmastore ]]; then
+  : "${TMASTORE_K:=tma_store or pair or small_cases or (sweep and n128_2s_ov_pp_fx_tma-) or (sweep and n112_2s_ov_pp_fx_tma) or misaligned or views or full-128 or causal-128 or full-96 or causal-96}"
+  ( for tool in memcheck racecheck; do for kind in attention_sm90 attention_sm90_large; do
+      echo "== $tool $kind"
+      t 120 compute-sanitizer --tool $tool --report-api-errors no --print-limit 5 \
+        $py scripts/sanitize_cases.py $kind | grep -vE "^\s*$" | tail -6
+    done; done ) > "$out/sanitize.txt" 2>&1 &
+  t ${TMASTORE_LIMIT:-330} $py scripts/pytest_shards.py --shards 14 --timeout ${TMASTORE_TIMEOUT:-310} \
+    --out /tmp/shards_ts tests/gpu/test_sm90_attention_gpu.py tests/gpu/test_attention_gpu.py \
+    -- --tb=short -k "$TMASTORE_K" > "$out/tests.txt" 2>&1
+  for f in /tmp/shards_ts/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  wait
+  for shapes in quick hd96; do
+    t 100 $py -m numbatc.bench attention --shapes $shapes | grep -E "^ +[0-9]|rror"
+  done > "$out/bench.txt" 2>&1
 fi
 
 if [[ $what == host ]]; then

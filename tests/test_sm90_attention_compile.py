@@ -274,3 +274,31 @@ def test_pair_stores_store_each_column_pair_once(d, tmp_path):
             for code in ("C7509", "C7513", "C7519"):
                 assert code not in log, log
     assert stores == {True: (d // 4, 0), False: (0, d // 2)}, stores
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192])
+def test_tma_store_of_o(d, tmp_path):
+    """The TMA-store variant (TMA configurations but the persistent ones, out described by a
+    tensor map): O leaves through D / 16 stmatrix.x4 a warp and one 4-d tensor store per box of
+    one swizzle row of columns (D / 32 at head_dim 96, D / 64 above), after the proxy fence and
+    a named barrier of the warpgroup's 128 threads; no global store of O; the out map is the
+    fourth tensor map; assembles without spills or serialised wgmma."""
+    cfg = attn.CONFIGS[attn.DEFAULT_TMA[d]]
+    var = attn.AttnVariant(d, "bfloat16", True, True, pair_stores=True, tma_store=True)
+    ptx = compile_ptx(attn.kernel_for(cfg, var), attn.signature(var, cfg), "sm_90a",
+                      launch_bounds=(cfg.threads, 1))
+    boxes = d // (attn.swizzle_for(d) // 2)
+    assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == d // 16
+    assert ptx.count("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group") == boxes
+    assert "cp.async.bulk.commit_group" in ptx and "cp.async.bulk.wait_group.read 0" in ptx
+    assert "fence.proxy.async.shared::cta" in ptx
+    assert re.search(r"barrier\.sync\.aligned 4, %r", ptx) and re.search(
+        r"barrier\.sync\.aligned 5, %r", ptx)
+    assert "st.global.b32" not in ptx and "st.global.u16" not in ptx
+    assert ptx.count("st.global.f32") == 2  # lse only
+    assert len(attn.signature(var, cfg)) == len(attn.signature(
+        attn.AttnVariant(d, "bfloat16", True, True), cfg)) + 1
+    log = whole_program_ptxas(ptx, tmp_path)
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+    for code in ("C7509", "C7513", "C7517", "C7519"):
+        assert code not in log, log

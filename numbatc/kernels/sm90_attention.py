@@ -79,7 +79,7 @@ from numbatc.kernels.build import load_generated
 __all__ = ["Sm90AttnConfig", "CONFIGS", "DEFAULT", "DEFAULT_HEAD_DIMS", "DEFAULT_TMA", "HEAD_DIMS",
            "TMA_BY_DEFAULT", "unsupported", "choose", "compiled", "declines", "launch",
            "choose_config", "div_bn", "kernel_for", "kernel_source", "launch_flat", "resolve",
-           "shared_bytes", "signature", "twin", "why_chosen"]
+           "shared_bytes", "signature", "swizzle_for", "twin", "why_chosen", "TMA_STORE_HEAD_DIMS"]
 
 AttnVariant = sm80_attention.AttnVariant
 LOG2E = sm80_attention.LOG2E
@@ -91,6 +91,10 @@ HEAD_DIMS = (64, 96, 128, 192, 256)
 #: then run sm80_attention); ``NUMBATC_ATTN_KERNEL=sm90[:<config>]`` forces any of HEAD_DIMS.
 #: 192 and 256 are in since they were added (branch hd256), before their H200 measurements.
 DEFAULT_HEAD_DIMS = (64, 96, 128, 192, 256)
+#: head dims whose TMA configurations (not persistent) store O through shared memory and TMA
+#: (AttnVariant.tma_store); NOTE: at 256 (O: 128 registers a consumer thread) ptxas spilled 36
+#: bytes with it (whole program), so 256 keeps the register stores
+TMA_STORE_HEAD_DIMS = (64, 96, 128, 192)
 #: BLOCK_N values: multiples of 16 (the k16 steps of P V; 8-row swizzle atoms of K) whose
 #: m64nBNk16 Q K^T is a legal wgmma (N a multiple of 8 up to 256)
 BLOCK_NS = (64, 80, 96, 112, 128, 192)
@@ -1037,7 +1041,7 @@ def compiled(p, cfg: Sm90AttnConfig):
     """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
     arguments; signature(var, cfg) its argument types)."""
     run = resolve(p, cfg)[0]
-    tma_store = run.tma and not run.persistent
+    tma_store = run.tma and not run.persistent and p.head_dim in TMA_STORE_HEAD_DIMS
     if tma_store:
         from numbatc.kernels import sm90_attention_tma
 

@@ -99,9 +99,10 @@ def test_sm90_attention_in_the_emulation(sm90, monkeypatch, b, sq, sk, hq, hkv, 
     check(b, sq, sk, hq, hkv, d, causal, dtype)
     assert used == [cfg]
     # named barriers: the ping-pong's, and each warpgroup's before the TMA stores of O (TMA
-    # configurations but the persistent ones; check's out is aligned)
+    # configurations but the persistent ones, TMA_STORE_HEAD_DIMS; check's out is aligned)
     c = sm90_attention.CONFIGS[cfg]
-    assert bool(touched) == (c.pingpong or (c.tma and not c.persistent))
+    assert bool(touched) == (c.pingpong or (c.tma and not c.persistent
+                                            and d in sm90_attention.TMA_STORE_HEAD_DIMS))
     assert all(bar["arrived"] == 0 for bar in touched), "a named barrier left part-full"
 
 
@@ -120,6 +121,28 @@ def test_pair_stores_only_where_out_is_aligned(sm90, monkeypatch, name):
     check(1, 70, 90, 2, 1, 64, True, "float16", out_view=offset_out)
     assert used == [name, name]
     assert seen[0] is True and seen[-1] is False, seen
+
+
+def test_tma_store_of_o_only_where_a_map_describes_out(sm90, monkeypatch):
+    """The TMA configuration stores O through shared memory and TMA where out starts 16-byte
+    aligned; 4 bytes past that it keeps the pair stores; at head_dim 256 always the pair
+    stores (TMA_STORE_HEAD_DIMS); all exact."""
+    import functools
+
+    from tests.helpers.attention import offset_out
+
+    seen = []
+    real = sm90_attention.kernel_for
+    monkeypatch.setattr(sm90_attention, "kernel_for", lambda cfg, var: seen.append(
+        (var.pair_stores, var.tma_store)) or real(cfg, var))
+    sm90("n128_2s_ov_pp_fx_tma")
+    check(2, 70, 90, 2, 1, 64, True, "bfloat16")
+    check(2, 70, 90, 2, 1, 64, True, "float16", out_view=functools.partial(offset_out, elements=2))
+    assert seen == [(True, True), (True, False)], seen
+    seen.clear()
+    sm90("n80_2s_ov_pp_fx_tma")
+    check(1, 20, 90, 1, 1, 256, False, "bfloat16")
+    assert seen == [(True, False)], seen
 
 
 def test_no_keys(sm90):

@@ -289,6 +289,29 @@ def test_pair_stores_only_where_out_is_aligned(sm90, monkeypatch, name):
     assert set(used) == {name} and seen[0] and not any(seen[first_u16:]), (used, seen)
 
 
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+def test_tma_store_of_o_only_where_a_map_describes_out(sm90, monkeypatch, d):
+    """The default TMA configuration stores O through shared memory and TMA where out starts
+    16-byte aligned (TMA_STORE_HEAD_DIMS), keeps the pair stores 4 bytes past that, the 16-bit
+    stores 2 bytes past; warm calls alternate between them; all exact, FlashAttention's awkward
+    seqlen pairs and a causal seqlen_q > seqlen_k among them."""
+    import functools
+
+    seen = []
+    real = sm90_attention.kernel_for
+    monkeypatch.setattr(sm90_attention, "kernel_for", lambda cfg, var: seen.append(
+        (var.pair_stores, var.tma_store)) or real(cfg, var))
+    name = sm90_attention.DEFAULT_TMA[d]
+    used = sm90(name)
+    four = functools.partial(base.offset_out, elements=2)
+    for args in [(2, 113, 203, 4, 2), (1, 1023, 1024, 2, 1), (2, 239, 1, 3, 3)]:
+        for out_view in (None, four, base.offset_out, None):
+            check(*args, d, True, "bfloat16", out_view=out_view)
+    assert set(used) == {name}
+    tma = d in sm90_attention.TMA_STORE_HEAD_DIMS
+    assert seen[0] == (True, tma) and (True, False) in seen and (False, False) in seen, seen
+
+
 @pytest.mark.parametrize("d", [96, 192, 256])
 def test_large_head_dims_default_walk(d, monkeypatch, capsys):
     """The default walk (no NUMBATC_ATTN_KERNEL) on the GPU: DEFAULT_HEAD_DIMS decides between

@@ -79,12 +79,13 @@ def reference(q, k, v, causal, scale):
     return out, lse, wabs, sbound
 
 
-def offset_out(poisoned, dtype):
-    """A numba device output holding ``poisoned`` that starts 2 bytes past a 4-byte boundary
-    (its strides even): sm90_attention's 32-bit pair stores do not fit it."""
+def offset_out(poisoned, dtype, elements=1):
+    """A numba device output holding ``poisoned`` that starts ``elements`` 16-bit elements past
+    an allocation's start: 1 (2 bytes) defeats the attention kernels' 32-bit pair stores, 2 (4
+    bytes) sm90_attention's TMA stores of O but not the pair stores."""
     host = poisoned.astype(NP_DTYPE[dtype])
     host = host.view(np.uint16) if dtype == "bfloat16" else host
-    dev = cuda.to_device(np.zeros(host.size + 1, host.dtype))[1:].reshape(host.shape)
+    dev = cuda.to_device(np.zeros(host.size + elements, host.dtype))[elements:].reshape(host.shape)
     dev.copy_to_device(host)
     return numbatc.bfloat16(dev) if dtype == "bfloat16" else dev
 
