@@ -1,7 +1,8 @@
 """A/B of sm90_attention's O stores in one process: numbatc.attention into an output that starts
-4-byte aligned (one st.global.b32 per column pair) and into one 2 bytes past that (two 16-bit
-stores a pair), same kernel otherwise, with torch SDPA (fastest backend) timed beside them; all
-replayed from CUDA graphs (GPU time alone).
+16-byte aligned (TMA stores where the configuration has them, else 32-bit pairs), one 4 bytes
+past that (one st.global.b32 per column pair) and one 2 bytes past it (two 16-bit stores a
+pair), same kernel otherwise, with torch SDPA (fastest backend) timed beside them; all replayed
+from CUDA graphs (GPU time alone).
 
     python scripts/diag/attn_store_ab.py [D:S ...]      (default 64:1024 96:1024 128:1024 128:4096)
 """
@@ -19,24 +20,27 @@ def main(cases):
     # replayed from CUDA graphs: the offset output's calls take the checked host path (the warm
     # relaunch refuses it), so back-to-back timing would compare host paths, not stores
     bench.TIMING = "graph"
-    print(f"{'D':>4} {'S':>6} {'causal':>6} {'pairs TF/s':>10} {'u16 TF/s':>9} {'pairs/u16':>9} "
-          f"{'SDPA TF/s':>9} {'pairs/SDPA':>10}")
+    print(f"{'D':>4} {'S':>6} {'causal':>6} {'a16 TF/s':>9} {'a4 TF/s':>8} {'a2 TF/s':>8} "
+          f"{'a16/a4':>7} {'a4/a2':>6} {'SDPA TF/s':>9} {'a16/SDPA':>8}")
     for case in cases:
         d, s = (int(x) for x in case.split(":"))
         b, h = max(1, 16384 // s), max(1, 2048 // d)
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        aligned = torch.empty_like(q)
-        offset = torch.empty(q.numel() + 1, device="cuda", dtype=q.dtype)[1:].view(q.shape)
+        # a16: the allocator's 256-byte aligned start; a4 / a2: 4 and 2 bytes past one
+        base = torch.empty(q.numel() + 2, device="cuda", dtype=q.dtype)
+        outs = {"a16": torch.empty_like(q), "a4": base[2:].view(q.shape),
+                "a2": base[1:-1].view(q.shape)}
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         for causal in (False, True):
             flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
             reps = max(3, min(20, int(4e13 / flops)))
             ms = {}
-            for name, out in (("pairs", aligned), ("u16", offset)):
+            for name, out in outs.items():
                 numbatc.attention(q, k, v, causal=causal, out=out)
                 ms[name] = bench._time_gpu(lambda: numbatc.attention(q, k, v, causal=causal, out=out),
                                            torch, reps)
-            err = (aligned.float() - offset.float()).abs().max().item()
+            err = max((outs["a16"].float() - o.float()).abs().max().item()
+                      for o in outs.values())
             ref = float("inf")
             for _, context in bench._sdpa_backends(torch):
                 try:
@@ -46,9 +50,10 @@ def main(cases):
                 except RuntimeError:
                     continue
             tf = {n: flops / t / 1e9 for n, t in ms.items()}
-            print(f"{d:>4} {s:>6} {str(causal):>6} {tf['pairs']:>10.1f} {tf['u16']:>9.1f} "
-                  f"{ms['u16'] / ms['pairs']:>9.3f} {flops / ref / 1e9:>9.1f} "
-                  f"{ref / ms['pairs']:>10.2f}   (outputs differ by {err:.1e})", flush=True)
+            print(f"{d:>4} {s:>6} {str(causal):>6} {tf['a16']:>9.1f} {tf['a4']:>8.1f} "
+                  f"{tf['a2']:>8.1f} {ms['a4'] / ms['a16']:>7.3f} {ms['a2'] / ms['a4']:>6.3f} "
+                  f"{flops / ref / 1e9:>9.1f} {ref / ms['a16']:>8.2f}   (outputs differ by {err:.1e})",
+                  flush=True)
 
 
 if __name__ == "__main__":
