@@ -26,10 +26,11 @@ def main(cases):
         d, s = (int(x) for x in case.split(":"))
         b, h = max(1, 16384 // s), max(1, 2048 // d)
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        # a16: the allocator's 256-byte aligned start; a4 / a2: 4 and 2 bytes past one
-        base = torch.empty(q.numel() + 2, device="cuda", dtype=q.dtype)
-        outs = {"a16": torch.empty_like(q), "a4": base[2:].view(q.shape),
-                "a2": base[1:-1].view(q.shape)}
+        # a16: the allocator's 256-byte aligned start; a4 / a2: 4 and 2 bytes past one, each in
+        # its own allocation (views of one buffer would overlap and overwrite each other)
+        outs = {"a16": torch.empty_like(q)}
+        for name, skip in (("a4", 2), ("a2", 1)):
+            outs[name] = torch.empty(q.numel() + skip, device="cuda", dtype=q.dtype)[skip:].view(q.shape)
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         for causal in (False, True):
             flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
