@@ -416,6 +416,7 @@ ATTENTION_SHAPES = {
     "large": [(d, s) for d in (96, 192, 256) for s in (1024, 4096, 16384)],  # issue 17's new ones
     # one head dim each: NUMBATC_ATTN_KERNEL=sm90:<config> names a configuration of that head dim
     # (head_dim 96: 21 heads, 2016 columns)
+    "hd64": [(64, s) for s in (1024, 4096, 16384)],
     "hd96": [(96, s) for s in (1024, 4096, 16384)],
     "hd192": [(192, s) for s in (1024, 4096, 16384)],
     "hd256": [(256, s) for s in (1024, 4096, 16384)],
@@ -1247,7 +1248,7 @@ def _parser():
     attention.add_argument("--shapes", default="all", choices=sorted(ATTENTION_SHAPES),
                            help="all (default): head_dim 64/96/128/192/256 x seqlen "
                                 "512..16384; quick: head_dim 64/128 x seqlen 1024/4096; large: "
-                                "head_dim 96/192/256 x seqlen 1024/4096/16384; hd96, hd192, "
+                                "head_dim 96/192/256 x seqlen 1024/4096/16384; hd64, hd96, hd192, "
                                 "hd256: one of them")
     attention.add_argument("--png", metavar="FILE", help="write a bar plot to FILE (needs "
                            "matplotlib: pip install numbatc[plots])")

@@ -132,7 +132,7 @@ def test_refused_on_sm80():
 
 
 def test_bad_configs_and_head_dims_are_named():
-    with pytest.raises(ValueError, match=r"block_n must be one of \(64, 80, 96, 112, 128, 192\)"):
+    with pytest.raises(ValueError, match=r"block_n must be one of \(64, 80, 96, 112, 128, 176, 192\)"):
         attn.Sm90AttnConfig("bad", 72)
     with pytest.raises(ValueError, match="head_dim 256 needs 328704 bytes of shared memory"):
         attn.Sm90AttnConfig("bad", 128, head_dims=(256,))

@@ -97,7 +97,7 @@ DEFAULT_HEAD_DIMS = (64, 96, 128, 192, 256)
 TMA_STORE_HEAD_DIMS = (64, 96, 128, 192)
 #: BLOCK_N values: multiples of 16 (the k16 steps of P V; 8-row swizzle atoms of K) whose
 #: m64nBNk16 Q K^T is a legal wgmma (N a multiple of 8 up to 256)
-BLOCK_NS = (64, 80, 96, 112, 128, 192)
+BLOCK_NS = (64, 80, 96, 112, 128, 176, 192)
 
 _THREADS_PER_WG = 128
 _BM = 128  # query rows per block: 64 per consumer warpgroup
@@ -227,6 +227,10 @@ CONFIGS = {
                        head_dims=(256,)),
         Sm90AttnConfig("n64_2s_ov_pp_fx_tma", 64, overlap=True, pingpong=True, fast_exp=True,
                        producer="tma", producer_regs=24, consumer_regs=240, head_dims=(256,)),
+        # head_dim 64 with longer key tiles (FA3 takes 176 keys at 64 when not causal, with
+        # three consumer warpgroups): S 88 registers, P 44, O 32; 104 KB (LONG_KEY_TILES)
+        Sm90AttnConfig("n176_2s_ov_pp_fx_tma", 176, overlap=True, pingpong=True, fast_exp=True,
+                       producer="tma", producer_regs=24, consumer_regs=240, head_dims=(64,)),
         # head_dim 192 (FA3's 128 x 112): O 96 registers, S 56, P 28; 216 KB
         Sm90AttnConfig("n112_2s_ov_pp_fx_tma", 112, overlap=True, pingpong=True, fast_exp=True,
                        producer="tma", producer_regs=24, consumer_regs=240, head_dims=(192,)),
@@ -248,6 +252,18 @@ DEFAULT = {64: "n128_2s_ov_pp_fx", 96: "n128_2s_ov_pp_fx", 128: "n128_2s_ov_pp_f
 DEFAULT_TMA = {64: "n128_2s_ov_pp_fx_tma", 96: "n128_2s_ov_pp_fx_tma",
                128: "n128_2s_ov_pp_fx_tma", 192: "n112_2s_ov_pp_fx_tma",
                256: "n80_2s_ov_pp_fx_tma"}
+
+
+#: head_dim -> (configuration, least seqlen_k): the longer key tiles :func:`choose` takes over
+#: DEFAULT_TMA without the causal mask.  Measured on the H200 (2026-12-03 fifth session, bench
+#: attention --shapes hd64, each forced in one run, bf16, TFLOP/s against the default
+#: n128_2s_ov_pp_fx_tma): not causal seqlen 4096 419.6 / 384.7, 16384 453.5 / 419.1, 1024 330.4 /
+#: 331.4; causal 1024 / 4096 / 16384 192.7 / 222.2, 316.1 / 356.8, 403.9 / 429.0 (so not for
+#: causal; FA3 too keeps 128 keys there).  192-key tiles measured as n176 at 4096 / 16384 and
+#: 273.9 at 1024 (not kept).  Longer tiles take fewer per-tile steps per key (the row max and
+#: sum's shuffles, the named barriers, O's rescale); why the causal kernel loses with them was
+#: not profiled.  The 2048 threshold lies between the measured 1024 (a tie) and 4096.
+LONG_KEY_TILES = {64: ("n176_2s_ov_pp_fx_tma", 2048)}
 
 
 def check_fits(cfg: Sm90AttnConfig, head_dim: int):
@@ -1025,16 +1041,24 @@ def why_chosen(p, cfg: Sm90AttnConfig) -> str:
 
 def choose(p, name=None):
     """The configuration for problem ``p`` (``name``: one of CONFIGS, forced; else
-    :func:`choose_config`'s for its head dim).  A TMA one runs as its cp.async twin where no
-    tensor map describes the operands: :func:`compiled` names the configuration that runs, and
-    :func:`launch` says why under NUMBATC_PRINT_CONFIG (:func:`resolve`)."""
+    :data:`LONG_KEY_TILES`' where the head dim has them, the problem is not causal and
+    seqlen_k reaches theirs, else :func:`choose_config`'s for its head dim).  A TMA one runs as
+    its cp.async twin where no tensor map describes the operands: :func:`compiled` names the
+    configuration that runs, and :func:`launch` says why under NUMBATC_PRINT_CONFIG
+    (:func:`resolve`)."""
     if name is not None and name not in CONFIGS:
         raise ValueError(f"no sm90 attention config {name!r}; choose from {sorted(CONFIGS)}")
     if name and p.head_dim not in CONFIGS[name].head_dims:
         fits = sorted(n for n, c in CONFIGS.items() if p.head_dim in c.head_dims)
         raise ValueError(f"sm90 attention config {name!r} is for head_dim "
                          f"{CONFIGS[name].head_dims}, not {p.head_dim}; choose from {fits}")
-    return CONFIGS[name] if name else choose_config(p.head_dim)
+    if name:
+        return CONFIGS[name]
+    long_tiles = LONG_KEY_TILES.get(p.head_dim)
+    if (TMA_BY_DEFAULT and long_tiles and not p.causal and not p.varlen and not p.kv_cache
+            and p.seqlen_k >= long_tiles[1]):
+        return CONFIGS[long_tiles[0]]
+    return choose_config(p.head_dim)
 
 
 def compiled(p, cfg: Sm90AttnConfig):

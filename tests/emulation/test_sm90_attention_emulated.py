@@ -76,6 +76,10 @@ CASES = [
     (1, 70, 239, 1, 1, 96, True, "float16", "n128_2s_ov_pp_fx"),
     (1, 40, 520, 2, 2, 96, False, "bfloat16", "n128_3s_ov_pp_fx_tma"),
     (1, 260, 100, 2, 1, 96, True, "float16", "n128_2s_ov_pp_fx_tma_pt"),
+    # head_dim 64 with 176-key tiles (LONG_KEY_TILES): ragged, causal diagonal, 3 tiles wrap
+    # the ring; and without the mask
+    (1, 130, 400, 2, 1, 64, True, "bfloat16", "n176_2s_ov_pp_fx_tma"),
+    (1, 70, 500, 1, 1, 64, False, "float16", "n176_2s_ov_pp_fx_tma"),
 ]
 
 
