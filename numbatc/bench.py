@@ -416,7 +416,8 @@ ATTENTION_SHAPES = {
     "large": [(d, s) for d in (96, 192, 256) for s in (1024, 4096, 16384)],  # issue 17's new ones
     # one head dim each: NUMBATC_ATTN_KERNEL=sm90:<config> names a configuration of that head dim
     # (head_dim 96: 21 heads, 2016 columns)
-    "hd64": [(64, s) for s in (1024, 4096, 16384)],
+    "hd64": [(64, s) for s in (1024, 2048, 4096, 16384)],
+    "hd128": [(128, s) for s in (1024, 2048, 4096, 16384)],
     "hd96": [(96, s) for s in (1024, 4096, 16384)],
     "hd192": [(192, s) for s in (1024, 4096, 16384)],
     "hd256": [(256, s) for s in (1024, 4096, 16384)],
@@ -1248,8 +1249,8 @@ def _parser():
     attention.add_argument("--shapes", default="all", choices=sorted(ATTENTION_SHAPES),
                            help="all (default): head_dim 64/96/128/192/256 x seqlen "
                                 "512..16384; quick: head_dim 64/128 x seqlen 1024/4096; large: "
-                                "head_dim 96/192/256 x seqlen 1024/4096/16384; hd64, hd96, hd192, "
-                                "hd256: one of them")
+                                "head_dim 96/192/256 x seqlen 1024/4096/16384; hd64, hd96, hd128, "
+                                "hd192, hd256: one of them")
     attention.add_argument("--png", metavar="FILE", help="write a bar plot to FILE (needs "
                            "matplotlib: pip install numbatc[plots])")
     attention.add_argument("--configs", action="store_true",

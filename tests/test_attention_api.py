@@ -256,9 +256,9 @@ def test_default_choice(walk):
     assert walk(head_dim=64, cc=(10, 0))[0] == "sm80_attention"
 
 
-def test_long_key_tiles_at_head_dim_64_without_the_mask(walk):
-    # sm90_attention.LONG_KEY_TILES: head_dim 64, not causal, seqlen_k from 2048 (measured on the
-    # H200); causal, shorter keys and the other head dims keep the default
+def test_long_key_tiles_without_the_mask(walk):
+    # sm90_attention.LONG_KEY_TILES: head_dim 64 and 128, not causal, seqlen_k from 2048 (measured
+    # on the H200); causal, shorter keys and head_dim 96 keep the default
     long_cfg, least = sm90_attention.LONG_KEY_TILES[64]
     assert long_cfg == "n176_2s_ov_pp_fx_tma" and least == 2048
     assert walk(head_dim=64, seqlen_q=256, seqlen_k=2048) == ("sm90_attention", long_cfg)
@@ -268,8 +268,9 @@ def test_long_key_tiles_at_head_dim_64_without_the_mask(walk):
     assert walk(head_dim=64, seqlen_q=4096, seqlen_k=4096, causal=True) == ("sm90_attention",
                                                                             default)
     assert walk(head_dim=64, seqlen_q=2047, seqlen_k=2047) == ("sm90_attention", default)
-    assert walk(head_dim=128, seqlen_k=4096) == ("sm90_attention",
-                                                 sm90_attention.choose_config(128).name)
+    assert walk(head_dim=128, seqlen_q=256, seqlen_k=4096) == ("sm90_attention", long_cfg)
+    assert walk(head_dim=96, seqlen_q=256, seqlen_k=4096) == (
+        "sm90_attention", sm90_attention.choose_config(96).name)
     # forced configurations still win
     assert walk("sm90:n128_2s_ov_pp_fx_tma", head_dim=64, seqlen_k=4096) == (
         "sm90_attention", "n128_2s_ov_pp_fx_tma")

@@ -230,7 +230,8 @@ CONFIGS = {
         # head_dim 64 with longer key tiles (FA3 takes 176 keys at 64 when not causal, with
         # three consumer warpgroups): S 88 registers, P 44, O 32; 104 KB (LONG_KEY_TILES)
         Sm90AttnConfig("n176_2s_ov_pp_fx_tma", 176, overlap=True, pingpong=True, fast_exp=True,
-                       producer="tma", producer_regs=24, consumer_regs=240, head_dims=(64,)),
+                       producer="tma", producer_regs=24, consumer_regs=240,
+                       head_dims=(64, 96, 128)),
         # head_dim 192 (FA3's 128 x 112): O 96 registers, S 56, P 28; 216 KB
         Sm90AttnConfig("n112_2s_ov_pp_fx_tma", 112, overlap=True, pingpong=True, fast_exp=True,
                        producer="tma", producer_regs=24, consumer_regs=240, head_dims=(192,)),
@@ -255,15 +256,22 @@ DEFAULT_TMA = {64: "n128_2s_ov_pp_fx_tma", 96: "n128_2s_ov_pp_fx_tma",
 
 
 #: head_dim -> (configuration, least seqlen_k): the longer key tiles :func:`choose` takes over
-#: DEFAULT_TMA without the causal mask.  Measured on the H200 (2026-12-03 fifth session, bench
-#: attention --shapes hd64, each forced in one run, bf16, TFLOP/s against the default
-#: n128_2s_ov_pp_fx_tma): not causal seqlen 4096 419.6 / 384.7, 16384 453.5 / 419.1, 1024 330.4 /
-#: 331.4; causal 1024 / 4096 / 16384 192.7 / 222.2, 316.1 / 356.8, 403.9 / 429.0 (so not for
-#: causal; FA3 too keeps 128 keys there).  192-key tiles measured as n176 at 4096 / 16384 and
-#: 273.9 at 1024 (not kept).  Longer tiles take fewer per-tile steps per key (the row max and
-#: sum's shuffles, the named barriers, O's rescale); why the causal kernel loses with them was
-#: not profiled.  The 2048 threshold lies between the measured 1024 (a tie) and 4096.
-LONG_KEY_TILES = {64: ("n176_2s_ov_pp_fx_tma", 2048)}
+#: DEFAULT_TMA without the causal mask (FA3's 176 keys there; it too keeps 128 for causal).
+#: Measured on the H200 (2026-12-03 fifth session, bench attention --shapes hd64 / hd128 / hd96,
+#: each configuration forced in one run, bf16; TFLOP/s n176 / the default n128_2s_ov_pp_fx_tma):
+#:
+#:     not causal, seqlen   1024          2048          4096          16384
+#:     head_dim 64          330.4 / 331.4               419.6 / 384.7 453.5 / 419.1
+#:     head_dim 128         515.3 / 524.8 596.1 / 561.1 638.8 / 615.5 668.4 / 643.3
+#:     head_dim 96          434.3 / 443.5               545.0 / 543.6 558.4 / 570.4
+#:
+#: Causal, n176 lost or tied at every head dim (hd64 1024 / 4096 / 16384: 192.7 / 222.2, 316.1
+#: / 356.8, 403.9 / 429.0; hd128 2048: 417.1 / 449.4); head_dim 96 gains nothing; 192-key tiles
+#: at 64 measured as n176 at 4096 / 16384 and 273.9 at 1024 (not kept).  Longer tiles take fewer
+#: per-tile steps per key (the row max and sum's shuffles, the named barriers, O's rescale); why
+#: the causal kernel loses with them was not profiled.  At 2048, head_dim 64 chose n176 in the
+#: run that measured hd128 (373.5 TFLOP/s, 0.91x cuDNN).
+LONG_KEY_TILES = {64: ("n176_2s_ov_pp_fx_tma", 2048), 128: ("n176_2s_ov_pp_fx_tma", 2048)}
 
 
 def check_fits(cfg: Sm90AttnConfig, head_dim: int):

@@ -79,7 +79,8 @@ CASES = [
     # head_dim 64 with 176-key tiles (LONG_KEY_TILES): ragged, causal diagonal, 3 tiles wrap
     # the ring; and without the mask
     (1, 130, 400, 2, 1, 64, True, "bfloat16", "n176_2s_ov_pp_fx_tma"),
-    (1, 70, 500, 1, 1, 64, False, "float16", "n176_2s_ov_pp_fx_tma"),
+    (1, 70, 500, 1, 1, 128, False, "float16", "n176_2s_ov_pp_fx_tma"),
+    (1, 40, 300, 2, 1, 96, False, "bfloat16", "n176_2s_ov_pp_fx_tma"),
 ]
 
 

@@ -68,7 +68,8 @@ TMA_SMALL = [
     ("n128_2s_ov_pp_fx_tma_pt", (1, 400, 30, 3, 1, 128, True, "float16")),
     ("n128_2s_ov_pp_fx_tma_pt", (2, 150, 239, 2, 1, 64, False, "bfloat16")),
     ("n176_2s_ov_pp_fx_tma", (1, 130, 400, 2, 1, 64, True, "bfloat16")),
-    ("n176_2s_ov_pp_fx_tma", (1, 70, 500, 1, 1, 64, False, "float16")),
+    ("n176_2s_ov_pp_fx_tma", (1, 70, 500, 1, 1, 128, False, "float16")),
+    ("n176_2s_ov_pp_fx_tma", (1, 40, 300, 2, 1, 96, False, "bfloat16")),
 ]
 
 
