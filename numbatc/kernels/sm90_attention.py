@@ -257,8 +257,9 @@ DEFAULT_TMA = {64: "n128_2s_ov_pp_fx_tma", 96: "n128_2s_ov_pp_fx_tma",
 
 #: head_dim -> (configuration, least seqlen_k): the longer key tiles :func:`choose` takes over
 #: DEFAULT_TMA without the causal mask (FA3's 176 keys there; it too keeps 128 for causal).
-#: Measured on the H200 (2026-12-03 fifth session, bench attention --shapes hd64 / hd128 / hd96,
-#: each configuration forced in one run, bf16; TFLOP/s n176 / the default n128_2s_ov_pp_fx_tma):
+#: Measured on the H200 (docs/PERFORMANCE.md, 2026-12-03: bench attention --shapes hd64 / hd128
+#: / hd96, each configuration forced in one run, bf16; TFLOP/s n176 / the default
+#: n128_2s_ov_pp_fx_tma):
 #:
 #:     not causal, seqlen   1024          2048          4096          16384
 #:     head_dim 64          330.4 / 331.4               419.6 / 384.7 453.5 / 419.1

@@ -1167,7 +1167,7 @@ def choose(p, name=None):
         name = fp8_small_tile(p) or (
             "fp8_128x256x128_4s_pt" if p.n > 128 else "fp8_128x128x128_4s_w1")
     else:
-        # NOTE: measured on the H200 (docs/PERFORMANCE.md, fourth session), same runs: the
+        # NOTE: measured on the H200 (docs/PERFORMANCE.md, 2026-11-30), same runs: the
         # persistent 128x256x64_4s_pt 668 / 617 TFLOP/s at 4096^3 / 8192^3 against 638 / 581
         # for one block per tile (128x256x64_4s), itself 1-4 % ahead of _w1; the two-CTA
         # cluster form (_c2, half of B's L2 traffic) 378 / 435: L2 is not the limit.
