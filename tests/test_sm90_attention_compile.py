@@ -276,21 +276,31 @@ def test_pair_stores_store_each_column_pair_once(d, tmp_path):
     assert stores == {True: (d // 4, 0), False: (0, d // 2)}, stores
 
 
-@pytest.mark.parametrize("d", [64, 96, 128, 192])
-def test_tma_store_of_o(d, tmp_path):
-    """The TMA-store variant (TMA configurations but the persistent ones, out described by a
-    tensor map): O leaves through D / 16 stmatrix.x4 a warp and one 4-d tensor store per box of
-    one swizzle row of columns (D / 32 at head_dim 96, D / 64 above), after the proxy fence and
-    a named barrier of the warpgroup's 128 threads; no global store of O; the out map is the
-    fourth tensor map; assembles without spills or serialised wgmma."""
-    cfg = attn.CONFIGS[attn.DEFAULT_TMA[d]]
+TMA_STORE_CASES = [(attn.DEFAULT_TMA[d], d) for d in (64, 96, 128, 192)] + [
+    ("n128_2s_ov_pp_fx_tma_pt", 96), ("n128_2s_ov_pp_fx_tma_pt", 128)]
+
+
+@pytest.mark.parametrize("name, d", TMA_STORE_CASES, ids=[f"{n}-d{d}" for n, d in TMA_STORE_CASES])
+def test_tma_store_of_o(name, d, tmp_path):
+    """The TMA-store variant (TMA configurations, out described by a tensor map): O leaves
+    through D / 16 stmatrix.x4 a warp and one 4-d tensor store per box of one swizzle row of
+    columns (D / 32 at head_dim 96, D / 64 above), after the proxy fence and a named barrier of
+    the warpgroup's 128 threads; no global store of O; the out map is the fourth tensor map;
+    assembles without spills or serialised wgmma.  Persistent: through a staging tile behind
+    the V ring, its thread 0 waiting for the previous tile's boxes before the warpgroup writes
+    it again (a second wait_group.read, and the barrier before the stmatrix), and once more
+    after the tile loop."""
+    cfg = attn.CONFIGS[name]
     var = attn.AttnVariant(d, "bfloat16", True, True, pair_stores=True, tma_store=True)
     ptx = compile_ptx(attn.kernel_for(cfg, var), attn.signature(var, cfg), "sm_90a",
                       launch_bounds=(cfg.threads, 1))
     boxes = d // (attn.swizzle_for(d) // 2)
     assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == d // 16
     assert ptx.count("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group") == boxes
-    assert "cp.async.bulk.commit_group" in ptx and "cp.async.bulk.wait_group.read 0" in ptx
+    assert "cp.async.bulk.commit_group" in ptx
+    assert ptx.count("cp.async.bulk.wait_group.read 0") == (2 if cfg.persistent else 1)
+    if cfg.persistent:  # the staging tile lies behind the V ring
+        assert attn.shared_bytes(cfg, d) == (128 + 2 * cfg.stages * cfg.block_n + 128) * d * 2
     assert "fence.proxy.async.shared::cta" in ptx
     assert re.search(r"barrier\.sync\.aligned 4, %r", ptx) and re.search(
         r"barrier\.sync\.aligned 5, %r", ptx)

@@ -91,7 +91,7 @@ HEAD_DIMS = (64, 96, 128, 192, 256)
 #: then run sm80_attention); ``NUMBATC_ATTN_KERNEL=sm90[:<config>]`` forces any of HEAD_DIMS.
 #: 192 and 256 are in since they were added (branch hd256), before their H200 measurements.
 DEFAULT_HEAD_DIMS = (64, 96, 128, 192, 256)
-#: head dims whose TMA configurations (not persistent) store O through shared memory and TMA
+#: head dims whose TMA configurations store O through shared memory and TMA
 #: (AttnVariant.tma_store); NOTE: at 256 (O: 128 registers a consumer thread) ptxas spilled 36
 #: bytes with it (whole program), so 256 keeps the register stores
 TMA_STORE_HEAD_DIMS = (64, 96, 128, 192)
@@ -154,7 +154,7 @@ class Sm90AttnConfig:
             problems.append(f"setmaxnreg {self.producer_regs}/{self.consumer_regs} needs {regs} "
                             f"registers, more than the block's {_POOL} (168 per thread)")
         for d in self.head_dims:
-            nbytes = (_BM + 2 * self.stages * self.block_n) * d * 2 + _STATIC_SHARED
+            nbytes = shared_bytes(self, d) + _STATIC_SHARED
             if d not in HEAD_DIMS:
                 problems.append(f"head_dims must be among {HEAD_DIMS}, got {d}")
             elif nbytes > _SHARED_MAX:
@@ -177,8 +177,11 @@ class Sm90AttnConfig:
 
 
 def shared_bytes(cfg: Sm90AttnConfig, head_dim: int) -> int:
-    """Dynamic shared memory: Q, then K x stages, then V x stages."""
-    return (_BM + 2 * cfg.stages * cfg.block_n) * head_dim * 2
+    """Dynamic shared memory: Q, then K x stages, then V x stages; a persistent configuration
+    then the (128, head_dim) staging tile of O's TMA stores (Q's buffer, where the other
+    configurations stage O, holds the next work tile's Q by then)."""
+    staging = _BM if cfg.persistent else 0
+    return (_BM + 2 * cfg.stages * cfg.block_n + staging) * head_dim * 2
 
 
 CONFIGS = {
@@ -656,7 +659,7 @@ LN2 = np.float32({math.log(2.0)!r})
     zeros_p = "(np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0))"
 
     w("\n" + softmax_tile_source())
-    assert not var.tma_store or (tma and not pers), "TMA stores of O: TMA, not persistent"
+    assert not var.tma_store or tma, "TMA stores of O: TMA configurations only"
     if tma:
         w(sm90_attention_tma.head_source(cfg, D, shared_bytes(cfg, D), var.tma_store))
     else:
@@ -889,7 +892,8 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
     # scaled values above the row checks and double O's registers.
     w("        o = " + _tup([f"o[{v}] * inv_{(v // 2) % 2}" for v in range(NO)]))
     if var.tma_store:
-        _tma_store_o(w, D, pack)
+        # persistent: O's own staging tile behind the V ring (Q's buffer is the next tile's)
+        _tma_store_o(w, D, pack, VB0 + S * KB if pers else 0)
     else:
         sm80_attention.store_o_rows(w, "        ", D, lambda hh: f"row0 + {8 * hh}",
                                     lambda hh, jj, c: f"o[{4 * jj + 2 * hh + c}]")
@@ -899,17 +903,24 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         body = "\n".join(lines[tile_part:])
         del lines[tile_part:]
         w(sm90_attention_tma.consumer_loop(body, cfg.pingpong))
+        if var.tma_store:
+            w("""        if t % 128 == 0:
+            nt.bulk_wait_group_read(0)  # the last tile's boxes have left shared memory""")
     return "\n".join(lines) + "\n"
 
 
-def _tma_store_o(w, D, pack):
-    """Emit the TMA store of O (``var.tma_store``; TMA configurations, not persistent): the
-    warpgroup's (64, D) tile of O, scaled, goes through stmatrix into the warpgroup's own rows
-    of Q's buffer -- free: only this warpgroup's Q K^T read them, and the last one retired --
-    in Q's swizzled layout, which is what a TMA box of (64 rows, one swizzle row of columns)
-    of out reads; thread 0 of the warpgroup then stores one box per swizzle row of columns
-    (TMA drops the rows at or past Sq) and waits until they have read shared memory before
-    the block may exit.
+def _tma_store_o(w, D, pack, staging=0):
+    """Emit the TMA store of O (``var.tma_store``; TMA configurations): the warpgroup's (64, D)
+    tile of O, scaled, goes through stmatrix into the warpgroup's own rows of Q's buffer --
+    free: only this warpgroup's Q K^T read them, and the last one retired -- in Q's swizzled
+    layout, which is what a TMA box of (64 rows, one swizzle row of columns) of out reads;
+    thread 0 of the warpgroup then stores one box per swizzle row of columns (TMA drops the
+    rows at or past Sq) and waits until they have read shared memory before the block may
+    exit.  ``staging`` (persistent configurations): the byte offset of a staging tile laid out
+    as Q's buffer, used instead of it (the producer loads the next work tile's Q there while
+    this epilogue runs); thread 0 then waits for the previous tile's boxes before the
+    warpgroup writes the staging rows again, not after its stores (the kernel's end waits for
+    the last).
 
     Box j (columns j * SW / 2 ..) of warpgroup cw lies at j * 128 * SW + cw * 64 * SW (Q's
     part j, rows 64 cw ..), row r at r * SW, its 16-byte chunk c at (c ^ s(r)) * 16 with s(r)
@@ -923,12 +934,21 @@ def _tma_store_o(w, D, pack):
     box_d = SW // 2
     calls = box_d // 16  # stmatrix.x4 calls per box: 16 columns each
     s_of_r = "sr" if SW == 128 else "(sr // 2)"
-    w(f"""        # O through this warpgroup's rows of Q's buffer ({SW}B swizzle) and TMA stores
+    where = "the staging tile" if staging else "Q's buffer"
+    w(f"""        # O through this warpgroup's rows of {where} ({SW}B swizzle) and TMA stores
         lt = t % 128
         sq = lane // 8
         sr = lane % 8
         sx = (sq // 2) ^ {s_of_r}
-        srow = cw * {64 * SW} + ((lt // 32) * 16 + (sq % 2) * 8 + sr) * {SW}""")
+        srow = {staging} + cw * {64 * SW} + ((lt // 32) * 16 + (sq % 2) * 8 + sr) * {SW}""")
+    bar = """        if cw == 0:
+            nt.named_barrier_sync(4, 128)
+        else:
+            nt.named_barrier_sync(5, 128)"""
+    if staging:
+        w(f"""        if lt == 0:
+            nt.bulk_wait_group_read(0)  # the previous tile's boxes have left the staging rows
+{bar}""")
     for j in range(D // box_d):
         for jj in range(calls):
             f0 = j * (box_d // 8) + 2 * jj
@@ -937,16 +957,15 @@ def _tma_store_o(w, D, pack):
             w(f"        nt.stmatrix_x4(smem, srow + {j * 128 * SW} + (({2 * jj} ^ sx) << 4), "
               f"({', '.join(regs)}))")
     w(f"""        nt.fence_proxy_async_shared()  # generic-proxy writes, read by the TMA stores
-        if cw == 0:
-            nt.named_barrier_sync(4, 128)
-        else:
-            nt.named_barrier_sync(5, 128)
+{bar}
         if lt == 0:""")
     for j in range(D // box_d):
         w(f"            nt.tma_store(tma_o, ({box_d * j}, h, wrow0, b), smem, "
-          f"{j * 128 * SW} + cw * {64 * SW})")
-    w("""            nt.bulk_commit_group()
-            nt.bulk_wait_group_read(0)  # the boxes have left shared memory before the exit""")
+          f"{staging + j * 128 * SW} + cw * {64 * SW})")
+    w("            nt.bulk_commit_group()")
+    if not staging:
+        w("            nt.bulk_wait_group_read(0)  # the boxes have left shared memory before "
+          "the exit")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1074,7 +1093,7 @@ def compiled(p, cfg: Sm90AttnConfig):
     """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
     arguments; signature(var, cfg) its argument types)."""
     run = resolve(p, cfg)[0]
-    tma_store = run.tma and not run.persistent and p.head_dim in TMA_STORE_HEAD_DIMS
+    tma_store = run.tma and p.head_dim in TMA_STORE_HEAD_DIMS
     if tma_store:
         from numbatc.kernels import sm90_attention_tma
 

@@ -104,10 +104,9 @@ def test_sm90_attention_in_the_emulation(sm90, monkeypatch, b, sq, sk, hq, hkv, 
     check(b, sq, sk, hq, hkv, d, causal, dtype)
     assert used == [cfg]
     # named barriers: the ping-pong's, and each warpgroup's before the TMA stores of O (TMA
-    # configurations but the persistent ones, TMA_STORE_HEAD_DIMS; check's out is aligned)
+    # configurations, TMA_STORE_HEAD_DIMS; check's out is aligned)
     c = sm90_attention.CONFIGS[cfg]
-    assert bool(touched) == (c.pingpong or (c.tma and not c.persistent
-                                            and d in sm90_attention.TMA_STORE_HEAD_DIMS))
+    assert bool(touched) == (c.pingpong or (c.tma and d in sm90_attention.TMA_STORE_HEAD_DIMS))
     assert all(bar["arrived"] == 0 for bar in touched), "a named barrier left part-full"
 
 
