@@ -51,8 +51,9 @@
 #              and attention suites on the default walk in shards (tests.txt,
 #              testlogs.txt), then bench varlen quick and bench attention quick with the portable
 #              kernel forced (bench.txt)
-#   tmastore   sm90_attention's TMA stores of O (branch attn-tma-store): the sm90 attention
-#              suite's default-kernel and store cases in shards (tests.txt, testlogs.txt),
+#   tmastore   sm90_attention's TMA stores of O (the persistent configuration's staging tile
+#              included) and the 176-key tiles: the sm90 attention suite's default-kernel, store,
+#              n176 and persistent cases in shards (tests.txt, testlogs.txt),
 #              memcheck / racecheck of attention_sm90 and attention_sm90_large (sanitize.txt), then
 #              bench attention quick and hd96 (bench.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
@@ -220,7 +221,7 @@ if [[ $what == stores80 ]]; then
 fi
 
 if [[ $what == tmastore ]]; then
-  : "${TMASTORE_K:=tma_store or pair or small_cases or (sweep and n128_2s_ov_pp_fx_tma-) or (sweep and n112_2s_ov_pp_fx_tma) or misaligned or views or full-128 or causal-128 or full-96 or causal-96}"
+  : "${TMASTORE_K:=tma_store or pair or n176 or tma_pt or small_cases or (sweep and n128_2s_ov_pp_fx_tma-) or (sweep and n112_2s_ov_pp_fx_tma) or misaligned or views or full-128 or causal-128 or full-96 or causal-96}"
   ( for tool in memcheck racecheck; do for kind in attention_sm90 attention_sm90_large; do
       echo "== $tool $kind"
       t 120 compute-sanitizer --tool $tool --report-api-errors no --print-limit 5 \
