@@ -161,14 +161,17 @@ def test_bad_configs_and_head_dims_are_named():
 
 def test_every_config_fits_shared_memory():
     """The launch's dynamic shared memory (shared_bytes) is exactly the tiles the kernel lays out
-    (a 128-row Q tile, then ``stages`` K and V tiles), and with the 1024-byte static window in
-    front of it fits the 227 KB an sm_90 block may have, as check_fits agrees."""
+    (a 128-row Q tile, then ``stages`` K and V tiles; persistent configurations then O's
+    128-row staging tile for its TMA stores), and with the 1024-byte static window in front of it
+    fits the 227 KB an sm_90 block may have, as check_fits agrees."""
     for cfg in attn.CONFIGS.values():
         for d in cfg.head_dims:
             q_lay, k_lay, v_lay, _ = attn._layouts(cfg, d)
             q_bytes = q_lay.nbytes if cfg.tma else 2 * q_lay.nbytes  # cp.async: 2 x 64 rows
             assert q_bytes == 128 * d * 2, (cfg.name, d, q_bytes)
             tiles = q_bytes + cfg.stages * (k_lay.nbytes + v_lay.nbytes)
+            if cfg.persistent:
+                tiles += 128 * d * 2  # O's staging tile
             nbytes = attn.shared_bytes(cfg, d)
             assert nbytes == tiles, (cfg.name, d, nbytes, tiles)
             total = tiles + attn._STATIC_SHARED
@@ -217,7 +220,8 @@ def test_tma_byte_counts_are_the_boxes(name, d):
 
 
 def test_tma_switch_twins_and_refusals(monkeypatch):
-    """TMA_BY_DEFAULT picks the TMA configurations; each has a cp.async twin of its tile; a
+    """TMA_BY_DEFAULT picks the TMA configurations; each falls back to a cp.async twin of its
+    tile where one exists, else (the 176-key tiles) to the cp.async default of the head dim; a
     misaligned start, a stride that is not 16 bytes, and no keys are refused with the reason."""
     from types import SimpleNamespace
 
@@ -231,7 +235,11 @@ def test_tma_switch_twins_and_refusals(monkeypatch):
     for cfg in attn.CONFIGS.values():
         for d in cfg.head_dims:
             twin = attn.twin(cfg, d) if cfg.tma else cfg
-            assert not twin.tma and twin.block_n == cfg.block_n and d in twin.head_dims
+            assert not twin.tma and d in twin.head_dims
+            own = cfg.name.removesuffix("_pt").removesuffix("_tma") in attn.CONFIGS
+            assert twin.block_n == cfg.block_n if own or not cfg.tma else (
+                twin is attn.CONFIGS[attn.DEFAULT[d]]), (cfg.name, d, twin.name)
+    assert attn.twin(attn.CONFIGS["n176_2s_ov_pp_fx_tma"], 64).name == attn.DEFAULT[64]
 
     def operand(ptr=4096, shape=(2, 100, 4, 64), strides=(25600, 256, 64, 1)):
         return SimpleNamespace(ptr=ptr, shape=shape, strides=strides)
