@@ -56,6 +56,10 @@
 #              n176 and persistent cases in shards (tests.txt, testlogs.txt),
 #              memcheck / racecheck of attention_sm90 and attention_sm90_large (sanitize.txt), then
 #              bench attention quick and hd96 (bench.txt)
+#   mask32     the column-limit mask (branch attn-mask32, both forward kernels): the sm90
+#              attention suite's default-kernel cases, the attention, varlen and KV-cache suites
+#              in shards (tests.txt, testlogs.txt), memcheck of attention_sm90 / attention_sm80
+#              (sanitize.txt), then bench attention quick and hd64, and varlen quick (bench.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -235,6 +239,27 @@ if [[ $what == tmastore ]]; then
   for shapes in quick hd96; do
     t 100 $py -m numbatc.bench attention --shapes $shapes | grep -E "^ +[0-9]|rror"
   done > "$out/bench.txt" 2>&1
+fi
+
+if [[ $what == mask32 ]]; then
+  : "${MASK32_K:=small_cases or n176 or tma_pt or misaligned or full-128 or causal-128 or full-64 or causal-64 or causal-96 or causal-256 or causal-192}"
+  ( for kind in attention_sm90 attention_sm80; do
+      echo "== memcheck $kind"
+      t 120 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 5 \
+        $py scripts/sanitize_cases.py $kind | grep -vE "^\s*$" | tail -6
+    done ) > "$out/sanitize.txt" 2>&1 &
+  t ${MASK32_LIMIT:-330} $py scripts/pytest_shards.py --shards 14 --timeout ${MASK32_TIMEOUT:-310} \
+    --out /tmp/shards_m32 tests/gpu/test_sm90_attention_gpu.py tests/gpu/test_attention_gpu.py \
+    tests/gpu/test_attention_varlen_gpu.py tests/gpu/test_attention_kvcache_gpu.py \
+    -- --tb=short -k "$MASK32_K or varlen or kvcache or cache" > "$out/tests.txt" 2>&1
+  for f in /tmp/shards_m32/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  wait
+  {
+    for shapes in quick hd64; do
+      t 100 $py -m numbatc.bench attention --shapes $shapes | grep -E "^ +[0-9]|rror"
+    done
+    t 100 $py -m numbatc.bench varlen --shapes quick | grep -E "^ +[0-9]|rror"
+  } > "$out/bench.txt" 2>&1
 fi
 
 if [[ $what == host ]]; then

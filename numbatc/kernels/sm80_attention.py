@@ -275,9 +275,10 @@ def load_{name}(smem, sbase, src, gbase, stride, rlim, t):
 
 
 def row_helpers(var) -> str:
-    """Source of the softmax row helpers both attention kernels paste: the quad reductions
-    (numbatc.kernels.epilogue) and ``keep`` (-inf outside the keys a query sees: past Sk, and past the
-    bottom-right-aligned diagonal when causal)."""
+    """Source of the softmax row helpers the attention kernels paste: the quad reductions
+    (numbatc.kernels.epilogue), ``keep`` (-inf outside the keys a query sees: past Sk, and past
+    the bottom-right-aligned diagonal when causal; the backward's) and ``keep_below`` (-inf
+    from a column limit on: the forward kernels', see :func:`column_limit`)."""
     return QUAD_REDUCTIONS.lstrip("\n") + f'''
 
 @cuda.jit(device=True, forceinline=True)
@@ -286,7 +287,27 @@ def keep(x, col, row, Sk, off):
     if col >= Sk{" or col > row + off" if var.causal else ""}:
         return NEG_INF
     return x
+
+
+@cuda.jit(device=True, forceinline=True)
+def keep_below(x, c, lim):
+    # -inf from column limit lim on (c, lim: int32)
+    if c < lim:
+        return x
+    return NEG_INF
 '''
+
+
+def column_limit(var, row, n0, tq, limit):
+    """Source of FA3's column limit of one row: the thread's columns n0 + tq + c (c a constant
+    in [0, ``limit``)) that the row sees are those with c < the result, an int32 (min(Sk, row
+    + off + 1) - n0 - tq when causal, Sk - n0 - tq otherwise, clamped to [0, limit] once per
+    row; exact, since c lies in [0, limit)).  NOTE: a column compared as a 64-bit value twice per
+    S register was about a fifth of the Hopper kernel's instructions at head_dim 64, causal
+    (H200 profile, docs/PERFORMANCE.md); with the limit each register costs one 32-bit compare
+    and a select."""
+    seen = f"min(Sk, {row} + 1 + off)" if var.causal else "Sk"
+    return f"np.int32(min(max({seen} - {n0} - {tq}, 0), {limit}))"
 
 
 def store_pair_source(var, pack):
@@ -375,10 +396,11 @@ def soff(r, c):
 {row_helpers_src}
 
 @cuda.jit(device=True, forceinline=True)
-def mask_tile(s, col, row, Sk, off):
-    # an m16n8 fragment: (row, col), (row, col + 1), (row + 8, col), (row + 8, col + 1)
-    return (keep(s[0], col, row, Sk, off), keep(s[1], col + 1, row, Sk, off),
-            keep(s[2], col, row + 8, Sk, off), keep(s[3], col + 1, row + 8, Sk, off))
+def mask_tile(s, c, lim_a, lim_b):
+    # an m16n8 fragment, columns c and c + 1 of the thread's (int32) of rows with limits lim_a
+    # (row g) and lim_b (row g + 8): column_limit
+    return (keep_below(s[0], c, lim_a), keep_below(s[1], c + np.int32(1), lim_a),
+            keep_below(s[2], c, lim_b), keep_below(s[3], c + np.int32(1), lim_b))
 
 
 {store_pair_source(var, pack)}''')
@@ -529,9 +551,12 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
     w(f"\n        # Masks: the ragged last tile{' and the causal diagonal' if var.causal else ''}.")
     w(f"        if {mask_cond}:")
     for i in range(MI):
+        for h in range(2):
+            w(f"            lim_{i}_{h} = "
+              + column_limit(var, f"(row_base + {16 * i + 8 * h})", "n0", "tq", BN))
+    for i in range(MI):
         for j in range(NJ):
-            w(f"            s_{i}_{j} = mask_tile(s_{i}_{j}, n0 + {8 * j} + tq, row_base + {16 * i}, "
-              "Sk, off)")
+            w(f"            s_{i}_{j} = mask_tile(s_{i}_{j}, np.int32({8 * j}), lim_{i}_0, lim_{i}_1)")
 
     w("\n        # Online softmax (log2 domain): rows g and g + 8 of each m16 tile.")
     for i in range(MI):

@@ -465,7 +465,7 @@ def kernel_source(cfg: Sm90AttnConfig, var: AttnVariant) -> str:
     if tma:
         from numbatc.kernels import sm90_attention_tma
 
-        producer_globals = sm90_attention_tma.globals_source(cfg, var.causal)
+        producer_globals = sm90_attention_tma.globals_source(cfg, var.causal, D, QB, KB, VB0)
     else:
         producer_globals = "CP = nt.cp_async_op(16, zfill=True)"
     lines = []
@@ -503,9 +503,13 @@ LN2 = np.float32({math.log(2.0)!r})
         out = []
         o = out.append
         o(f"{ind}if {masked_cond}:")
-        cols = [f"n0 + tq + {8 * (v // 4) + v % 2}" for v in range(NS)]
-        o(f"{ind}    sacc = " + _tup([f"keep(sacc[{v}], {cols[v]}, row0 + {8 * ((v // 2) % 2)}, "
-                                      "Sk, off)" for v in range(NS)]))
+        # the thread's S register v is key n0 + tq + c(v), c a constant: FA3's column limit
+        # per row (sm80_attention.column_limit)
+        for h in range(2):
+            o(f"{ind}    lim_{h} = "
+              + sm80_attention.column_limit(var, f"(row0 + {8 * h})", "n0", "tq", BN))
+        o(f"{ind}    sacc = " + _tup([f"keep_below(sacc[{v}], np.int32({8 * (v // 4) + v % 2}), "
+                                      f"lim_{(v // 2) % 2})" for v in range(NS)]))
         for h in range(2):
             regs = [f"sacc[{v}]" for v in range(NS) if (v // 2) % 2 == h]
             o(f"{ind}mx = quad_max({_tree('max', regs)}) * scale_log2")
@@ -702,7 +706,7 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
     else:
         n_tiles = min(n_tiles, {div_bn('last', BN)} + 1)''')
     if tma:
-        w(sm90_attention_tma.producer_source(cfg, D, QB, KB, VB0))
+        w(sm90_attention_tma.producer_source(cfg))
     else:
         w(f'''
     if t == 0:

@@ -63,10 +63,13 @@ is not a multiple of 16 bytes -- and seqlen_k == 0 run the cp.async twin
 import os
 
 import numpy as np
+from numba import cuda  # a module global: the simulator swaps it in device functions
+
+import intrinsics as nt
 
 __all__ = ["PERSISTENT_TOP", "box_columns", "consumer_loop", "globals_source", "head_source",
-           "launch_attention", "layouts", "operand_map", "producer_source", "signature",
-           "unsupported"]
+           "launch_attention", "layouts", "make_producer", "operand_map", "producer_source",
+           "signature", "unsupported"]
 
 _TMA_DTYPE = {"bfloat16": "bf16", "float16": "f16"}
 
@@ -80,12 +83,16 @@ WAIT = RING.consumer_wait
 RELEASE = RING.consumer_release"""
 
 
-def globals_source(cfg, causal):
-    """Source of the generated module's globals for a TMA producer: the ring's device functions
-    and, for a persistent configuration, ``work_tile``."""
+def globals_source(cfg, causal, D, QB, KB, VB0):
+    """Source of the generated module's globals for a TMA producer: the ring's device functions,
+    for a persistent configuration ``work_tile``, and ``PRODUCE`` (:func:`make_producer`'s, for
+    Q's ``QB`` bytes, a K or V stage's ``KB`` and the first V stage at ``VB0``)."""
     text = _RING.format(stages=cfg.stages)
+    produce = (f"\n\nfrom numbatc.kernels.sm90_attention_tma import make_producer\n"
+               f"PRODUCE = make_producer({cfg.stages}, {cfg.block_n}, {D}, {QB}, {KB}, {VB0}"
+               f"{', work_tile' if cfg.persistent else ''})")
     if not cfg.persistent:
-        return text
+        return text + produce
     from numbatc.kernels.sm90_attention import div_bn
 
     BN, BM = cfg.block_n, 128
@@ -120,7 +127,7 @@ def work_tile(tile, bhn, m_blocks, Hq, group, Sk, off):
     hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))
     n_tiles = {div_bn(f'(Sk + {BN - 1})', BN)}{clamp}
     return m0, b, h, hk, bh, n_tiles
-"""
+""" + produce
 
 
 #: The kernel's first lines after ``wg`` in a persistent configuration.
@@ -193,18 +200,95 @@ def attention_kernel(tma_q, tma_k, tma_v, {"tma_o, " if tma_store else ""}out, l
     vbars = cuda.shared.array({2 * S}, np.uint64, alignment=8)'''
 
 
-def producer_source(cfg, D, QB, KB, VB0):
-    """Source of the barrier initialisation and the producer warpgroup (up to the consumers'
-    ``else:``): ``QB`` Q's bytes, ``KB`` one K or V stage's, ``VB0`` the first V stage's
-    offset.  Persistent: a loop over the block's work tiles; the ring's (index, phase) runs on
-    across them, and each tile's Q waits for q_empty (the previous tile's Q K^T retired)."""
-    BN = cfg.block_n
+def make_producer(stages, block_n, D, q_bytes, stage_bytes, v0, work_tile=None):
+    """``produce(smem, qbar, kbars, vbars, tma_q, tma_k, tma_v, *tile)``: the producer thread's
+    whole job.  Q's boxes (one per swizzle row of columns: :func:`box_columns`) arm q_full with
+    ``q_bytes``; then for each key tile n the ring's next stage: acquire K's, arm its full
+    barrier with ``stage_bytes``, issue K's boxes, the same for V (at ``v0``), advance.  Without
+    ``work_tile``, ``*tile`` is the block's (m0, b, h, hk, n_tiles); with it (persistent
+    configurations, the generated module's ``work_tile``) it is (n_work, bhn, m_blocks, Hq,
+    group, Sk, off) and the thread walks the work tiles blockIdx.x, + gridDim.x, ..., each
+    tile's Q waiting for q_empty (the previous tile's Q K^T retired; the ring's (index, phase)
+    runs on across tiles).
+
+    The arguments are closure constants, so the box loops unroll and fold at compile time
+    (numba freezes a closure's values), as sm90_gemm_tma.make_producer's."""
+    from numbatc.kernels.pipeline import tma_pipeline
+
+    ring = tma_pipeline(stages)
+    acquire, commit, advance = ring.producer_acquire, ring.producer_commit, ring.advance
     box_d = box_columns(D)
     sw = 2 * box_d  # bytes of a swizzle row: one box row
-    halves = range(D // box_d)
+    boxes = D // box_d
+
+    @cuda.jit(device=True, forceinline=True)
+    def load_q(smem, tma_q, qbar, m0, b, h):
+        # Q: 128 rows from m0, ``boxes`` boxes of (128, box_d)
+        nt.mbarrier_arrive_expect_tx(qbar, 0, q_bytes)
+        for j in range(boxes):
+            nt.tma_load(smem, j * 128 * sw, tma_q, (box_d * j, h, m0, b), qbar, 0)
+
+    @cuda.jit(device=True, forceinline=True)
+    def load_kv(smem, tma_k, tma_v, kbars, vbars, b, hk, n_tiles, index, phase):
+        # key tile n: the ring's stage index; K then V, stage_bytes each
+        n0 = 0
+        for n in range(n_tiles):
+            base = index * stage_bytes
+            acquire(kbars, index, phase)
+            commit(kbars, index, stage_bytes)
+            for j in range(boxes):
+                nt.tma_load(smem, q_bytes + base + j * block_n * sw, tma_k,
+                            (box_d * j, hk, n0, b), kbars, index)
+            acquire(vbars, index, phase)
+            commit(vbars, index, stage_bytes)
+            for j in range(boxes):
+                nt.tma_load(smem, v0 + base + j * block_n * sw, tma_v, (box_d * j, hk, n0, b),
+                            vbars, index)
+            index, phase = advance(index, phase)
+            n0 += block_n
+        return index, phase
+
+    @cuda.jit(device=True, forceinline=True)
+    def prefetch(tma_q, tma_k, tma_v):
+        nt.tma_prefetch_descriptor(tma_q)
+        nt.tma_prefetch_descriptor(tma_k)
+        nt.tma_prefetch_descriptor(tma_v)
+
+    if work_tile is None:
+        @cuda.jit(device=True, forceinline=True)
+        def produce(smem, qbar, kbars, vbars, tma_q, tma_k, tma_v, m0, b, h, hk, n_tiles):
+            prefetch(tma_q, tma_k, tma_v)
+            load_q(smem, tma_q, qbar, m0, b, h)
+            load_kv(smem, tma_k, tma_v, kbars, vbars, b, hk, n_tiles, 0, 0)
+
+        return produce
+
+    @cuda.jit(device=True, forceinline=True)
+    def produce_tiles(smem, qbar, kbars, vbars, tma_q, tma_k, tma_v, n_work, bhn, m_blocks, Hq,
+                      group, Sk, off):
+        prefetch(tma_q, tma_k, tma_v)
+        index = 0
+        phase = 0
+        qphase = 0
+        tile = np.int64(cuda.blockIdx.x)
+        while tile < n_work:
+            m0, b, h, hk, bh, n_tiles = work_tile(tile, bhn, m_blocks, Hq, group, Sk, off)
+            nt.mbarrier_wait_parity(qbar, 1, qphase ^ 1)  # the previous tile's Q is free
+            load_q(smem, tma_q, qbar, m0, b, h)
+            index, phase = load_kv(smem, tma_k, tma_v, kbars, vbars, b, hk, n_tiles, index,
+                                   phase)
+            qphase ^= 1
+            tile += cuda.gridDim.x
+
+    return produce_tiles
+
+
+def producer_source(cfg):
+    """Source of the barrier initialisation and the producer warpgroup (up to the consumers'
+    ``else:``): thread 0 runs the module's ``PRODUCE`` (:func:`make_producer`)."""
     pers = cfg.persistent
-    x = " " * (16 if pers else 12)  # the body of ``if t == 0`` (and of the tile loop)
-    lines = [f'''
+    tile = ("n_work, bhn, m_blocks, Hq, group, Sk, off" if pers else "m0, b, h, hk, n_tiles")
+    return f'''
     if t == 0:
         nt.mbarrier_init(qbar, 0, 1){"""
         nt.mbarrier_init(qbar, 1, 256)""" if pers else ""}
@@ -216,43 +300,7 @@ def producer_source(cfg, D, QB, KB, VB0):
         # ---- producer warpgroup: thread 0 issues every tensor copy ---------------------------
         nt.setmaxnreg_dec({cfg.producer_regs})
         if t == 0:
-            nt.tma_prefetch_descriptor(tma_q)
-            nt.tma_prefetch_descriptor(tma_k)
-            nt.tma_prefetch_descriptor(tma_v)''']
-    if pers:
-        lines.append(f'''            index = 0
-            phase = 0
-            qphase = 0
-            tile = np.int64(cuda.blockIdx.x)
-            while tile < n_work:
-                {_NEXT_TILE}
-                nt.mbarrier_wait_parity(qbar, 1, qphase ^ 1)  # the previous tile's Q is free''')
-    lines.append(f'''{x}# Q (128 rows from m0, {D}): {len(halves)} box(es) of (128, {box_d}), {QB} bytes
-{x}nt.mbarrier_arrive_expect_tx(qbar, 0, {QB})''')
-    for j in halves:
-        lines.append(f"{x}nt.tma_load(smem, {j * 128 * sw}, tma_q, ({box_d * j}, h, m0, b), "
-                     "qbar, 0)")
-    lines.append(f"{x}# key tile n: the ring's stage index; K then V, {KB} bytes each")
-    if not pers:
-        lines.append(f"{x}index = 0\n{x}phase = 0")
-    lines.append(f'''{x}n0 = 0
-{x}for n in range(n_tiles):
-{x}    base = index * {KB}
-{x}    ACQUIRE(kbars, index, phase)
-{x}    COMMIT(kbars, index, {KB})''')
-    for j in halves:
-        lines.append(f"{x}    nt.tma_load(smem, {QB} + base + {j * BN * sw}, tma_k, "
-                     f"({box_d * j}, hk, n0, b), kbars, index)")
-    lines.append(f'''{x}    ACQUIRE(vbars, index, phase)
-{x}    COMMIT(vbars, index, {KB})''')
-    for j in halves:
-        lines.append(f"{x}    nt.tma_load(smem, {VB0} + base + {j * BN * sw}, tma_v, "
-                     f"({box_d * j}, hk, n0, b), vbars, index)")
-    lines.append(f'''{x}    index, phase = ADVANCE(index, phase)
-{x}    n0 += {BN}''')
-    if pers:
-        lines.append(f"{x}qphase ^= 1\n{x}tile += cuda.gridDim.x")
-    return "\n".join(lines)
+            PRODUCE(smem, qbar, kbars, vbars, tma_q, tma_k, tma_v, {tile})'''
 
 
 def signature(var):
