@@ -79,7 +79,8 @@ from numbatc.kernels.build import load_generated
 __all__ = ["Sm90AttnConfig", "CONFIGS", "DEFAULT", "DEFAULT_HEAD_DIMS", "DEFAULT_TMA", "HEAD_DIMS",
            "TMA_BY_DEFAULT", "unsupported", "choose", "compiled", "declines", "launch",
            "choose_config", "div_bn", "kernel_for", "kernel_source", "launch_flat", "resolve",
-           "shared_bytes", "signature", "swizzle_for", "twin", "why_chosen", "TMA_STORE_HEAD_DIMS"]
+           "shared_bytes", "signature", "swizzle_for", "twin", "why_chosen", "TMA_STORE_HEAD_DIMS",
+           "column_limit_mask"]
 
 AttnVariant = sm80_attention.AttnVariant
 LOG2E = sm80_attention.LOG2E
@@ -440,6 +441,16 @@ def load_{name}(smem, d, src, g, ld, rows_left):
             w(f"        CP(smem, d + {delta(i * step) + hh * half}, src, 0, 0)")
 
 
+def column_limit_mask(D: int, BN: int) -> bool:
+    """Whether the kernel masks S with FA3's per-row column limit (two int32 limits per thread,
+    then one compare per register) rather than by each register's 64-bit key index.  Only where
+    the accumulators leave room: at D + BN <= 256 (S and O take D / 2 + BN / 2 <= 128 registers
+    a thread) it is fewer instructions and no spill; above (d128 x 176 keys, d192 x 112, d256 x
+    80 or 64), ptxas spilled 24-40 bytes in the causal variants with the limits live across the
+    tile, so those keep the per-register compare (test_assembles_without_spills_or_serialised_wgmma)."""
+    return D + BN <= 256
+
+
 def kernel_source(cfg: Sm90AttnConfig, var: AttnVariant) -> str:
     """Python source of the kernel for one configuration and variant."""
     D = var.head_dim
@@ -503,13 +514,18 @@ LN2 = np.float32({math.log(2.0)!r})
         out = []
         o = out.append
         o(f"{ind}if {masked_cond}:")
-        # the thread's S register v is key n0 + tq + c(v), c a constant: FA3's column limit
-        # per row (sm80_attention.column_limit)
-        for h in range(2):
-            o(f"{ind}    lim_{h} = "
-              + sm80_attention.column_limit(var, f"(row0 + {8 * h})", "n0", "tq", BN))
-        o(f"{ind}    sacc = " + _tup([f"keep_below(sacc[{v}], np.int32({8 * (v // 4) + v % 2}), "
-                                      f"lim_{(v // 2) % 2})" for v in range(NS)]))
+        if column_limit_mask(D, BN):
+            # the thread's S register v is key n0 + tq + c(v), c a constant: FA3's column limit
+            # per row (sm80_attention.column_limit)
+            for h in range(2):
+                o(f"{ind}    lim_{h} = "
+                  + sm80_attention.column_limit(var, f"(row0 + {8 * h})", "n0", "tq", BN))
+            o(f"{ind}    sacc = " + _tup([f"keep_below(sacc[{v}], np.int32({8 * (v // 4) + v % 2}), "
+                                          f"lim_{(v // 2) % 2})" for v in range(NS)]))
+        else:
+            cols = [f"n0 + tq + {8 * (v // 4) + v % 2}" for v in range(NS)]
+            o(f"{ind}    sacc = " + _tup([f"keep(sacc[{v}], {cols[v]}, row0 + {8 * ((v // 2) % 2)}, "
+                                          "Sk, off)" for v in range(NS)]))
         for h in range(2):
             regs = [f"sacc[{v}]" for v in range(NS) if (v // 2) % 2 == h]
             o(f"{ind}mx = quad_max({_tree('max', regs)}) * scale_log2")
