@@ -60,6 +60,12 @@
 #              attention suite's default-kernel cases, the attention, varlen and KV-cache suites
 #              in shards (tests.txt, testlogs.txt), memcheck of attention_sm90 / attention_sm80
 #              (sanitize.txt), then bench attention quick and hd64, and varlen quick (bench.txt)
+#   varlen90   numbatc.attention_varlen on sm90_attention (TMA and cp.async): the varlen suite and
+#              the sm90 suite's causal head-dim 192 / 256 cases (the column limit's fallback) in
+#              shards (tests.txt, testlogs.txt), memcheck of the varlen kind (sanitize.txt), then
+#              bench varlen quick: the default (sm90), the portable kernel forced, and the
+#              portable kernel of .gpu/base (an older checkout's numbatc and intrinsics, if
+#              there) in the same run (bench.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -259,6 +265,29 @@ if [[ $what == mask32 ]]; then
       t 100 $py -m numbatc.bench attention --shapes $shapes | grep -E "^ +[0-9]|rror"
     done
     t 100 $py -m numbatc.bench varlen --shapes quick | grep -E "^ +[0-9]|rror"
+  } > "$out/bench.txt" 2>&1
+fi
+
+if [[ $what == varlen90 ]]; then
+  ( echo "== memcheck varlen"
+    t 200 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 5 \
+      $py scripts/sanitize_cases.py varlen | grep -vE "^\s*$" | tail -14 ) > "$out/sanitize.txt" 2>&1 &
+  t ${VARLEN90_LIMIT:-330} $py scripts/pytest_shards.py --shards 14 --timeout ${VARLEN90_TIMEOUT:-310} \
+    --out /tmp/shards_v90 tests/gpu/test_attention_varlen_gpu.py tests/gpu/test_sm90_attention_gpu.py \
+    -- --tb=short -k "varlen or sequences or lengths or cu_seqlens or walk or sm90_configurations or views or head_dims or (causal and (192 or 256)) or small_cases_first" \
+    > "$out/tests.txt" 2>&1
+  for f in /tmp/shards_v90/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  wait
+  {
+    echo "== default walk"
+    t 100 $py -m numbatc.bench varlen --shapes quick | grep -E "^ +[0-9]|rror"
+    echo "== sm80 forced"
+    NUMBATC_ATTN_KERNEL=sm80 t 100 $py -m numbatc.bench varlen --shapes quick | grep -E "^ +[0-9]|rror"
+    if [[ -d .gpu/base/numbatc ]]; then
+      echo "== .gpu/base, sm80 forced"
+      PYTHONPATH=$PWD/.gpu/base:$PYTHONPATH NUMBATC_ATTN_KERNEL=sm80 t 100 $py -m numbatc.bench varlen \
+        --shapes quick | grep -E "^ +[0-9]|rror"
+    fi
   } > "$out/bench.txt" 2>&1
 fi
 

@@ -10,13 +10,16 @@ attention_warm (the default kernel's warm call: the pointer relaunch, new pointe
 decode (flash-decoding's split kernel and combine, splits forced), kvcache
 (numbatc.attention_with_kvcache: paged and contiguous, decode and prefill, then garbage lengths
 and block tables with the host checks off: memcheck must find no access outside the arrays),
-attention_backward (dQ, dK, dV of the three backward kernels against torch autograd), softmax,
+attention_backward (dQ, dK, dV of the three backward kernels against torch autograd), varlen
+(numbatc.attention_varlen on sm90_attention's TMA and cp.async forms and the portable kernel, then
+garbage prefix sums with the host checks off), softmax,
 gemm_softmax.
 Each case prints one line with its max error; a wrong result exits 1 (the sanitizer's own report
 decides the rest). Small shapes keep the sanitizer's slowdown (10-100x) within seconds, and
 ragged ones exercise the edge paths.
 """
 
+import itertools
 import os
 import sys
 
@@ -175,6 +178,48 @@ def kvcache_case(sq, lens, page_size, causal, hq=8, hkv=2, d=64):
     check(f"kvcache sq={sq} lens={lens} page_size={page_size} causal={causal}", out, ref, 2e-2)
 
 
+def varlen():
+    """numbatc.attention_varlen on sm90_attention's TMA default, its cp.async twin and the
+    portable kernel (per-sequence reference); then garbage prefix sums with the host checks off,
+    which every kernel must clamp (memcheck: nothing outside the arrays)."""
+    from numbatc import attention_api
+
+    lens_q, lens_k = [113, 1, 0, 40], [203, 239, 5, 0]
+    for kernel, d, causal in (("sm90:n128_2s_ov_pp_fx_tma", 64, True), ("sm90:n128_2s_ov_pp_fx", 128, False),
+                              ("sm90:n80_2s_ov_pp_fx_tma", 256, True), ("sm80", 64, True)):
+        os.environ["NUMBATC_ATTN_KERNEL"] = kernel
+        q = torch.randn(sum(lens_q), 4, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(sum(lens_k), 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        cq, ck = (torch.tensor([0] + list(itertools.accumulate(x)), device="cuda", dtype=torch.int32)
+                  for x in (lens_q, lens_k))
+        out = torch.full_like(q, float("nan"))
+        numbatc.attention_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k), causal=causal, out=out)
+        ref = torch.zeros_like(q, dtype=torch.float32)
+        for i, (nq, nk) in enumerate(zip(lens_q, lens_k)):
+            qi, ki, vi = q[cq[i]:cq[i + 1]], k[ck[i]:ck[i + 1]], v[ck[i]:ck[i + 1]]
+            kt, vt = (x.repeat_interleave(2, 1).transpose(0, 1).float() for x in (ki, vi))
+            scores = (qi.transpose(0, 1).float() @ kt.transpose(-1, -2)) / d**0.5
+            if causal:
+                mask = torch.ones(nq, nk, device="cuda").triu(nk - nq + 1).bool()
+                scores = scores.masked_fill(mask, float("-inf"))
+            p = torch.softmax(scores, -1).nan_to_num(0.0)
+            ref[cq[i]:cq[i + 1]] = (p @ vt).transpose(0, 1)
+        check(f"varlen {kernel} d={d} causal={causal}", out, ref, 2e-2)
+    checks = attention_api._check_prefix_sums
+    attention_api._check_prefix_sums = lambda *a: None
+    for kernel in ("sm90:n128_2s_ov_pp_fx_tma", "sm90:n128_2s_ov_pp_fx", "sm80"):
+        os.environ["NUMBATC_ATTN_KERNEL"] = kernel
+        q = torch.randn(12, 2, 64, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(10, 2, 64, device="cuda", dtype=torch.bfloat16)
+        cq = torch.tensor([0, 9, 3, 1000, -5, 12], device="cuda", dtype=torch.int32)
+        ck = torch.tensor([-7, 4, 2000, 6, 6, 3], device="cuda", dtype=torch.int32)
+        numbatc.attention_varlen(q, k, k, cq, ck, 300, 300, causal=True)
+        torch.cuda.synchronize()
+        print(f"varlen garbage prefix sums {kernel}: ran", flush=True)
+    attention_api._check_prefix_sums = checks
+    os.environ.pop("NUMBATC_ATTN_KERNEL")
+
+
 def softmax():
     for rows, n in ((37, 1000), (64, 4096)):
         x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
@@ -233,7 +278,7 @@ KINDS = {
     "attention_sm80": lambda: attention("sm80"), "attention_sm90": lambda: attention("sm90"),
     "attention_sm90_large": lambda: attention("sm90", ATTN_LARGE),
     "attention_warm": lambda: attention(None, ATTN, repeat=3), "decode": decode,
-    "kvcache": kvcache, "attention_backward": attention_backward,
+    "kvcache": kvcache, "attention_backward": attention_backward, "varlen": varlen,
     "softmax": softmax, "gemm_softmax": gemm_softmax,
 }
 

@@ -400,7 +400,7 @@ def varlen_qkv(tq=12, tk=20, hq=4, hkv=2, d=64, dtype="float16"):
             FakeCuda((tk, hkv, d), dtype))
 
 
-def test_varlen_problem_reaches_the_portable_kernel(launched, cu_values):
+def test_varlen_problem_reaches_the_hopper_kernel(launched, cu_values):
     q, k, v = varlen_qkv()
     out, lse = numbatc.attention_varlen(q, k, v, cu_values([0, 5, 5, 12]),
                                         cu_values([0, 0, 9, 20]), 7, 11, causal=True,
@@ -409,8 +409,16 @@ def test_varlen_problem_reaches_the_portable_kernel(launched, cu_values):
     assert p.varlen and (p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.group) == (3, 7, 11, 4, 2)
     assert p.q.shape == p.out.shape == out.shape == (12, 4, 64) and p.lse.shape == lse.shape == (4, 12)
     assert p.cu_seqlens_q.dtype == "int32" and p.causal
-    # head_dim 64 on the fake 9.0 GPU would go to sm90_attention: varlen runs the portable kernel
-    assert dispatch.choose_attention(p)[0] is sm80_attention
+    # head_dim 64 on the fake 9.0 GPU: sm90_attention's default TMA configuration (not
+    # persistent: its work tiles assume one sequence length), the portable kernel when forced,
+    # and a clear error for a persistent configuration named
+    module, cfg = dispatch.choose_attention(p)
+    assert module is sm90_attention and cfg.name == "n128_2s_ov_pp_fx_tma" and not cfg.persistent
+    with pytest.raises(ValueError, match="persistent, which has no varlen variant"):
+        sm90_attention.choose(p, "n128_2s_ov_pp_fx_tma_pt")
+    numbatc.attention_varlen(*varlen_qkv(d=40), cu_values([0, 5, 5, 12]), cu_values([0, 0, 9, 20]),
+                             7, 11)
+    assert dispatch.choose_attention(launched[1])[0] is sm80_attention  # head_dim 40: portable
 
 
 def test_varlen_host_cu_seqlens_are_copied(launched, cu_values):

@@ -289,3 +289,33 @@ def test_tma_store_of_o(name, d, tmp_path):
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log
     for code in ("C7509", "C7513", "C7517", "C7519"):
         assert code not in log, log
+
+
+VARLEN_CASES = ([(attn.DEFAULT_TMA[d], d) for d in (64, 96, 128, 192, 256)]
+                + [(attn.DEFAULT[d], d) for d in (128, 256)])
+
+
+@pytest.mark.parametrize("name, d", VARLEN_CASES, ids=[f"{n}-d{d}" for n, d in VARLEN_CASES])
+def test_varlen_variants_assemble_without_spills(name, d, tmp_path):
+    """The varlen variant (causal, lse: the most live values) of the TMA defaults at every head
+    dim and two cp.async twins: the prefix sums as int32 pointer parameters, the block's exit
+    before the barriers' initialisation, no local memory, spills or serialised wgmma."""
+    cfg = attn.CONFIGS[name]
+    var = attn.AttnVariant(d, "bfloat16", True, True, varlen=True)
+    ptx = compile_ptx(attn.kernel_for(cfg, var), attn.signature(var, cfg), "sm_90a",
+                      launch_bounds=(cfg.threads, 1))
+    assert "ld.global.s32" in ptx or "ld.global.nc.s32" in ptx  # cu_q / cu_k
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    log = whole_program_ptxas(ptx, tmp_path)
+    for code in ("C7504", "C7508", "C7509", "C7513", "C7517", "C7519"):
+        assert code not in log, log
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+
+
+def test_varlen_refuses_persistent_and_kv_cache():
+    var = attn.AttnVariant(64, "bfloat16", True, False, varlen=True)
+    with pytest.raises(ValueError, match="persistent configuration has no varlen variant"):
+        attn.kernel_source(attn.CONFIGS["n128_2s_ov_pp_fx_tma_pt"], var)
+    kv = attn.AttnVariant(64, "bfloat16", True, False, kv_cache=True)
+    with pytest.raises(ValueError, match="no KV-cache variant"):
+        attn.kernel_source(attn.CONFIGS["n128_2s_ov_pp_fx_tma"], kv)

@@ -871,7 +871,8 @@ def unsupported(p):
     seqlen_q (rows past 32 take more m blocks, each reading the keys again), but not packed
     variable-length sequences (numbatc.attention_varlen)."""
     if p.varlen:
-        return "variable-length sequences (numbatc.attention_varlen) run on sm80_attention"
+        return ("variable-length sequences (numbatc.attention_varlen) run on sm90_attention or "
+                "sm80_attention")
     if p.dtype not in _PTX_TYPE:
         return f"sm80_decode_attention takes bfloat16 or float16, not {p.dtype}"
     if p.head_dim % 8 or not 8 <= p.head_dim <= 256:

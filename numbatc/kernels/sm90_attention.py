@@ -441,6 +441,23 @@ def load_{name}(smem, d, src, g, ld, rows_left):
             w(f"        CP(smem, d + {delta(i * step) + hh * half}, src, 0, 0)")
 
 
+def sequence_bounds_source(ind, keys=True):
+    """Source (varlen variants): sequence b's rows q0 .. q0 + Sq - 1 of q and out and (with
+    ``keys``) k0 .. k0 + Sk - 1 of k and v, the prefix sums clamped to the tensors' rows as in
+    sm80_attention (whatever cu_seqlens holds, no row outside them); with ``keys``, a block past
+    its sequence's queries returns (the grid covers max_seqlen_q) -- before any barrier, so the
+    whole block leaves together."""
+    text = f"""{ind}q0 = min(max(np.int64(cu_q[b]), 0), total_q)
+{ind}Sq = min(max(np.int64(cu_q[b + 1]), q0), total_q) - q0"""
+    if keys:
+        text += f"""
+{ind}k0 = min(max(np.int64(cu_k[b]), 0), total_k)
+{ind}Sk = min(max(np.int64(cu_k[b + 1]), k0), total_k) - k0
+{ind}if m0 >= Sq:
+{ind}    return  # a block past its sequence's end"""
+    return text
+
+
 def column_limit_mask(D: int, BN: int) -> bool:
     """Whether the kernel masks S with FA3's per-row column limit (two int32 limits per thread,
     then one compare per register) rather than by each register's 64-bit key index.  Only where
@@ -473,6 +490,14 @@ def kernel_source(cfg: Sm90AttnConfig, var: AttnVariant) -> str:
     NS, NO, KK = BN // 2, D // 2, BN // 16  # S registers, O registers, k16 steps of P V
     # barrier indices: q_full, k_full[s], v_full[s], k_empty[s], v_empty[s]
     KF, VF, KE, VE = 1, 1 + S, 1 + 2 * S, 1 + 3 * S
+    if var.kv_cache:
+        raise ValueError("sm90_attention has no KV-cache variant (sm80_attention's)")
+    if var.varlen and pers:
+        raise ValueError(f"{cfg.name}: a persistent configuration has no varlen variant (its "
+                         "work tiles assume one sequence length)")
+    # the element offset of row 0 of the block's sequence: batch entry b, or varlen's q0 / k0
+    rb = ({x: f"{r} * {x}_ss" for x, r in (("q", "q0"), ("k", "k0"), ("v", "k0"), ("o", "q0"))}
+          if var.varlen else {x: f"b * {x}_sb" for x in "qkvo"})
     if tma:
         from numbatc.kernels import sm90_attention_tma
 
@@ -680,14 +705,18 @@ LN2 = np.float32({math.log(2.0)!r})
 
     w("\n" + softmax_tile_source())
     assert not var.tma_store or tma, "TMA stores of O: TMA configurations only"
+    # varlen: (total_q, total_k) in place of (Sq, Sk), and the prefix sums cu_q, cu_k last
+    sizes = "total_q, total_k" if var.varlen else "Sq, Sk"
+    extra = ", cu_q, cu_k" if var.varlen else ""
     if tma:
-        w(sm90_attention_tma.head_source(cfg, D, shared_bytes(cfg, D), var.tma_store))
+        w(sm90_attention_tma.head_source(cfg, D, shared_bytes(cfg, D), var.tma_store,
+                                          var.varlen))
     else:
         w(f'''
 
 @cuda.jit(cache=True, launch_bounds=({cfg.threads}, 1))
-def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss, q_sh, k_sb,
-                     k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh, scale_log2):
+def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss, q_sh, k_sb,
+                     k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh, scale_log2{extra}):
     # Q ({_BM}, {D}) as 2 parts of {QPB} bytes | K {S} x ({BN}, {D}) | V {S} x ({BN}, {D}): {shared_bytes(cfg, D)} bytes
     smem = cuda.shared.array(0, np.uint8, alignment=1024)
     # q_full = bars[0], k_full[s] = bars[{KF} + s], v_full[s] = bars[{VF} + s]: the producer's 128
@@ -712,8 +741,10 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
     m0 = np.int64(np.uint32(np.uint32(mb - np.uint32(1)) - np.uint32(pid % mb))) * {_BM}
     b = np.int64(np.uint32(bh // np.uint32(Hq)))
     h = np.int64(np.uint32(bh % np.uint32(Hq)))
-    hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))
-    off = Sk - Sq  # causal: query i sees keys j <= i + off
+    hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))''')
+        if var.varlen:
+            w(sequence_bounds_source("    "))
+        w(f'''    off = Sk - Sq  # causal: query i sees keys j <= i + off
     n_tiles = {div_bn(f'(Sk + {BN - 1})', BN)}''')
     if var.causal and not pers:
         w(f'''    last = m0 + {_BM - 1} + off  # the last key the block's last query sees
@@ -722,7 +753,7 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
     else:
         n_tiles = min(n_tiles, {div_bn('last', BN)} + 1)''')
     if tma:
-        w(sm90_attention_tma.producer_source(cfg))
+        w(sm90_attention_tma.producer_source(cfg, var.varlen))
     else:
         w(f'''
     if t == 0:
@@ -747,11 +778,11 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         q_d = (j // {A}) * {64 * SW} + r0 * {SW} + swz
         k_d = {QB} + (j // {A}) * {BN * SW} + r0 * {SW} + swz
         v_d = {VB0} + (r0 // 8) * {D * 16} + (j // {A}) * {8 * SW} + (r0 % 8) * {SW} + swz
-        load_q(smem, q_d, q, b * q_sb + h * q_sh + (m0 + r0) * q_ss + j * 8, q_ss, Sq - m0 - r0)
+        load_q(smem, q_d, q, {rb["q"]} + h * q_sh + (m0 + r0) * q_ss + j * 8, q_ss, Sq - m0 - r0)
         nt.cp_async_mbarrier_arrive_noinc(bars, 0)
         # this thread's first copy of key tile n: k_g, v_g; rows of the tile left: left
-        k_g = b * k_sb + hk * k_sh + r0 * k_ss + j * 8
-        v_g = b * v_sb + hk * v_sh + r0 * v_ss + j * 8
+        k_g = {rb["k"]} + hk * k_sh + r0 * k_ss + j * 8
+        v_g = {rb["v"]} + hk * v_sh + r0 * v_ss + j * 8
         left = Sk - r0
         for n in range(n_tiles):
             s = n % {S}
@@ -899,15 +930,18 @@ def attention_kernel(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss,
         bh = np.uint32(pid // np.uint32(m_blocks))
         b = np.int64(np.uint32(bh // np.uint32(Hq)))
         h = np.int64(np.uint32(bh % np.uint32(Hq)))''')
+        if var.varlen:  # q0 and Sq too (the sequence's rows), read again
+            w(sequence_bounds_source("        ", keys=False))
     if not var.tma_store:
-        w("        o_start = b * o_sb + h * o_sh")
+        w(f"        o_start = {rb['o']} + h * o_sh")
     for hh in range(2):
         w(f"        l = quad_sum(l_{hh})")
         w(f"        inv_{hh} = np.float32(1) / l if l > ZERO else ZERO")
         if var.with_lse:
             w(f"        row = row0 + {8 * hh}")
             w("        if tq == 0 and row < Sq:")
-            w(f"            lse[np.int64(bh) * Sq + row] = (m_{hh} + math.log2(l)) * LN2 if l > ZERO else NEG_INF")
+            at = "h * total_q + q0 + row" if var.varlen else "np.int64(bh) * Sq + row"
+            w(f"            lse[{at}] = (m_{hh} + math.log2(l)) * LN2 if l > ZERO else NEG_INF")
     # NOTE (sm80_attention): scaled in place before any store, so that LLVM cannot hoist the
     # scaled values above the row checks and double O's registers.
     w("        o = " + _tup([f"o[{v}] * inv_{(v // 2) % 2}" for v in range(NO)]))
@@ -1016,22 +1050,29 @@ def grid_for(batch, heads_q, seqlen_q):
 
 def launch_flat(cfg: Sm90AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seqlen_q,
                 seqlen_k, heads_q, group, q_strides, k_strides, v_strides, o_strides, scale,
-                stream=0):
+                stream=0, varlen=None):
     """Launch the kernel (arguments as sm80_attention.launch_flat).  q, k, v, out, lse are
     flat: device pointers (ints) on the GPU, 1-d arrays in the emulation; strides (batch, seq,
     head) in elements, multiples of 8 for q, k, v, whose starts are 16-byte aligned; 16 * seq
     stride must fit in int32 (see :func:`unsupported`).  The kernel uses setmaxnreg, so
-    intrinsics.launch loads it through the driver's whole-program JIT."""
+    intrinsics.launch loads it through the driver's whole-program JIT.  A varlen variant takes
+    ``varlen=(cu_q, cu_k, max_seqlen_q)`` as sm80_attention.launch_flat does."""
     from numba import config
 
     from intrinsics.launch import launch as launch_kernel
 
+    if var.varlen != (varlen is not None):
+        raise ValueError(f"launch_flat: a {'varlen' if var.varlen else 'fixed-length'} variant "
+                         f"takes varlen={'(cu_q, cu_k, max_seqlen_q)' if var.varlen else 'None'}")
     kernel = kernel_for(cfg, var)
-    m_blocks = -(-seqlen_q // _BM)
+    rows = seqlen_q if varlen is None else varlen[2]
+    m_blocks = -(-rows // _BM)
     args = (q, k, v, out, lse, seqlen_q, seqlen_k, heads_q, group, m_blocks, *q_strides,
             *k_strides, *v_strides, *o_strides, np.float32(scale * LOG2E))
+    if varlen is not None:
+        args += tuple(varlen[:2])
     sig = None if config.ENABLE_CUDASIM else signature(var)
-    launch_kernel(kernel, grid_for(batch, heads_q, seqlen_q), cfg.threads, args,
+    launch_kernel(kernel, grid_for(batch, heads_q, rows), cfg.threads, args,
                   shared_bytes=shared_bytes(cfg, var.head_dim), stream=stream, signature=sig)
 
 
@@ -1044,8 +1085,6 @@ def launch_flat(cfg: Sm90AttnConfig, var: AttnVariant, q, k, v, out, lse, batch,
 def unsupported(p):
     """Why this kernel cannot compute problem ``p`` (a numbatc.attention_api.AttentionProblem), or
     None."""
-    if p.varlen:
-        return "variable-length sequences (numbatc.attention_varlen) run on sm80_attention"
     if p.kv_cache:
         return ("KV-cache problems (numbatc.attention_with_kvcache) run on sm80_decode_attention "
                 "or sm80_attention")
@@ -1054,9 +1093,10 @@ def unsupported(p):
     if p.dtype not in _PTX_TYPE:
         return f"dtype {p.dtype}"
     # the loaders step 16 rows (head_dim 64, 192, 256) or 8 (128) at a time with an int32 increment
+    seq = 0 if p.varlen else 1  # the sequence axis: varlen's tensors are (rows, head, dim)
     for name, ca in (("q", p.q), ("k", p.k), ("v", p.v)):
-        if ca.shape[1] > 1 and 16 * abs(ca.strides[1]) >= 2**31:
-            return f"{name}'s sequence stride {ca.strides[1]} is too large for 32-bit steps"
+        if ca.shape[seq] > 1 and 16 * abs(ca.strides[seq]) >= 2**31:
+            return f"{name}'s sequence stride {ca.strides[seq]} is too large for 32-bit steps"
     if p.seqlen_k >= 2**31 or p.seqlen_q >= 2**31:
         return "a sequence of 2**31 or more rows (key tiles are counted in 32 bits)"
     if p.batch * p.heads_q * (-(-p.seqlen_q // _BM)) >= 2**31:
@@ -1100,6 +1140,9 @@ def choose(p, name=None):
         fits = sorted(n for n, c in CONFIGS.items() if p.head_dim in c.head_dims)
         raise ValueError(f"sm90 attention config {name!r} is for head_dim "
                          f"{CONFIGS[name].head_dims}, not {p.head_dim}; choose from {fits}")
+    if name and p.varlen and CONFIGS[name].persistent:
+        raise ValueError(f"sm90 attention config {name!r} is persistent, which has no varlen "
+                         "variant; choose a configuration without _pt")
     if name:
         return CONFIGS[name]
     long_tiles = LONG_KEY_TILES.get(p.head_dim)
@@ -1113,12 +1156,13 @@ def compiled(p, cfg: Sm90AttnConfig):
     """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
     arguments; signature(var, cfg) its argument types)."""
     run = resolve(p, cfg)[0]
-    tma_store = run.tma and p.head_dim in TMA_STORE_HEAD_DIMS
+    # varlen: no TMA store (a box of O would write the next sequence's rows)
+    tma_store = run.tma and p.head_dim in TMA_STORE_HEAD_DIMS and not p.varlen
     if tma_store:
         from numbatc.kernels import sm90_attention_tma
 
         tma_store = sm90_attention_tma.out_fits(p.out)
-    return run, AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None,
+    return run, AttnVariant(p.head_dim, p.dtype, p.causal, p.lse is not None, p.varlen,
                             pair_stores=sm80_attention.pair_stores_fit(p.out),
                             tma_store=tma_store)
 
@@ -1137,7 +1181,9 @@ def launch(p, cfg: Sm90AttnConfig):
     if why is not None:
         import sys
 
-        print(f"numbatc.attention B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k} Hq={p.heads_q} "
+        shape = (f"varlen sequences={p.batch} max_seqlen_q={p.seqlen_q} max_seqlen_k="
+                 f"{p.seqlen_k}" if p.varlen else f"B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k}")
+        print(f"numbatc.attention {shape} Hq={p.heads_q} "
               f"Hkv={p.heads_kv} D={p.head_dim}{' causal' if p.causal else ''}: sm90_attention "
               f"{cfg.name} {p.dtype}{' +lse' if p.lse is not None else ''}"
               f"{f' ({fallback})' if fallback else ''} [{why}]", file=sys.stderr)
@@ -1147,9 +1193,10 @@ def launch(p, cfg: Sm90AttnConfig):
         return sm90_attention_tma.launch_attention(p, cfg, var)
     keep = []
     args, stream = sm80_attention.kernel_arguments(p, keep)
-    launch_flat(cfg, var, *args, stream=stream)
-    if keep or os.environ.get("NUMBATC_PRINT_CONFIG"):
-        return None  # q, k or v packed (a later call decides again), or no warm calls
+    launch_flat(cfg, var, *args, stream=stream,
+                varlen=sm80_attention.varlen_arguments(p, keep))
+    if keep or p.varlen or os.environ.get("NUMBATC_PRINT_CONFIG"):
+        return None  # q, k or v packed (a later call decides again), varlen, or no warm calls
     return sm80_attention.pointer_relaunch(
         kernel_for(cfg, var), grid_for(p.batch, p.heads_q, p.seqlen_q), cfg.threads,
         signature(var), shared_bytes(cfg, var.head_dim), args, _BM,

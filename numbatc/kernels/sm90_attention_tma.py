@@ -179,17 +179,20 @@ def box_columns(D):
     return swizzle_for(D) // 2
 
 
-def head_source(cfg, D, nbytes, tma_store=False):
+def head_source(cfg, D, nbytes, tma_store=False, varlen=False):
     """Source of the kernel's first lines: its parameters (out's tensor map after v's with
-    ``tma_store``), shared memory and barriers."""
+    ``tma_store``; with ``varlen`` (total_q, total_k) in place of (Sq, Sk) and the prefix sums
+    cu_q, cu_k last), shared memory and barriers."""
+    sizes = "total_q, total_k" if varlen else "Sq, Sk"
+    extra = ", cu_q, cu_k" if varlen else ""
     S, BN = cfg.stages, cfg.block_n
     q_empty = ("; q_empty = qbar[1]:\n    # one arrival per consumer thread (256) once the tile's "
                "Q K^T retired" if cfg.persistent else "")
     return f'''
 
 @cuda.jit(cache=True, launch_bounds=({cfg.threads}, 1))
-def attention_kernel(tma_q, tma_k, tma_v, {"tma_o, " if tma_store else ""}out, lse, Sq, Sk, Hq, group, m_blocks, n_work, o_sb,
-                     o_ss, o_sh, scale_log2):
+def attention_kernel(tma_q, tma_k, tma_v, {"tma_o, " if tma_store else ""}out, lse, {sizes}, Hq, group, m_blocks, n_work, o_sb,
+                     o_ss, o_sh, scale_log2{extra}):
     # Q (128, {D}) | K {S} x ({BN}, {D}) | V {S} x ({BN}, {D}), {2 * box_columns(D)}B swizzle: {nbytes} bytes
     smem = cuda.shared.array(0, np.uint8, alignment=1024)
     # q_full = qbar[0]: the producer's expect_tx arrival + {128 * D * 2} bytes{q_empty}.  K and V rings:
@@ -205,7 +208,9 @@ def make_producer(stages, block_n, D, q_bytes, stage_bytes, v0, work_tile=None):
     whole job.  Q's boxes (one per swizzle row of columns: :func:`box_columns`) arm q_full with
     ``q_bytes``; then for each key tile n the ring's next stage: acquire K's, arm its full
     barrier with ``stage_bytes``, issue K's boxes, the same for V (at ``v0``), advance.  Without
-    ``work_tile``, ``*tile`` is the block's (m0, b, h, hk, n_tiles); with it (persistent
+    ``work_tile``, ``*tile`` is the block's (m0, b, h, hk, n_tiles, k0): Q's first row m0 and
+    K's and V's k0 in batch entry b (a varlen kernel passes its sequence's rows q0 + m0 and k0
+    of the packed tensors, whose maps have one batch entry); with it (persistent
     configurations, the generated module's ``work_tile``) it is (n_work, bhn, m_blocks, Hq,
     group, Sk, off) and the thread walks the work tiles blockIdx.x, + gridDim.x, ..., each
     tile's Q waiting for q_empty (the previous tile's Q K^T retired; the ring's (index, phase)
@@ -229,9 +234,10 @@ def make_producer(stages, block_n, D, q_bytes, stage_bytes, v0, work_tile=None):
             nt.tma_load(smem, j * 128 * sw, tma_q, (box_d * j, h, m0, b), qbar, 0)
 
     @cuda.jit(device=True, forceinline=True)
-    def load_kv(smem, tma_k, tma_v, kbars, vbars, b, hk, n_tiles, index, phase):
-        # key tile n: the ring's stage index; K then V, stage_bytes each
-        n0 = 0
+    def load_kv(smem, tma_k, tma_v, kbars, vbars, b, hk, k0, n_tiles, index, phase):
+        # key tile n (rows k0 + n * block_n ..): the ring's stage index; K then V, stage_bytes
+        # each
+        n0 = k0
         for n in range(n_tiles):
             base = index * stage_bytes
             acquire(kbars, index, phase)
@@ -256,10 +262,10 @@ def make_producer(stages, block_n, D, q_bytes, stage_bytes, v0, work_tile=None):
 
     if work_tile is None:
         @cuda.jit(device=True, forceinline=True)
-        def produce(smem, qbar, kbars, vbars, tma_q, tma_k, tma_v, m0, b, h, hk, n_tiles):
+        def produce(smem, qbar, kbars, vbars, tma_q, tma_k, tma_v, m0, b, h, hk, n_tiles, k0):
             prefetch(tma_q, tma_k, tma_v)
             load_q(smem, tma_q, qbar, m0, b, h)
-            load_kv(smem, tma_k, tma_v, kbars, vbars, b, hk, n_tiles, 0, 0)
+            load_kv(smem, tma_k, tma_v, kbars, vbars, b, hk, k0, n_tiles, 0, 0)
 
         return produce
 
@@ -275,7 +281,7 @@ def make_producer(stages, block_n, D, q_bytes, stage_bytes, v0, work_tile=None):
             m0, b, h, hk, bh, n_tiles = work_tile(tile, bhn, m_blocks, Hq, group, Sk, off)
             nt.mbarrier_wait_parity(qbar, 1, qphase ^ 1)  # the previous tile's Q is free
             load_q(smem, tma_q, qbar, m0, b, h)
-            index, phase = load_kv(smem, tma_k, tma_v, kbars, vbars, b, hk, n_tiles, index,
+            index, phase = load_kv(smem, tma_k, tma_v, kbars, vbars, b, hk, 0, n_tiles, index,
                                    phase)
             qphase ^= 1
             tile += cuda.gridDim.x
@@ -283,11 +289,13 @@ def make_producer(stages, block_n, D, q_bytes, stage_bytes, v0, work_tile=None):
     return produce_tiles
 
 
-def producer_source(cfg):
+def producer_source(cfg, varlen=False):
     """Source of the barrier initialisation and the producer warpgroup (up to the consumers'
-    ``else:``): thread 0 runs the module's ``PRODUCE`` (:func:`make_producer`)."""
+    ``else:``): thread 0 runs the module's ``PRODUCE`` (:func:`make_producer`); ``varlen``: the
+    block's sequence starts at rows q0 and k0 of the packed tensors (one batch entry)."""
     pers = cfg.persistent
-    tile = ("n_work, bhn, m_blocks, Hq, group, Sk, off" if pers else "m0, b, h, hk, n_tiles")
+    tile = ("n_work, bhn, m_blocks, Hq, group, Sk, off" if pers else
+            "q0 + m0, 0, h, hk, n_tiles, k0" if varlen else "m0, b, h, hk, n_tiles, 0")
     return f'''
     if t == 0:
         nt.mbarrier_init(qbar, 0, 1){"""
@@ -305,15 +313,17 @@ def producer_source(cfg):
 
 def signature(var):
     """The kernel's argument types: the three tensor maps (four with ``var.tma_store``: out's
-    last; passed by value, TensorMap.param: intrinsics.grid_constant), out and lse as typed pointers, int64 sizes (n_work: the work
-    tiles, = the grid unless persistent) and O's strides, the float32 scale."""
+    last; passed by value, TensorMap.param: intrinsics.grid_constant), out and lse as typed
+    pointers, int64 sizes (n_work: the work tiles, = the grid unless persistent) and O's
+    strides, the float32 scale; a varlen variant's int32 prefix sums cu_q, cu_k last."""
     from numba import types
 
     from intrinsics.grid_constant import tensormap_param as tmap
 
     maps = 4 if var.tma_store else 3
+    cu = (types.CPointer(types.int32),) * 2 if var.varlen else ()  # cu_q, cu_k
     return ((tmap,) * maps + (types.CPointer(types.uint16), types.CPointer(types.float32))
-            + (types.int64,) * 9 + (types.float32,))
+            + (types.int64,) * 9 + (types.float32,) + cu)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,10 +342,11 @@ def unsupported(p):
     for name, ca in (("q", p.q), ("k", p.k), ("v", p.v)):
         if ca.ptr % 16:
             return f"{name} starts at {ca.ptr:#x}, not 16-byte aligned (a tensor map needs it)"
-        for axis, (n, st) in enumerate(zip(ca.shape[:3], ca.strides[:3])):
+        # (batch, seq, head, dim), or varlen's (rows, head, dim)
+        axes = ("batch", "sequence", "head")[-(ca.ndim - 1):]
+        for what, n, st in zip(axes, ca.shape[:-1], ca.strides[:-1]):
             nbytes = st * 2
             if n > 1 and (nbytes % 16 or nbytes >= _MAX_STRIDE):
-                what = ("batch", "sequence", "head")[axis]
                 return (f"{name}'s {what} stride is {st} elements ({nbytes} bytes), not a multiple "
                         f"of 16 bytes below 2**40 (a tensor map needs it)")
     return None
@@ -401,14 +412,19 @@ def launch_attention(p, cfg, var):
     args, stream = sm80_attention.kernel_arguments(p, keep)
     q, k, v, out, lse, batch, sq, sk, hq, group, q_st, k_st, v_st, o_st, scale = args
     D = p.head_dim
-    maps = (operand_map(q, var.dtype, (batch, sq, hq, D), q_st, sm90_attention._BM),
-            operand_map(k, var.dtype, (batch, sk, p.heads_kv, D), k_st, cfg.block_n),
-            operand_map(v, var.dtype, (batch, sk, p.heads_kv, D), v_st, cfg.block_n))
+    # varlen: sq, sk are the packed tensors' rows (total_q, total_k), each map has one batch
+    # entry (the batch stride is 0) and the kernel finds its sequence's rows in cu_q, cu_k
+    mb = 1 if var.varlen else batch
+    maps = (operand_map(q, var.dtype, (mb, sq, hq, D), q_st, sm90_attention._BM),
+            operand_map(k, var.dtype, (mb, sk, p.heads_kv, D), k_st, cfg.block_n),
+            operand_map(v, var.dtype, (mb, sk, p.heads_kv, D), v_st, cfg.block_n))
     if var.tma_store:  # boxes of one warpgroup's 64 rows
         maps += (operand_map(out, var.dtype, (batch, sq, hq, D), o_st, 64),)
+    assert not (var.varlen and (var.tma_store or cfg.persistent)), (cfg.name, var)
     kernel = sm90_attention.kernel_for(cfg, var)
-    m_blocks = -(-sq // sm90_attention._BM)
-    n_work = sm90_attention.grid_for(batch, hq, sq)
+    rows = p.seqlen_q  # max_seqlen_q for varlen: the grid's query rows per sequence
+    m_blocks = -(-rows // sm90_attention._BM)
+    n_work = sm90_attention.grid_for(batch, hq, rows)
     grid = min(n_work, _persistent_blocks()) if cfg.persistent else n_work
     if config.ENABLE_CUDASIM and var.tma_store:
         # numba's simulator copies a NumPy argument in, and back after the kernel: that copy of
@@ -419,12 +435,14 @@ def launch_attention(p, cfg, var):
         out = FakeCUDAArray(out) if isinstance(out, np.ndarray) else out
     args = (*(m.param for m in maps), out, lse, sq, sk, hq, group, m_blocks, n_work, *o_st,
             np.float32(scale * sm90_attention.LOG2E))
+    if var.varlen:
+        args += sm80_attention.varlen_arguments(p, keep)[:2]  # cu_q, cu_k
     sig = None if config.ENABLE_CUDASIM else signature(var)
     launch_kernel(kernel, grid, cfg.threads, args,
                   shared_bytes=sm90_attention.shared_bytes(cfg, D), stream=stream, signature=sig)
     keep.append(maps)
-    if config.ENABLE_CUDASIM or os.environ.get("NUMBATC_PRINT_CONFIG"):
-        return None  # the emulation, or no warm calls (each call prints)
+    if config.ENABLE_CUDASIM or os.environ.get("NUMBATC_PRINT_CONFIG") or var.varlen:
+        return None  # the emulation, no warm calls (each call prints), or varlen (as sm80's)
     from intrinsics.launch import prepare
 
     prepared = prepare(kernel, grid, cfg.threads, sig,

@@ -238,3 +238,56 @@ def test_tma_falls_back_to_cp_async_at_head_dim_256(sm90, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "(not n80_2s_ov_pp_fx_tma: k starts at" in err, err
     assert "[DEFAULT_TMA[256]: 128 x 80 tiles, 2 stages]" in err, err
+
+
+# numbatc.attention_varlen (packed sequences; each block finds its sequence's rows in the prefix
+# sums, and the TMA maps span the packed rows, so a tile's boxes run into the next sequence's
+# keys, which the mask removes, and its queries, which are not stored)
+VARLEN = [
+    # name,                  lens_q,       lens_k,       hq, hkv, d, causal, dtype
+    ("n128_2s_ov_pp_fx_tma", [17, 0, 40], [30, 7, 130], 2, 1, 64, True, "bfloat16"),
+    ("n128_2s_ov_pp_fx", [40, 3], [0, 150], 1, 1, 128, False, "float16"),
+    ("n80_2s_ov_pp_fx_tma", [20, 33], [50, 100], 1, 1, 256, True, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("name, lens_q, lens_k, hq, hkv, d, causal, dtype", VARLEN,
+                         ids=[f"{c[0]}-d{c[5]}" for c in VARLEN])
+def test_varlen(sm90, name, lens_q, lens_k, hq, hkv, d, causal, dtype):
+    """Per-sequence float64 reference and lse (check_varlen): a sequence with no queries, one
+    with no keys, ragged tiles, GQA, causal (bottom-right per sequence); head_dim 256's
+    epilogue reads the sequence's rows again; max_seqlen_q above the longest for one case
+    (blocks past every sequence return)."""
+    from tests.helpers.attention import check_varlen
+
+    used = sm90(name)
+    longest = (max(lens_q) + (130 if d == 128 else 0), max(lens_k))
+    check_varlen(lens_q, lens_k, hq, hkv, d, causal, dtype, max_seqlen=longest)
+    assert used == [name]
+
+
+def test_varlen_garbage_prefix_sums_stay_inside_the_arrays(sm90, monkeypatch):
+    """As test_attention_varlen_gpu's, on the TMA configuration: with the value checks off,
+    prefix sums that decrease, run past the rows or are negative read and write nothing
+    outside q, k, v, out and lse (out a view into a NaN-filled buffer whose guard rows stay
+    NaN; the emulation bounds-checks every flat access and every box)."""
+    from numba import cuda
+
+    from numbatc import attention_api
+    from tests.helpers.attention import to_device, values
+
+    import numbatc
+
+    monkeypatch.setattr(attention_api, "_check_prefix_sums", lambda *a: None)
+    used = sm90("n128_2s_ov_pp_fx_tma")
+    hq, d, tq, tk = 1, 64, 12, 10
+    q, k = values((tq, hq, d), "bfloat16"), values((tk, hq, d), "bfloat16")
+    buf = cuda.to_device(np.full((tq + 8, hq, d), 0x7FC0, np.uint16))  # bf16 NaN
+    out = numbatc.bfloat16(buf[4:4 + tq])
+    cq = cuda.to_device(np.array([0, 9, 3, 1000, -5, 12], np.int32))
+    ck = cuda.to_device(np.array([-7, 4, 2000, 6, 6, 3], np.int32))
+    dq, dk = to_device(q, "bfloat16"), to_device(k, "bfloat16")
+    numbatc.attention_varlen(dq, dk, dk, cq, ck, 16, 16, causal=True, out=out)
+    host = buf.copy_to_host()
+    assert (host[:4] == 0x7FC0).all() and (host[4 + tq:] == 0x7FC0).all(), "a write outside out"
+    assert used == ["n128_2s_ov_pp_fx_tma"]

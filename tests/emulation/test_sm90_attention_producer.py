@@ -5,8 +5,8 @@ with exactly the bytes of the boxes that signal it (one swizzle row of head-dim 
 or 32 at head_dim 96 -- x rows x 2 bytes each, out-of-bounds fill included); every box starts
 at an innermost coordinate that is a multiple of the box's columns (the 16-byte rule) and on a
 boundary of shared memory that the swizzle's repeat divides (1024 bytes for 128B, 512 for 64B);
-the key tiles walk the ring's stages in order (stage n % S at n * BN keys), K's boxes behind Q,
-V's behind the K stages."""
+the key tiles walk the ring's stages in order (stage n % S at k0 + n * BN keys: k0 a varlen
+sequence's first key row), K's boxes behind Q, V's behind the K stages."""
 
 import pytest
 from numba import config
@@ -43,8 +43,8 @@ def test_the_producer_arms_each_barrier_with_its_boxes(monkeypatch, name, d):
     monkeypatch.setattr(pipeline, "nt", _Recorder(calls))
     produce = sm90_attention_tma.make_producer(cfg.stages, cfg.block_n, d, QB, KB, VB0)
     n_tiles = cfg.stages + 1  # the ring wraps once
-    m0, b, h, hk = 256, 1, 5, 2
-    produce("smem", "qbar", "kbars", "vbars", "tq", "tk", "tv", m0, b, h, hk, n_tiles)
+    m0, b, h, hk, k0 = 256, 1, 5, 2, 77  # k0: a varlen sequence's first key row
+    produce("smem", "qbar", "kbars", "vbars", "tq", "tk", "tv", m0, b, h, hk, n_tiles, k0)
     assert [c[0] for c in calls[:3]] == ["tma_prefetch_descriptor"] * 3
     armed, boxes, order = {}, {}, []
     tile = {"kbars": -1, "vbars": -1}  # the key tile each ring's boxes are for
@@ -67,7 +67,7 @@ def test_the_producer_arms_each_barrier_with_its_boxes(monkeypatch, name, d):
             else:
                 base = (QB if tensor == "tk" else VB0) + index * KB
                 assert base <= offset < base + KB, call
-                assert row == tile[bar] * cfg.block_n, call
+                assert row == k0 + tile[bar] * cfg.block_n, call
         else:
             assert call[0] == "mbarrier_wait_parity", call  # the ring's acquire
     # one arming per (barrier, stage) use: Q once, then K and V per key tile, stage n % S

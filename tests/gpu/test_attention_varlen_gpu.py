@@ -1,7 +1,8 @@
 """numbatc.attention_varlen on the GPU against a per-sequence float64 reference: the
 FlashAttention suite's awkward length pairs (113/203, 1/239, 1023/1024), empty sequences (no
 queries, no keys), causal and not, GQA, bf16 and f16, device and host cu_seqlens, packed qkv
-views, the portable kernel forced and the default walk; outputs poisoned (NaN) before every
+views, the portable kernel forced, the default walk and sm90_attention's TMA and cp.async
+configurations at every head dim it takes; outputs poisoned (NaN) before every
 call, fresh random data every run, lse checked.  Reference and tolerance:
 tests/helpers/attention.py (check_varlen).  Tests marked ``emulation`` also run in the CPU
 emulation (tiny)."""
@@ -93,14 +94,32 @@ def test_torch_packed_qkv_views():
 
 @pytest.mark.parametrize("kernel", ["sm80", "sm90", None], ids=["sm80", "sm90-asked", "default"])
 def test_forced_and_default_walk(kernel, monkeypatch, capsys):
-    """sm80 forced, sm90 asked for (it declines varlen: the portable kernel runs) and the
-    default; NUMBATC_PRINT_CONFIG names sm80_attention."""
+    """sm80 forced, sm90 asked for and the default: NUMBATC_PRINT_CONFIG names the kernel that
+    ran -- the portable one where forced or off compute capability 9.0, else sm90_attention's
+    TMA configuration (its maps span the packed rows)."""
     if kernel:
         monkeypatch.setenv("NUMBATC_ATTN_KERNEL", kernel)
     monkeypatch.setenv("NUMBATC_PRINT_CONFIG", "1")
     check_varlen([113, 1], [203, 239], 4, 2, 128, True)
     err = capsys.readouterr().err
-    assert "sm80_attention" in err and "varlen" in err, err
+    hopper = tuple(cuda.get_current_device().compute_capability) == (9, 0)
+    want = "sm90_attention n128_2s_ov_pp_fx_tma" if hopper and kernel != "sm80" else "sm80_attention"
+    assert want in err and "varlen" in err, err
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("name", ["tma", "cp.async"])
+def test_sm90_configurations(d, name, monkeypatch):
+    """sm90_attention's default TMA configuration and its cp.async twin at every head dim it
+    takes (skipped off compute capability 9.0), on the awkward lengths, GQA, causal."""
+    from numbatc.kernels import sm90_attention
+
+    if tuple(cuda.get_current_device().compute_capability) != (9, 0):
+        pytest.skip("sm90_attention needs compute capability 9.0")
+    cfg = sm90_attention.DEFAULT_TMA[d] if name == "tma" else sm90_attention.DEFAULT[d]
+    monkeypatch.setenv("NUMBATC_ATTN_KERNEL", f"sm90:{cfg}")
+    check_varlen(*AWKWARD, 4, 2, d, True, "bfloat16")
+    check_varlen(*AWKWARD, 2, 2, d, False, "float16")
 
 
 def test_device_cu_seqlens_values_are_checked():
