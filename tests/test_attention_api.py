@@ -385,7 +385,8 @@ def cu_values(monkeypatch):
     from numbatc import attention_api
 
     held = {}
-    monkeypatch.setattr(attention_api, "_host_copy", lambda ca, stream: held[ca.ptr])
+    monkeypatch.setattr(attention_api, "_read_back_later",
+                        lambda cas, stream: lambda: [held[ca.ptr] for ca in cas])
     monkeypatch.setattr(attention_api, "_host_to_device", lambda ca, host, stream: None)
 
     def cu(vals, dtype="int32", **kw):
@@ -447,12 +448,17 @@ def test_varlen_empty_launches_nothing(launched, cu_values):
     ([0, 5, 12], [0, 9, 20], 7, 10, r"max_seqlen_k \(10\) is smaller than sequence 1's length 11"),
     ([0, 5, 12], [0, 20], 7, 20, "must have one shape"),
 ])
-def test_varlen_bad_prefix_sums(cu_values, cq, ck, mq, mk, msg):
+def test_varlen_bad_prefix_sums(launched, cu_values, cq, ck, mq, mk, msg):
+    """Device prefix sums are read back while the kernel runs (it clamps any value): their
+    error comes after the launch; host ones are checked before anything runs."""
     q, k, v = varlen_qkv()
     with pytest.raises(ValueError, match=msg):
         numbatc.attention_varlen(q, k, v, cu_values(cq), cu_values(ck), mq, mk)
+    assert len(launched) == (0 if "one shape" in msg else 1)
+    launched.clear()
     with pytest.raises(ValueError, match=msg):  # host arrays: the same checks
         numbatc.attention_varlen(q, k, v, np.array(cq), ck, mq, mk)
+    assert not launched
 
 
 def test_varlen_bad_cu_seqlens_arrays(cu_values):

@@ -42,7 +42,8 @@ def ints(monkeypatch):
     makes one.  Host arrays copied to the device are recorded in ``ints.copied``."""
     held = {}
     copied = []
-    monkeypatch.setattr(attention_api, "_host_copy", lambda ca, stream: held[ca.ptr])
+    monkeypatch.setattr(attention_api, "_read_back_later",
+                        lambda cas, stream: lambda: [held[ca.ptr] for ca in cas])
     monkeypatch.setattr(attention_api, "_host_to_device",
                         lambda ca, host, stream: copied.append(host.copy()))
 
@@ -127,7 +128,8 @@ def test_values_are_not_read_under_capture(launched, ints, monkeypatch):
     from numbatc import _capture
 
     monkeypatch.setattr(_capture, "is_capturing", lambda stream: True)
-    monkeypatch.setattr(attention_api, "_host_copy", lambda ca, stream: pytest.fail("read back"))
+    monkeypatch.setattr(attention_api, "_read_back_later",
+                        lambda cas, stream: pytest.fail("read back"))
     q, k, v = qkv(pages=2)
     numbatc.attention_with_kvcache(q, k, v, ints([10**6, -3, 5]), block_table=ints(
         [[7], [-1], [99]]))  # garbage: the kernels clamp it
@@ -190,15 +192,19 @@ def test_bad_block_tables(ints):
      r"x page_size 16\)"),
     ([1, -1, 0], [[0, 1, 2], [3, 4, 5], [6, 7, 8]], r"cache_seqlens\[1\] = -1 is negative"),
 ])
-def test_bad_paged_values(ints, seqlens, table, msg):
+def test_bad_paged_values(launched, ints, seqlens, table, msg):
+    """Device arrays are read back while the kernel runs (it clamps any value): the error
+    comes after the launch; host arrays are checked before anything runs."""
     q, k, v = qkv(pages=10)
     with pytest.raises(ValueError, match=msg):  # device arrays read back
         numbatc.attention_with_kvcache(q, k, v, ints(seqlens), block_table=ints(table))
+    assert len(launched) == 1
     with pytest.raises(ValueError, match=msg):  # host arrays: the same checks
         numbatc.attention_with_kvcache(q, k, v, np.array(seqlens), block_table=np.array(table))
+    assert len(launched) == 1
 
 
-def test_bad_cache_seqlens(ints):
+def test_bad_cache_seqlens(launched, ints):
     q, k, v = qkv()
     with pytest.raises(ValueError, match=r"cache_seqlens\[2\] = 101 is more keys than the "
                                          r"cache's seqlen_cache \(100\)"):
