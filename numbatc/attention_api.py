@@ -519,9 +519,10 @@ def _read_back_later(cas, stream):
     Why: a copy on ``stream`` itself, waited for before the launch, drains the stream -- the
     GPU finishes every earlier kernel, then idles while the host checks and launches.  Here a
     side stream waits on an event recorded on ``stream`` and copies there: the caller launches
-    its kernel first and waits for the values while the kernel runs.  (H200, numbatc.bench
-    varlen: a call took 1.2-1.8 ms back to back against 0.3-0.8 ms for its kernel.)  A
-    non-contiguous array is copied as :func:`_host_copy` does, at once."""
+    its kernel first and waits for the values while the kernel runs.  On the GPU this is five
+    driver calls on objects made once per thread and device (:func:`_raw_read_back`): Numba's
+    stream, event and array wrappers cost about 0.25 ms a call (H200 profile of
+    attention_varlen).  A non-contiguous array is copied as :func:`_host_copy` does, at once."""
     from numba import config, cuda
 
     from numbatc.interop import devices
@@ -539,33 +540,85 @@ def _read_back_later(cas, stream):
         hosts = [_host_copy(ca, stream) for ca in cas]
         return lambda: hosts
     device = cas[0].device
-    sizes = [ca.size for ca in cas]
+    if not config.ENABLE_CUDASIM:
+        return _raw_read_back(cas, stream, device)
+    # the simulator: the same steps through Numba's objects
     with devices.device_scope(device):
-        held = getattr(_READ_BACK, "by_device", None)
-        if held is None:
-            held = _READ_BACK.by_device = {}
-        side, buf = held.get(device, (None, None))
-        if side is None:
-            side = cuda.stream()
-        if buf is None or buf.size < sum(sizes):
-            buf = cuda.pinned_array(max(sum(sizes), 256), np.int32)
-        held[device] = (side, buf)
-        # (the simulator's events take no arguments)
-        ready = cuda.event() if config.ENABLE_CUDASIM else cuda.event(timing=False)
+        side = cuda.stream()
+        ready = cuda.event()
         ready.record(streams.numba_stream(stream, device))
         ready.wait(side)
-        parts, at = [], 0
-        for ca, n in zip(cas, sizes):
-            part = buf[at:at + n].reshape(ca.shape)
+        parts = []
+        for ca in cas:
+            part = cuda.pinned_array(ca.shape, np.int32)
             kernel_view(ca).copy_to_host(part, stream=side)
             parts.append(part)
-            at += n
 
     def values():
         side.synchronize()
         return [part.copy() for part in parts]
 
     return values
+
+
+def _raw_read_back(cas, stream, device):
+    """:func:`_read_back_later` on the GPU through cuda.bindings: per thread and device one
+    non-blocking side stream, one event (no timing) and one pinned buffer, made once in the
+    device's primary context; per call cuEventRecord on ``stream``, cuStreamWaitEvent on the
+    side stream, a cuMemcpyDtoHAsync per array, and (in the returned function)
+    cuStreamSynchronize.  The calls run in the device's primary context, made current for them
+    where another one is."""
+    from cuda.bindings import driver as drv
+    from numba import cuda
+
+    from numbatc.interop import devices
+
+    held = getattr(_READ_BACK, "raw", None)
+    if held is None:
+        held = _READ_BACK.raw = {}
+    sizes = [ca.size for ca in cas]
+    entry = held.get(device)
+    if entry is None or entry[3].size < sum(sizes):
+        with devices.device_scope(device):
+            if entry is None:
+                ctx = _ok(drv.cuCtxGetCurrent())
+                side = _ok(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING))
+                event = _ok(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+            else:
+                ctx, side, event = entry[:3]
+            entry = held[device] = (ctx, side, event,
+                                    cuda.pinned_array(max(sum(sizes), 256), np.int32))
+    ctx, side, event, buf = entry
+    pushed = int(_ok(drv.cuCtxGetCurrent())) != int(ctx)
+    if pushed:
+        _ok(drv.cuCtxPushCurrent(ctx))
+    try:
+        _ok(drv.cuEventRecord(event, drv.CUstream(stream)))
+        _ok(drv.cuStreamWaitEvent(side, event, 0))
+        host, at, spans = buf.ctypes.data, 0, []
+        for ca, n in zip(cas, sizes):
+            _ok(drv.cuMemcpyDtoHAsync(host + 4 * at, ca.ptr, 4 * n, side))
+            spans.append((at, n, ca.shape))
+            at += n
+    finally:
+        if pushed:
+            _ok(drv.cuCtxPopCurrent())
+
+    def values():
+        _ok(drv.cuStreamSynchronize(side))
+        return [buf[a:a + n].reshape(shape).copy() for a, n, shape in spans]
+
+    return values
+
+
+def _ok(result):
+    """The value of a cuda.bindings call's (error, value) or (error,) result; raises on an
+    error."""
+    err, *value = result
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA driver error {getattr(err, 'name', err)} reading back "
+                           "prefix sums / cache lengths")
+    return value[0] if value else None
 
 
 def _host_to_device(ca, host, stream):
