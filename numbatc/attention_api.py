@@ -391,7 +391,39 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     cu_seqlens are checked before anything runs, and cannot be copied under capture (a
     CaptureError).  Runs sm90_attention on compute capability 9.0 (its TMA configurations:
     maps over the packed rows) at the head dims it takes, else the portable kernel
-    (sm80_attention); no warm call (each call is checked)."""
+    (sm80_attention).  Warm calls (device cu_seqlens; arrays, max_seqlen and flags as a
+    checked call's, other pointers) skip the argument checks and the dispatch, not the
+    values' check (:class:`_VarlenWarm`)."""
+    if (CACHE and _env_key is not None and type(causal) is bool and type(return_lse) is bool
+            and (scale is None or type(scale) in (int, float))):
+        try:
+            key, ptrs = _varlen_warm_key(q, k, v, out, cu_seqlens_q, cu_seqlens_k,
+                                         max_seqlen_q, max_seqlen_k, causal, scale, return_lse)
+            warm = None if key is None else CACHE.get(key)
+            if warm is not None and scale is not None:
+                scale_f = float(scale)
+                if not 0.0 < scale_f < math.inf:
+                    warm = None  # the checks say what
+        except Exception:  # anything odd: the checks say what
+            warm = None
+        if warm is not None:
+            result = warm(ptrs, q, k, v, out, cu_seqlens_q, cu_seqlens_k, causal,
+                          warm.default_scale if scale is None else scale_f)
+            if result is not MISS:
+                return result
+    done, problem, relaunch = _attention_varlen_checked(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, out,
+        return_lse)
+    if relaunch is not None:
+        _remember_varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         causal, scale, return_lse, problem, relaunch)
+    return done
+
+
+def _attention_varlen_checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              causal, scale, out, return_lse):
+    """attention_varlen's whole checked call: (the result, the AttentionProblem or None, the
+    relaunch dispatch.launch_attention returned or None: an empty problem, host cu_seqlens)."""
     Q, K, V = _operands(q, k, v, _VARLEN_SHAPES)
     total_q, heads_q, head_dim = Q.shape
     total_k, heads_kv, kd = K.shape
@@ -422,31 +454,34 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
     result, OUT, lse_result, LSE = _results(q, out, OUT, Q, return_lse, (heads_q, total_q))
     done = (result, lse_result) if return_lse else result
-    if not (batch == 0 or total_q == 0 or heads_q == 0 or max_seqlen_q == 0):
-        problem = AttentionProblem(
-            q=Q, k=K, v=V, out=OUT, lse=LSE, batch=batch, seqlen_q=max_seqlen_q,
-            seqlen_k=max_seqlen_k, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
-            causal=bool(causal), scale=scale, dtype=Q.dtype,
-            device=device if device is not None else OUT.device, cc=cc, stream_handle=stream,
-            cu_seqlens_q=CU_Q, cu_seqlens_k=CU_K)
-        _launch_then(problem, values, lambda got: check(*got))
-    elif values is not None:
-        check(*values())
-    return done
+    if batch == 0 or total_q == 0 or heads_q == 0 or max_seqlen_q == 0:
+        if values is not None:
+            check(*values())
+        return done, None, None
+    problem = AttentionProblem(
+        q=Q, k=K, v=V, out=OUT, lse=LSE, batch=batch, seqlen_q=max_seqlen_q,
+        seqlen_k=max_seqlen_k, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
+        causal=bool(causal), scale=scale, dtype=Q.dtype,
+        device=device if device is not None else OUT.device, cc=cc, stream_handle=stream,
+        cu_seqlens_q=CU_Q, cu_seqlens_k=CU_K)
+    relaunch = _launch_then(problem, values, lambda got: check(*got))
+    return done, problem, (relaunch if host_q is None else None)
 
 
 def _launch_then(problem, values, check):
     """Launch ``problem``; then, where ``values`` (:func:`_read_back_later`'s) is given,
     ``check(values())`` while the kernel runs.  A launch that raises still waits for the copies
-    (their pinned buffer is reused) and its error is the one raised."""
+    (their pinned buffer is reused) and its error is the one raised.  Returns the launch's
+    relaunch function (:func:`_launch`'s)."""
     try:
-        _launch(problem)
+        relaunch = _launch(problem)
     except BaseException:
         if values is not None:
             values()
         raise
     if values is not None:
         check(values())
+    return relaunch
 
 
 def _max_seqlen(name, value):
@@ -924,6 +959,107 @@ class _AttentionWarm(Entry):
             lse=None if lse is None else as_cuda(lse, "lse"), causal=causal, scale=scale,
             stream_handle=self.stream(), **self.fields))
         return result if lse is None else (result, lse)
+
+
+def _varlen_warm_key(q, k, v, out, cu_q, cu_k, max_q, max_k, causal, scale, return_lse):
+    """attention_varlen's (key, (q, k, v, out, cu_q, cu_k pointers)), or (None, None) where an
+    array has no warm path (host prefix sums among them) or a max_seqlen is not an int."""
+    if type(max_q) is not int or type(max_k) is not int:
+        return None, None
+    probes = (probe(q), probe(k), probe(v), ABSENT if out is None else probe(out), probe(cu_q),
+              probe(cu_k))
+    if any(x is None for x in probes):
+        return None, None
+    key = ("attention_varlen", *(x[1] for x in probes), max_q, max_k, causal, return_lse,
+           scale is None, _env_key(), threading.get_ident())
+    return key, tuple(x[0] for x in probes)
+
+
+class _VarlenWarm(Entry):
+    """attention_varlen's entry: as :class:`_AttentionWarm`, and each call still reads the
+    prefix sums back and checks them while its kernel runs (:func:`_read_back_later`, skipped
+    under capture as in the checked call); the kernel module's pointer relaunch takes their
+    pointers too (sm90_attention_tma's ``relaunch(..., cu=(cu_q, cu_k))``)."""
+
+    __slots__ = ("spans", "lse_alloc", "fields", "default_scale", "fast", "totals", "maxima")
+
+    def __init__(self, p: AttentionProblem, relaunch, allocate: bool):
+        super().__init__(relaunch, p.q, p.out, allocate)
+        self.fast = getattr(relaunch, "fast", None)
+        self.spans = (span(p.q), span(p.k), span(p.v))
+        self.lse_alloc = None if p.lse is None else alloc.allocator(p.q, p.lse.shape, "float32")
+        self.fields = dict(batch=p.batch, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
+                           heads_q=p.heads_q, heads_kv=p.heads_kv, head_dim=p.head_dim,
+                           dtype=p.dtype, device=p.device, cc=p.cc)
+        self.default_scale = 1.0 / math.sqrt(p.head_dim)
+        self.totals = (p.q.shape[0], p.k.shape[0])
+        self.maxima = (p.seqlen_q, p.seqlen_k)
+
+    def check(self, got):
+        (total_q, total_k), (max_q, max_k) = self.totals, self.maxima
+        _check_prefix_sums("cu_seqlens_q", got[0], total_q, "max_seqlen_q", max_q)
+        _check_prefix_sums("cu_seqlens_k", got[1], total_k, "max_seqlen_k", max_k)
+
+    def __call__(self, ptrs, q, k, v, out, cu_q, cu_k, causal, scale):
+        q_ptr, k_ptr, v_ptr, out_ptr, cq_ptr, ck_ptr = ptrs
+        if out is None:
+            result, out_ptr = allocate_probed(self.alloc, q)
+            if result is None:
+                return MISS
+        else:
+            result = out
+            hi = out_ptr + self.out_span
+            for ptr, size in zip((q_ptr, k_ptr, v_ptr), self.spans):
+                if size and ptr < hi and out_ptr < ptr + size:
+                    return MISS  # overlap: the checked path names it
+        lse = None
+        lse_ptr = 0
+        if self.lse_alloc is not None:
+            lse, lse_ptr = allocate_probed(self.lse_alloc, q)
+            if lse is None:
+                return MISS
+        stream = self.stream()
+        as_cuda = arrays.as_cuda_array
+        CU_Q, CU_K = as_cuda(cu_q, "cu_seqlens_q"), as_cuda(cu_k, "cu_seqlens_k")
+        values = (None if _capture.is_capturing(stream)
+                  else _read_back_later((CU_Q, CU_K), stream))
+        fast = self.fast
+        try:
+            if fast is None or not fast(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, scale, stream,
+                                        cu=(cq_ptr, ck_ptr)):
+                # no pointer relaunch, or pointers the launch decides on (a TMA twin, packing)
+                self.relaunch(AttentionProblem(
+                    q=as_cuda(q, "q"), k=as_cuda(k, "k"), v=as_cuda(v, "v"),
+                    out=as_cuda(result, "out"), lse=None if lse is None else as_cuda(lse, "lse"),
+                    causal=causal, scale=scale, stream_handle=stream, cu_seqlens_q=CU_Q,
+                    cu_seqlens_k=CU_K, **self.fields))
+        except BaseException:
+            if values is not None:
+                values()
+            raise
+        if values is not None:
+            self.check(values())
+        return result if lse is None else (result, lse)
+
+
+def _remember_varlen(q, k, v, out, cu_q, cu_k, max_q, max_k, causal, scale, return_lse, p,
+                     relaunch):
+    """Cache ``relaunch`` for attention_varlen calls like this checked one (_varlen_warm_key)."""
+    global _env_key
+    if _env_key is None:
+        from numbatc.kernels.dispatch import attention_env_key
+
+        _env_key = attention_env_key
+    if not (type(causal) is bool and type(return_lse) is bool
+            and (scale is None or type(scale) in (int, float))):
+        return
+    try:
+        key, _ = _varlen_warm_key(q, k, v, out, cu_q, cu_k, max_q, max_k, causal, scale,
+                                  return_lse)
+    except Exception:
+        return
+    if key is not None:
+        remember(key, _VarlenWarm(p, relaunch, allocate=out is None))
 
 
 def _remember(q, k, v, out, causal, scale, return_lse, p, relaunch):

@@ -441,20 +441,20 @@ def launch_attention(p, cfg, var):
     launch_kernel(kernel, grid, cfg.threads, args,
                   shared_bytes=sm90_attention.shared_bytes(cfg, D), stream=stream, signature=sig)
     keep.append(maps)
-    if config.ENABLE_CUDASIM or os.environ.get("NUMBATC_PRINT_CONFIG") or var.varlen:
-        return None  # the emulation, no warm calls (each call prints), or varlen (as sm80's)
+    if config.ENABLE_CUDASIM or os.environ.get("NUMBATC_PRINT_CONFIG"):
+        return None  # the emulation, or no warm calls (each call prints)
     from intrinsics.launch import prepare
 
     prepared = prepare(kernel, grid, cfg.threads, sig,
                        shared_bytes=sm90_attention.shared_bytes(cfg, D))
     if prepared is None:
         return None
-    geometry = ((var.dtype, (batch, sq, hq, D), q_st, sm90_attention._BM),
-                (var.dtype, (batch, sk, p.heads_kv, D), k_st, cfg.block_n),
-                (var.dtype, (batch, sk, p.heads_kv, D), v_st, cfg.block_n))
+    geometry = ((var.dtype, (mb, sq, hq, D), q_st, sm90_attention._BM),
+                (var.dtype, (mb, sk, p.heads_kv, D), k_st, cfg.block_n),
+                (var.dtype, (mb, sk, p.heads_kv, D), v_st, cfg.block_n))
     if var.tma_store:
-        geometry += ((var.dtype, (batch, sq, hq, D), o_st, 64),)
-    sizes = args[len(maps) + 2:-1]
+        geometry += ((var.dtype, (mb, sq, hq, D), o_st, 64),)
+    sizes = args[len(maps) + 2:len(maps) + 11]  # the 9 int64s from Sq (total_q) on
     from numbatc.kernels.tensor_maps import LastMaps
 
     def qkv_maps(*ptrs):
@@ -465,15 +465,16 @@ def launch_attention(p, cfg, var):
 
     out_mask = 15 if var.tma_store else 3 if var.pair_stores else 0
 
-    def relaunch(q, k, v, out, lse, scale, stream):
-        """Launch for these device pointers (lse 0 without it): True, or False where a start is
-        not 16-byte aligned (no tensor map: the checked path runs the cp.async twin) or out is
-        not 4-byte aligned for a kernel of pair stores (the checked path compiles the other)."""
-        if (q | k | v) & 15 or out & out_mask:
+    def relaunch(q, k, v, out, lse, scale, stream, cu=()):
+        """Launch for these device pointers (lse 0 without it; a varlen kernel's prefix sums
+        ``cu`` = (cu_q, cu_k)): True, or False where a start is not 16-byte aligned (no tensor
+        map: the checked path runs the cp.async twin) or out is not 4-byte aligned for a kernel
+        of pair stores (the checked path compiles the other)."""
+        if (q | k | v) & 15 or out & out_mask or len(cu) != (2 if var.varlen else 0):
             return False
         ptrs = (q, k, v, out) if var.tma_store else (q, k, v)
         params = last.params(ptrs, qkv_maps, *ptrs)
-        prepared(stream, *params, out, lse, *sizes, scale * sm90_attention.LOG2E)
+        prepared(stream, *params, out, lse, *sizes, scale * sm90_attention.LOG2E, *cu)
         return True
 
     return relaunch

@@ -97,3 +97,48 @@ def test_warm_sm90_with_out_and_lse(checked, monkeypatch):
         assert got is out
         _check(got, q, k, v, False, 0.2, dtype, lse)
     assert len(checked) == 1 and len(ran) == 2 and ran[0] == ran[1]
+
+
+@pytest.mark.parametrize("kernel", [None, "sm90:n128_2s_ov_pp_fx_tma"], ids=["portable", "sm90"])
+def test_varlen_warm_calls(kernel, monkeypatch):
+    """numbatc.attention_varlen: the second call of a signature (new values, new prefix sums in
+    new arrays, new q / k / v) skips the checked call and gives the per-sequence reference's
+    answer; its prefix sums are still read back and checked (a ValueError for bad ones, after
+    the launch); other max_seqlen values take the checked path."""
+    from numba import cuda
+
+    from tests.helpers.attention import prefix_sums, reference_varlen
+
+    calls = []
+    real = attention_api._attention_varlen_checked
+    monkeypatch.setattr(attention_api, "_attention_varlen_checked",
+                        lambda *a: calls.append(a) or real(*a))
+    for var in ("NUMBATC_ATTN_KERNEL", "NUMBATC_ATTN_CONFIG", "NUMBATC_PRINT_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    if kernel:
+        monkeypatch.setenv("NUMBATC_ATTN_KERNEL", kernel)
+    d, hkv, dtype = 64, 1, "bfloat16"
+    hq = 1 if kernel else 2  # GQA on the portable kernel; 384 Python threads a block on sm90
+    _warm.CACHE.clear()
+    try:
+        for lens in ([17, 0, 40], [40, 10, 7]):  # the same totals (57), other sequences
+            q = values((57, hq, d), dtype)
+            k, v = values((57, hkv, d), dtype), values((57, hkv, d), dtype)
+            cu = cuda.to_device(prefix_sums(lens))
+            got, lse = numbatc.attention_varlen(*(to_device(x, dtype) for x in (q, k, v)), cu,
+                                                cu, 40, 40, causal=True, return_lse=True)
+            ref, ref_lse, wabs, _ = reference_varlen(q, k, v, lens, lens, True, 1 / math.sqrt(d))
+            got = to_host(got, dtype)
+            tol = 2 * ROUNDING[dtype] * (np.abs(ref) + wabs) + 1e-6
+            assert (np.abs(got - ref) <= tol).all(), np.abs(got - ref).max()
+        assert len(calls) == 1, "the second call was not warm"
+        bad = cuda.to_device(np.array([0, 30, 20, 57], np.int32))
+        with pytest.raises(ValueError, match="must not decrease"):
+            numbatc.attention_varlen(*(to_device(x, dtype) for x in (q, k, v)), bad, bad, 40, 40,
+                                     causal=True, return_lse=True)
+        assert len(calls) == 1, "the bad values were checked on the warm path"
+        numbatc.attention_varlen(*(to_device(x, dtype) for x in (q, k, v)), cu, cu, 41, 40,
+                                 causal=True, return_lse=True)
+        assert len(calls) == 2, "another max_seqlen_q must take the checked path"
+    finally:
+        _warm.CACHE.clear()

@@ -122,6 +122,38 @@ def test_sm90_configurations(d, name, monkeypatch):
     check_varlen(*AWKWARD, 2, 2, d, False, "float16")
 
 
+@pytest.mark.parametrize("kernel", [None, "sm80"], ids=["default", "sm80"])
+def test_warm_calls(kernel, monkeypatch):
+    """Calls like a checked one (new arrays, new values, the same shapes and max_seqlen) take
+    the warm path -- on compute capability 9.0 by default sm90_attention's pointer relaunch with
+    the prefix sums' pointers -- and stay exact; bad prefix sums still raise there."""
+    from numbatc import _warm
+
+    if kernel:
+        monkeypatch.setenv("NUMBATC_ATTN_KERNEL", kernel)
+    calls = []
+    real = attention_api._attention_varlen_checked
+    monkeypatch.setattr(attention_api, "_attention_varlen_checked",
+                        lambda *a: calls.append(a) or real(*a))
+    _warm.CACHE.clear()
+    try:
+        for _ in range(3):
+            check_varlen(*AWKWARD, 4, 2, 128, True, "bfloat16", max_seqlen=(1100, 1100))
+        assert len(calls) == 1, "the later calls were not warm"
+        assert any(key[0] == "attention_varlen" for key in _warm.CACHE)
+        q = to_device(values((1154, 4, 128), "bfloat16"), "bfloat16")
+        k = to_device(values((1471, 2, 128), "bfloat16"), "bfloat16")
+        bad_q = cuda.to_device(np.array([0, 113, 114, 1200, 1137, 1154], np.int32))
+        cu_k = cuda.to_device(prefix_sums(AWKWARD[1]))
+        with pytest.raises(ValueError, match="must not decrease"):
+            numbatc.attention_varlen(q, k, k, bad_q, cu_k, 1100, 1100, causal=True,
+                                     out=to_device(np.zeros((1154, 4, 128)), "bfloat16"),
+                                     return_lse=True)
+        assert len(calls) == 1, "the bad values were not checked on the warm path"
+    finally:
+        _warm.CACHE.clear()
+
+
 def test_device_cu_seqlens_values_are_checked():
     q = to_device(values((10, 2, 64), "bfloat16"), "bfloat16")
     good = cuda.to_device(prefix_sums([4, 6]))
