@@ -343,8 +343,9 @@ def _launch(p: AttentionProblem):
     """Pick the kernel family and launch: numbatc.kernels.dispatch's attention table.
 
     On compute capability 9.0 the Hopper kernel (sm90_attention: wgmma, warp-specialised,
-    FlashAttention-3 style) runs head_dim 64 and 128; every other problem runs the portable
-    kernel (sm80_attention).  ``NUMBATC_ATTN_KERNEL=sm80`` forces the portable kernel,
+    FlashAttention-3 style) runs the head dims of its DEFAULT_HEAD_DIMS, varlen problems
+    included; decode shapes run flash-decoding (sm80_decode_attention); every other problem
+    runs the portable kernel (sm80_attention).  ``NUMBATC_ATTN_KERNEL=sm80`` forces the portable kernel,
     ``=sm90[:<config>]`` the Hopper one (and a config; in the CPU emulation too, which stands
     in for sm_90a but runs the portable kernel unless told: 384 Python threads per block are
     slow).  ``NUMBATC_PRINT_CONFIG=1`` prints the choice (and why sm90 was not taken, or why

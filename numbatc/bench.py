@@ -526,7 +526,7 @@ def bench_varlen(shapes, dtype="bfloat16", reps=20, causal_modes=(False, True)):
     """numbatc.attention_varlen against torch's varlen attention (``_torch_varlen``) on the same
     packed sequences (each sequence's queries and keys the same length); TFLOP/s count the work
     of the real rows only: 4 * H * D * sum(L * L) (sum(L * (L + 1) / 2) when causal).  Each
-    numbatc call reads the prefix sums back to check them (a small synchronous copy; see
+    numbatc call reads the prefix sums back and checks them while its kernel runs (see
     numbatc.attention_varlen), which back-to-back timing includes; ``--timing graph`` leaves it
     out (no check under capture)."""
     import numpy as np
