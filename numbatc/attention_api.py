@@ -976,23 +976,16 @@ def _varlen_warm_key(q, k, v, out, cu_q, cu_k, max_q, max_k, causal, scale, retu
     return key, tuple(x[0] for x in probes)
 
 
-class _VarlenWarm(Entry):
-    """attention_varlen's entry: as :class:`_AttentionWarm`, and each call still reads the
-    prefix sums back and checks them while its kernel runs (:func:`_read_back_later`, skipped
-    under capture as in the checked call); the kernel module's pointer relaunch takes their
-    pointers too (sm90_attention_tma's ``relaunch(..., cu=(cu_q, cu_k))``)."""
+class _VarlenWarm(_AttentionWarm):
+    """attention_varlen's entry: :class:`_AttentionWarm`'s fields, and each call still reads
+    the prefix sums back and checks them while its kernel runs (:func:`_read_back_later`,
+    skipped under capture as in the checked call); the kernel module's pointer relaunch takes
+    their pointers too (sm90_attention_tma's ``relaunch(..., cu=(cu_q, cu_k))``)."""
 
-    __slots__ = ("spans", "lse_alloc", "fields", "default_scale", "fast", "totals", "maxima")
+    __slots__ = ("totals", "maxima")
 
     def __init__(self, p: AttentionProblem, relaunch, allocate: bool):
-        super().__init__(relaunch, p.q, p.out, allocate)
-        self.fast = getattr(relaunch, "fast", None)
-        self.spans = (span(p.q), span(p.k), span(p.v))
-        self.lse_alloc = None if p.lse is None else alloc.allocator(p.q, p.lse.shape, "float32")
-        self.fields = dict(batch=p.batch, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
-                           heads_q=p.heads_q, heads_kv=p.heads_kv, head_dim=p.head_dim,
-                           dtype=p.dtype, device=p.device, cc=p.cc)
-        self.default_scale = 1.0 / math.sqrt(p.head_dim)
+        super().__init__(p, relaunch, allocate)
         self.totals = (p.q.shape[0], p.k.shape[0])
         self.maxima = (p.seqlen_q, p.seqlen_k)
 
