@@ -343,7 +343,7 @@ def unsupported(p):
         if ca.ptr % 16:
             return f"{name} starts at {ca.ptr:#x}, not 16-byte aligned (a tensor map needs it)"
         # (batch, seq, head, dim), or varlen's (rows, head, dim)
-        axes = ("batch", "sequence", "head")[-(ca.ndim - 1):]
+        axes = ("batch", "sequence", "head")[-(len(ca.shape) - 1):]
         for what, n, st in zip(axes, ca.shape[:-1], ca.strides[:-1]):
             nbytes = st * 2
             if n > 1 and (nbytes % 16 or nbytes >= _MAX_STRIDE):
