@@ -310,6 +310,41 @@ def column_limit(var, row, n0, tq, limit):
     return f"np.int32(min(max({seen} - {n0} - {tq}, 0), {limit}))"
 
 
+def sequence_bounds_source(ind, keys=True):
+    """Source (varlen variants of both attention kernels): sequence b's rows q0 .. q0 + Sq - 1
+    of q and out and (with ``keys``) k0 .. k0 + Sk - 1 of k and v, the prefix sums clamped to
+    the tensors' rows (whatever cu_seqlens holds, no row outside them); with ``keys``, a block
+    past its sequence's queries returns (the grid covers max_seqlen_q) -- before any barrier,
+    so the whole block leaves together."""
+    text = f"""{ind}q0 = min(max(np.int64(cu_q[b]), 0), total_q)
+{ind}Sq = min(max(np.int64(cu_q[b + 1]), q0), total_q) - q0"""
+    if keys:
+        text += f"""
+{ind}k0 = min(max(np.int64(cu_k[b]), 0), total_k)
+{ind}Sk = min(max(np.int64(cu_k[b + 1]), k0), total_k) - k0
+{ind}if m0 >= Sq:
+{ind}    return  # a block past its sequence's end"""
+    return text
+
+
+def row_bases(var):
+    """Source of the element offset of row 0 of the block's sequence in q, k, v and out (both
+    attention kernels): batch entry b's, or a varlen sequence's rows q0 / k0."""
+    if var.varlen:
+        return {x: f"{r} * {x}_ss" for x, r in (("q", "q0"), ("k", "k0"), ("v", "k0"), ("o", "q0"))}
+    return {x: f"b * {x}_sb" for x in "qkvo"}
+
+
+def varlen_launch(var, varlen, seqlen_q):
+    """(the grid's query rows per sequence, the kernel's trailing cu_q / cu_k arguments) for
+    both kernels' launch_flat: ``varlen`` is (cu_q, cu_k, max_seqlen_q) for a varlen variant,
+    None for the others (a ValueError where the two disagree)."""
+    if var.varlen != (varlen is not None):
+        raise ValueError(f"launch_flat: a {'varlen' if var.varlen else 'fixed-length'} variant "
+                         f"takes varlen={'(cu_q, cu_k, max_seqlen_q)' if var.varlen else 'None'}")
+    return (seqlen_q, ()) if varlen is None else (varlen[2], tuple(varlen[:2]))
+
+
 def store_pair_source(var, pack):
     """Source of both attention kernels' ``store_pair(out, base, v0, v1)``: (v0, v1) packed by
     ``pack`` into out[base], out[base + 1] -- one st.global.b32 with ``var.pair_stores`` (out
@@ -459,19 +494,10 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
     h = bh % Hq
     hk = h // group''')
     if var.varlen:
-        w(f'''    # Sequence b: rows q0 .. q0 + Sq - 1 of q and out, k0 .. k0 + Sk - 1 of k and v; the
-    # prefix sums clamped to the tensors' rows (whatever cu_seqlens holds, no row outside them).
-    q0 = min(max(np.int64(cu_q[b]), 0), total_q)
-    Sq = min(max(np.int64(cu_q[b + 1]), q0), total_q) - q0
-    k0 = min(max(np.int64(cu_k[b]), 0), total_k)
-    Sk = min(max(np.int64(cu_k[b + 1]), k0), total_k) - k0
-    if m0 >= Sq:
-        return  # a block past its sequence's end (the grid covers max_seqlen_q)''')
+        w(sequence_bounds_source("    "))
     if var.kv_cache:
         w("    Sk = min(max(np.int64(seqlens[b]), 0), Sk_cap)  # this sequence's keys, clamped")
-    # the element offsets of row 0 of this block's sequence (batch entry b)
-    row0 = ({x: f"{r} * {x}_ss" for x, r in (("q", "q0"), ("k", "k0"), ("v", "k0"), ("o", "q0"))}
-            if var.varlen else {x: f"b * {x}_sb" for x in "qkvo"})
+    row0 = row_bases(var)  # the element offsets of row 0 of this block's sequence
     w(f'''    off = Sk - Sq  # causal: query i sees keys j <= i + off
     n_tiles = (Sk + {BN - 1}) // {BN}''')
     if var.causal:
@@ -672,16 +698,11 @@ def launch_flat(cfg: AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seq
     if var.kv_cache != (kv is not None):
         raise ValueError(f"launch_flat: a {'KV-cache' if var.kv_cache else 'fixed-length'} "
                          f"variant takes kv={'(...)' if var.kv_cache else 'None'}")
-    if var.varlen != (varlen is not None):
-        raise ValueError(f"launch_flat: a {'varlen' if var.varlen else 'fixed-length'} variant "
-                         f"takes varlen={'(cu_q, cu_k, max_seqlen_q)' if var.varlen else 'None'}")
+    rows, cu = varlen_launch(var, varlen, seqlen_q)
     kernel = kernel_for(cfg, var)
-    rows = seqlen_q if varlen is None else varlen[2]
     m_blocks = -(-rows // cfg.block_m)
     args = (q, k, v, out, lse, seqlen_q, seqlen_k, heads_q, group, m_blocks, *q_strides,
-            *k_strides, *v_strides, *o_strides, np.float32(scale * LOG2E))
-    if varlen is not None:
-        args += tuple(varlen[:2])
+            *k_strides, *v_strides, *o_strides, np.float32(scale * LOG2E), *cu)
     if kv is not None:
         args += tuple(kv)
     sig = None if config.ENABLE_CUDASIM else signature(var)

@@ -441,23 +441,6 @@ def load_{name}(smem, d, src, g, ld, rows_left):
             w(f"        CP(smem, d + {delta(i * step) + hh * half}, src, 0, 0)")
 
 
-def sequence_bounds_source(ind, keys=True):
-    """Source (varlen variants): sequence b's rows q0 .. q0 + Sq - 1 of q and out and (with
-    ``keys``) k0 .. k0 + Sk - 1 of k and v, the prefix sums clamped to the tensors' rows as in
-    sm80_attention (whatever cu_seqlens holds, no row outside them); with ``keys``, a block past
-    its sequence's queries returns (the grid covers max_seqlen_q) -- before any barrier, so the
-    whole block leaves together."""
-    text = f"""{ind}q0 = min(max(np.int64(cu_q[b]), 0), total_q)
-{ind}Sq = min(max(np.int64(cu_q[b + 1]), q0), total_q) - q0"""
-    if keys:
-        text += f"""
-{ind}k0 = min(max(np.int64(cu_k[b]), 0), total_k)
-{ind}Sk = min(max(np.int64(cu_k[b + 1]), k0), total_k) - k0
-{ind}if m0 >= Sq:
-{ind}    return  # a block past its sequence's end"""
-    return text
-
-
 def column_limit_mask(D: int, BN: int) -> bool:
     """Whether the kernel masks S with FA3's per-row column limit (two int32 limits per thread,
     then one compare per register) rather than by each register's 64-bit key index.  Only where
@@ -495,9 +478,7 @@ def kernel_source(cfg: Sm90AttnConfig, var: AttnVariant) -> str:
     if var.varlen and pers:
         raise ValueError(f"{cfg.name}: a persistent configuration has no varlen variant (its "
                          "work tiles assume one sequence length)")
-    # the element offset of row 0 of the block's sequence: batch entry b, or varlen's q0 / k0
-    rb = ({x: f"{r} * {x}_ss" for x, r in (("q", "q0"), ("k", "k0"), ("v", "k0"), ("o", "q0"))}
-          if var.varlen else {x: f"b * {x}_sb" for x in "qkvo"})
+    rb = sm80_attention.row_bases(var)  # the element offset of row 0 of the block's sequence
     if tma:
         from numbatc.kernels import sm90_attention_tma
 
@@ -743,7 +724,7 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
     h = np.int64(np.uint32(bh % np.uint32(Hq)))
     hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))''')
         if var.varlen:
-            w(sequence_bounds_source("    "))
+            w(sm80_attention.sequence_bounds_source("    "))
         w(f'''    off = Sk - Sq  # causal: query i sees keys j <= i + off
     n_tiles = {div_bn(f'(Sk + {BN - 1})', BN)}''')
     if var.causal and not pers:
@@ -931,7 +912,7 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
         b = np.int64(np.uint32(bh // np.uint32(Hq)))
         h = np.int64(np.uint32(bh % np.uint32(Hq)))''')
         if var.varlen:  # q0 and Sq too (the sequence's rows), read again
-            w(sequence_bounds_source("        ", keys=False))
+            w(sm80_attention.sequence_bounds_source("        ", keys=False))
     if not var.tma_store:
         w(f"        o_start = {rb['o']} + h * o_sh")
     for hh in range(2):
@@ -1061,16 +1042,11 @@ def launch_flat(cfg: Sm90AttnConfig, var: AttnVariant, q, k, v, out, lse, batch,
 
     from intrinsics.launch import launch as launch_kernel
 
-    if var.varlen != (varlen is not None):
-        raise ValueError(f"launch_flat: a {'varlen' if var.varlen else 'fixed-length'} variant "
-                         f"takes varlen={'(cu_q, cu_k, max_seqlen_q)' if var.varlen else 'None'}")
+    rows, cu = sm80_attention.varlen_launch(var, varlen, seqlen_q)
     kernel = kernel_for(cfg, var)
-    rows = seqlen_q if varlen is None else varlen[2]
     m_blocks = -(-rows // _BM)
     args = (q, k, v, out, lse, seqlen_q, seqlen_k, heads_q, group, m_blocks, *q_strides,
-            *k_strides, *v_strides, *o_strides, np.float32(scale * LOG2E))
-    if varlen is not None:
-        args += tuple(varlen[:2])
+            *k_strides, *v_strides, *o_strides, np.float32(scale * LOG2E), *cu)
     sig = None if config.ENABLE_CUDASIM else signature(var)
     launch_kernel(kernel, grid_for(batch, heads_q, rows), cfg.threads, args,
                   shared_bytes=shared_bytes(cfg, var.head_dim), stream=stream, signature=sig)
