@@ -444,8 +444,8 @@ def _attention_varlen_checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     batch = CU_Q.shape[0] - 1
 
     def check(host_q, host_k):
-        _check_prefix_sums("cu_seqlens_q", host_q, total_q, "max_seqlen_q", max_seqlen_q)
-        _check_prefix_sums("cu_seqlens_k", host_k, total_k, "max_seqlen_k", max_seqlen_k)
+        _check_both_prefix_sums((host_q, host_k), (total_q, total_k),
+                                (max_seqlen_q, max_seqlen_k))
 
     values = None  # device prefix sums: their values once the copies land
     if host_q is not None:
@@ -543,7 +543,7 @@ def _host_copy(ca, stream):
     return host
 
 
-_READ_BACK = threading.local()  # per thread: device -> (side stream, pinned int32 buffer)
+_READ_BACK = threading.local()  # .raw: device -> (context, side stream, event, pinned buffer)
 
 
 def _read_back_later(cas, stream):
@@ -663,6 +663,13 @@ def _host_to_device(ca, host, stream):
     from numbatc.interop.views import kernel_view
 
     kernel_view(ca).copy_to_device(host, stream=streams.numba_stream(stream, ca.device))
+
+
+def _check_both_prefix_sums(values, totals, maxima):
+    """:func:`_check_prefix_sums` of (cu_seqlens_q, cu_seqlens_k)'s host ``values`` against
+    (total_q, total_k) and (max_seqlen_q, max_seqlen_k)."""
+    for c, value, total, most in zip("qk", values, totals, maxima):
+        _check_prefix_sums(f"cu_seqlens_{c}", value, total, f"max_seqlen_{c}", most)
 
 
 def _check_prefix_sums(name, cu, total, max_name, max_seqlen):
@@ -989,11 +996,6 @@ class _VarlenWarm(_AttentionWarm):
         self.totals = (p.q.shape[0], p.k.shape[0])
         self.maxima = (p.seqlen_q, p.seqlen_k)
 
-    def check(self, got):
-        (total_q, total_k), (max_q, max_k) = self.totals, self.maxima
-        _check_prefix_sums("cu_seqlens_q", got[0], total_q, "max_seqlen_q", max_q)
-        _check_prefix_sums("cu_seqlens_k", got[1], total_k, "max_seqlen_k", max_k)
-
     def __call__(self, ptrs, q, k, v, out, cu_q, cu_k, causal, scale):
         q_ptr, k_ptr, v_ptr, out_ptr, cq_ptr, ck_ptr = ptrs
         if out is None:
@@ -1032,32 +1034,29 @@ class _VarlenWarm(_AttentionWarm):
                 values()
             raise
         if values is not None:
-            self.check(values())
+            _check_both_prefix_sums(values(), self.totals, self.maxima)
         return result if lse is None else (result, lse)
 
 
 def _remember_varlen(q, k, v, out, cu_q, cu_k, max_q, max_k, causal, scale, return_lse, p,
                      relaunch):
     """Cache ``relaunch`` for attention_varlen calls like this checked one (_varlen_warm_key)."""
-    global _env_key
-    if _env_key is None:
-        from numbatc.kernels.dispatch import attention_env_key
-
-        _env_key = attention_env_key
-    if not (type(causal) is bool and type(return_lse) is bool
-            and (scale is None or type(scale) in (int, float))):
-        return
-    try:
-        key, _ = _varlen_warm_key(q, k, v, out, cu_q, cu_k, max_q, max_k, causal, scale,
-                                  return_lse)
-    except Exception:
-        return
-    if key is not None:
-        remember(key, _VarlenWarm(p, relaunch, allocate=out is None))
+    _remember_entry(lambda: _varlen_warm_key(q, k, v, out, cu_q, cu_k, max_q, max_k, causal,
+                                             scale, return_lse),
+                    lambda: _VarlenWarm(p, relaunch, allocate=out is None),
+                    causal, scale, return_lse)
 
 
 def _remember(q, k, v, out, causal, scale, return_lse, p, relaunch):
     """Cache ``relaunch`` for calls like this checked one (see _warm_key)."""
+    _remember_entry(lambda: _warm_key(q, k, v, out, causal, scale, return_lse),
+                    lambda: _AttentionWarm(p, relaunch, allocate=out is None),
+                    causal, scale, return_lse)
+
+
+def _remember_entry(key_of, entry, causal, scale, return_lse):
+    """Store ``entry()`` under ``key_of()``'s key for both front ends (binding _env_key on the
+    first call); nothing for flags and scales of other types, or a call without a key."""
     global _env_key
     if _env_key is None:
         from numbatc.kernels.dispatch import attention_env_key
@@ -1067,8 +1066,8 @@ def _remember(q, k, v, out, causal, scale, return_lse, p, relaunch):
             and (scale is None or type(scale) in (int, float))):
         return
     try:
-        key, _ = _warm_key(q, k, v, out, causal, scale, return_lse)
+        key, _ = key_of()
     except Exception:
         return
     if key is not None:
-        remember(key, _AttentionWarm(p, relaunch, allocate=out is None))
+        remember(key, entry())
