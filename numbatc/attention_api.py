@@ -202,26 +202,38 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
     caller's current stream (torch's or CuPy's, else Numba's default).  Empty batch, heads or
     seqlen_q give empty results.
     """
-    if (CACHE and _env_key is not None and type(causal) is bool and type(return_lse) is bool
-            and (scale is None or type(scale) in (int, float))):
-        try:
-            key, ptrs = _warm_key(q, k, v, out, causal, scale, return_lse)
-            warm = None if key is None else CACHE.get(key)
-            if warm is not None and scale is not None:
-                scale_f = float(scale)
-                if not 0.0 < scale_f < math.inf:
-                    warm = None  # the checks say what
-        except Exception:  # anything odd (an unhashable argument ...): the checks say what
-            warm = None
-        if warm is not None:
-            result = warm(ptrs, q, k, v, out, causal, warm.default_scale if scale is None
-                          else scale_f)
-            if result is not MISS:
-                return result
+    result = _warm_call(lambda: _warm_key(q, k, v, out, causal, scale, return_lse),
+                        lambda warm, ptrs, s: warm(ptrs, q, k, v, out, causal, s),
+                        causal, scale, return_lse)
+    if result is not MISS:
+        return result
     done, problem, relaunch = _attention_checked(q, k, v, causal, scale, out, return_lse)
     if relaunch is not None:
         _remember(q, k, v, out, causal, scale, return_lse, problem, relaunch)
     return done
+
+
+def _warm_call(key_of, call, causal, scale, return_lse):
+    """A front end's warm path: ``call(entry, pointers, scale)`` for the cached entry under
+    ``key_of()``'s key, or MISS (nothing cached, flags or a scale the checks must see: they say
+    what is wrong with them; anything odd, such as an unhashable argument)."""
+    if not (CACHE and _env_key is not None and type(causal) is bool
+            and type(return_lse) is bool and (scale is None or type(scale) in (int, float))):
+        return MISS
+    try:
+        key, ptrs = key_of()
+        warm = None if key is None else CACHE.get(key)
+        if warm is None:
+            return MISS
+        if scale is None:
+            scale = warm.default_scale
+        else:
+            scale = float(scale)
+            if not 0.0 < scale < math.inf:
+                return MISS
+    except Exception:
+        return MISS
+    return call(warm, ptrs, scale)
 
 
 def _attention_checked(q, k, v, causal, scale, out, return_lse):
@@ -395,23 +407,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     (sm80_attention).  Warm calls (device cu_seqlens; arrays, max_seqlen and flags as a
     checked call's, other pointers) skip the argument checks and the dispatch, not the
     values' check (:class:`_VarlenWarm`)."""
-    if (CACHE and _env_key is not None and type(causal) is bool and type(return_lse) is bool
-            and (scale is None or type(scale) in (int, float))):
-        try:
-            key, ptrs = _varlen_warm_key(q, k, v, out, cu_seqlens_q, cu_seqlens_k,
-                                         max_seqlen_q, max_seqlen_k, causal, scale, return_lse)
-            warm = None if key is None else CACHE.get(key)
-            if warm is not None and scale is not None:
-                scale_f = float(scale)
-                if not 0.0 < scale_f < math.inf:
-                    warm = None  # the checks say what
-        except Exception:  # anything odd: the checks say what
-            warm = None
-        if warm is not None:
-            result = warm(ptrs, q, k, v, out, cu_seqlens_q, cu_seqlens_k, causal,
-                          warm.default_scale if scale is None else scale_f)
-            if result is not MISS:
-                return result
+    result = _warm_call(
+        lambda: _varlen_warm_key(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, causal, scale, return_lse),
+        lambda warm, ptrs, s: warm(ptrs, q, k, v, out, (cu_seqlens_q, cu_seqlens_k), causal, s),
+        causal, scale, return_lse)
+    if result is not MISS:
+        return result
     done, problem, relaunch = _attention_varlen_checked(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, out,
         return_lse)
@@ -732,7 +734,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
     Kernels: seqlen_q <= 16 runs the flash-decoding kernel (sm80_decode_attention, each
     sequence's keys split across blocks by its own length), longer queries (prefill over a
     cached prefix) the portable kernel (sm80_attention); both on every GPU of compute
-    capability 8.0 and newer.  No warm call (each call is checked).
+    capability 8.0 and newer.
 
     Checks: device cache_seqlens and block_table are read back to the host (a small copy that
     waits for the stream) and checked -- 0 <= cache_seqlens[b] <= the cache's capacity
@@ -740,7 +742,31 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
     (its first ceil(cache_seqlens[b] / page_size)) in 0 .. num_blocks - 1 -- except while the
     stream captures a CUDA graph, where they are not.  Whatever they hold, the kernels clamp
     cache_seqlens to the capacity and page numbers to 0 .. num_blocks - 1: no read outside
-    k_cache or v_cache (results of values that break the rules are unspecified)."""
+    k_cache or v_cache (results of values that break the rules are unspecified).  Warm calls
+    (device cache_seqlens and block_table; arrays and flags as a checked call's, other
+    pointers) skip the argument checks and the dispatch, not the values' check
+    (:class:`_KvcacheWarm`)."""
+    result = _warm_call(
+        lambda: _kvcache_warm_key(q, k_cache, v_cache, out, cache_seqlens, block_table, causal,
+                                  scale, return_lse),
+        lambda warm, ptrs, s: warm(ptrs, q, k_cache, v_cache, out, (cache_seqlens, block_table),
+                                   causal, s),
+        causal, scale, return_lse)
+    if result is not MISS:
+        return result
+    done, problem, relaunch, room = _kvcache_checked(q, k_cache, v_cache, cache_seqlens,
+                                                     block_table, causal, scale, out, return_lse)
+    if relaunch is not None:
+        _remember_kvcache(q, k_cache, v_cache, out, cache_seqlens, block_table, causal, scale,
+                          return_lse, problem, relaunch, room)
+    return done
+
+
+def _kvcache_checked(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, out,
+                     return_lse):
+    """attention_with_kvcache's whole checked call: (the result, the AttentionProblem or None,
+    the relaunch dispatch.launch_attention returned or None: an empty problem, host lengths or
+    block table; the words naming the cache's capacity)."""
     paged = block_table is not None
     shapes = _PAGED_SHAPES if paged else _KV_SHAPES
     Q = arrays.as_cuda_array(q, "q")
@@ -799,7 +825,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
     result, OUT, lse_result, LSE = _results(q, out, OUT, Q, return_lse, (batch, heads_q, seqlen_q))
     done = (result, lse_result) if return_lse else result
     if batch == 0 or seqlen_q == 0 or heads_q == 0:
-        return done
+        return done, None, None, room
     if host_cs is not None:
         CS = _int32_to_device("cache_seqlens", host_cs, q, stream)
     if host_bt is not None:
@@ -823,8 +849,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
         heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, causal=bool(causal), scale=scale,
         dtype=Q.dtype, device=device if device is not None else OUT.device, cc=cc,
         stream_handle=stream, cache_seqlens=CS, block_table=BT, page_size=page_size)
-    _launch_then(problem, values, lambda got: check(got))
-    return done
+    relaunch = _launch_then(problem, values, lambda got: check(got))
+    device_values = host_cs is None and host_bt is None
+    return done, problem, (relaunch if device_values else None), room
 
 
 def _int32_input(name, x, ndim, shape, Q):
@@ -935,38 +962,94 @@ class _AttentionWarm(Entry):
                            dtype=p.dtype, device=p.device, cc=p.cc)
         self.default_scale = 1.0 / math.sqrt(p.head_dim)
 
-    def __call__(self, ptrs, q, k, v, out, causal, scale):
-        q_ptr, k_ptr, v_ptr, out_ptr = ptrs
+    def outputs(self, ptrs, q, out):
+        """(result, out pointer, lse or None, lse pointer or 0) for a call of pointers ``ptrs``
+        (q, k, v, out first): out allocated, or checked against q's, k's and v's byte ranges;
+        None where the checked path must decide (an allocation without a pointer, an
+        overlap: the checks name it)."""
+        q_ptr, k_ptr, v_ptr, out_ptr = ptrs[:4]
         if out is None:
             result, out_ptr = allocate_probed(self.alloc, q)
             if result is None:
-                return MISS
+                return None
         else:
             result = out
             hi = out_ptr + self.out_span
             for ptr, size in zip((q_ptr, k_ptr, v_ptr), self.spans):
                 if size and ptr < hi and out_ptr < ptr + size:
-                    return MISS  # overlap: the checked path names it
-        lse = None
-        fast = self.fast
-        if fast is not None:
-            lse_ptr = 0
-            if self.lse_alloc is not None:
-                lse, lse_ptr = allocate_probed(self.lse_alloc, q)
-                if lse is None:
-                    return MISS
-            if fast(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, scale, self.stream()):
-                return result if lse is None else (result, lse)
-            # pointers the kernel's launch must decide on (packing, a TMA twin): the problem
-            # path, with the lse just allocated
-        if lse is None and self.lse_alloc is not None:
-            lse = self.lse_alloc(q)
+                    return None
+        lse, lse_ptr = None, 0
+        if self.lse_alloc is not None:
+            lse, lse_ptr = allocate_probed(self.lse_alloc, q)
+            if lse is None:
+                return None
+        return result, out_ptr, lse, lse_ptr
+
+    def problem(self, q, k, v, result, lse, causal, scale, stream, **more):
+        """The AttentionProblem of a call like the checked one (its fields and ``more``)."""
         as_cuda = arrays.as_cuda_array
-        self.relaunch(AttentionProblem(
+        return AttentionProblem(
             q=as_cuda(q, "q"), k=as_cuda(k, "k"), v=as_cuda(v, "v"), out=as_cuda(result, "out"),
             lse=None if lse is None else as_cuda(lse, "lse"), causal=causal, scale=scale,
-            stream_handle=self.stream(), **self.fields))
+            stream_handle=stream, **self.fields, **more)
+
+    def __call__(self, ptrs, q, k, v, out, causal, scale):
+        got = self.outputs(ptrs, q, out)
+        if got is None:
+            return MISS
+        result, out_ptr, lse, lse_ptr = got
+        stream = self.stream()
+        fast = self.fast
+        # the pointer relaunch, or the problem path where there is none or these pointers need
+        # the launch's decisions (packing, a TMA configuration's twin)
+        if fast is None or not fast(*ptrs[:3], out_ptr, lse_ptr, scale, stream):
+            self.relaunch(self.problem(q, k, v, result, lse, causal, scale, stream))
         return result if lse is None else (result, lse)
+
+
+class _ValuesWarm(_AttentionWarm):
+    """The entries of calls that pass device values the checked call reads back and checks
+    (attention_varlen's prefix sums, attention_with_kvcache's lengths and block table): each
+    warm call still reads them back and checks them while its kernel runs
+    (:func:`_read_back_later`; not while the stream captures a graph, as in the checked call).
+    A subclass gives ``FAST_KW`` (the name under which the kernel module's pointer relaunch
+    takes the values' pointers), :meth:`values_arrays` and :meth:`check`."""
+
+    __slots__ = ()
+    FAST_KW = ""
+
+    def values_arrays(self, extras):
+        """(the device arrays to read back, the AttentionProblem fields they fill)."""
+        raise NotImplementedError
+
+    def check(self, values):
+        """Raise a ValueError for read-back values that break the rules."""
+        raise NotImplementedError
+
+    def __call__(self, ptrs, q, k, v, out, extras, causal, scale):
+        """``ptrs``: q, k, v, out, then one pointer per array of ``extras`` (the values)."""
+        got = self.outputs(ptrs, q, out)
+        if got is None:
+            return MISS
+        result, out_ptr, lse, lse_ptr = got
+        stream = self.stream()
+        cas, more = self.values_arrays(extras)
+        values = None if _capture.is_capturing(stream) else _read_back_later(cas, stream)
+        fast = self.fast
+        try:
+            if fast is None or not fast(*ptrs[:3], out_ptr, lse_ptr, scale, stream,
+                                        **{self.FAST_KW: self.fast_pointers(ptrs[4:])}):
+                self.relaunch(self.problem(q, k, v, result, lse, causal, scale, stream, **more))
+        except BaseException:
+            if values is not None:
+                values()  # the copies land before their buffer is reused
+            raise
+        if values is not None:
+            self.check(values())
+        return result if lse is None else (result, lse)
+
+    def fast_pointers(self, extra_ptrs):
+        return tuple(extra_ptrs)
 
 
 def _varlen_warm_key(q, k, v, out, cu_q, cu_k, max_q, max_k, causal, scale, return_lse):
@@ -983,59 +1066,69 @@ def _varlen_warm_key(q, k, v, out, cu_q, cu_k, max_q, max_k, causal, scale, retu
     return key, tuple(x[0] for x in probes)
 
 
-class _VarlenWarm(_AttentionWarm):
-    """attention_varlen's entry: :class:`_AttentionWarm`'s fields, and each call still reads
-    the prefix sums back and checks them while its kernel runs (:func:`_read_back_later`,
-    skipped under capture as in the checked call); the kernel module's pointer relaunch takes
-    their pointers too (sm90_attention_tma's ``relaunch(..., cu=(cu_q, cu_k))``)."""
+class _VarlenWarm(_ValuesWarm):
+    """attention_varlen's entry: the prefix sums are read back and checked each call; the
+    kernel module's pointer relaunch takes their pointers (``cu=(cu_q, cu_k)``)."""
 
     __slots__ = ("totals", "maxima")
+    FAST_KW = "cu"
 
     def __init__(self, p: AttentionProblem, relaunch, allocate: bool):
         super().__init__(p, relaunch, allocate)
         self.totals = (p.q.shape[0], p.k.shape[0])
         self.maxima = (p.seqlen_q, p.seqlen_k)
 
-    def __call__(self, ptrs, q, k, v, out, cu_q, cu_k, causal, scale):
-        q_ptr, k_ptr, v_ptr, out_ptr, cq_ptr, ck_ptr = ptrs
-        if out is None:
-            result, out_ptr = allocate_probed(self.alloc, q)
-            if result is None:
-                return MISS
-        else:
-            result = out
-            hi = out_ptr + self.out_span
-            for ptr, size in zip((q_ptr, k_ptr, v_ptr), self.spans):
-                if size and ptr < hi and out_ptr < ptr + size:
-                    return MISS  # overlap: the checked path names it
-        lse = None
-        lse_ptr = 0
-        if self.lse_alloc is not None:
-            lse, lse_ptr = allocate_probed(self.lse_alloc, q)
-            if lse is None:
-                return MISS
-        stream = self.stream()
-        as_cuda = arrays.as_cuda_array
-        CU_Q, CU_K = as_cuda(cu_q, "cu_seqlens_q"), as_cuda(cu_k, "cu_seqlens_k")
-        values = (None if _capture.is_capturing(stream)
-                  else _read_back_later((CU_Q, CU_K), stream))
-        fast = self.fast
-        try:
-            if fast is None or not fast(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, scale, stream,
-                                        cu=(cq_ptr, ck_ptr)):
-                # no pointer relaunch, or pointers the launch decides on (a TMA twin, packing)
-                self.relaunch(AttentionProblem(
-                    q=as_cuda(q, "q"), k=as_cuda(k, "k"), v=as_cuda(v, "v"),
-                    out=as_cuda(result, "out"), lse=None if lse is None else as_cuda(lse, "lse"),
-                    causal=causal, scale=scale, stream_handle=stream, cu_seqlens_q=CU_Q,
-                    cu_seqlens_k=CU_K, **self.fields))
-        except BaseException:
-            if values is not None:
-                values()
-            raise
-        if values is not None:
-            _check_both_prefix_sums(values(), self.totals, self.maxima)
-        return result if lse is None else (result, lse)
+    def values_arrays(self, extras):
+        cu_q, cu_k = (arrays.as_cuda_array(x, name)
+                      for x, name in zip(extras, ("cu_seqlens_q", "cu_seqlens_k")))
+        return (cu_q, cu_k), dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+
+    def check(self, values):
+        _check_both_prefix_sums(values, self.totals, self.maxima)
+
+
+def _kvcache_warm_key(q, k, v, out, seqlens, table, causal, scale, return_lse):
+    """attention_with_kvcache's (key, (q, k_cache, v_cache, out, cache_seqlens[, block_table]
+    pointers)), or (None, None) where an array has no warm path (host cache_seqlens or block
+    tables among them)."""
+    probes = (probe(q), probe(k), probe(v), ABSENT if out is None else probe(out),
+              probe(seqlens), ABSENT if table is None else probe(table))
+    if any(x is None for x in probes):
+        return None, None
+    key = ("attention_with_kvcache", *(x[1] for x in probes), causal, return_lse,
+           scale is None, _env_key(), threading.get_ident())
+    return key, tuple(x[0] for x in probes)
+
+
+class _KvcacheWarm(_ValuesWarm):
+    """attention_with_kvcache's entry: cache_seqlens (and a paged cache's block table) are read
+    back and checked each call against the capacity and the pages; the kernel module's pointer
+    relaunch takes their pointers (``kv=(cache_seqlens, block_table)``, cache_seqlens twice
+    for a contiguous cache)."""
+
+    __slots__ = ("capacity", "room", "page_size", "pages")
+    FAST_KW = "kv"
+
+    def __init__(self, p: AttentionProblem, relaunch, allocate: bool, room: str):
+        super().__init__(p, relaunch, allocate)
+        self.capacity, self.room, self.page_size = p.seqlen_k, room, p.page_size
+        self.pages = p.k.shape[0]
+
+    def values_arrays(self, extras):
+        seqlens, table = extras
+        cs = arrays.as_cuda_array(seqlens, "cache_seqlens")
+        if table is None:
+            return (cs,), dict(cache_seqlens=cs, block_table=None, page_size=0)
+        bt = arrays.as_cuda_array(table, "block_table")
+        return (cs, bt), dict(cache_seqlens=cs, block_table=bt, page_size=self.page_size)
+
+    def fast_pointers(self, extra_ptrs):
+        cs, bt = extra_ptrs
+        return (cs, cs if self.page_size == 0 else bt)
+
+    def check(self, values):
+        _check_cache(values[0], self.capacity, self.room, values[1] if self.page_size else None,
+                     self.page_size, self.pages)
 
 
 def _remember_varlen(q, k, v, out, cu_q, cu_k, max_q, max_k, causal, scale, return_lse, p,
@@ -1044,6 +1137,16 @@ def _remember_varlen(q, k, v, out, cu_q, cu_k, max_q, max_k, causal, scale, retu
     _remember_entry(lambda: _varlen_warm_key(q, k, v, out, cu_q, cu_k, max_q, max_k, causal,
                                              scale, return_lse),
                     lambda: _VarlenWarm(p, relaunch, allocate=out is None),
+                    causal, scale, return_lse)
+
+
+def _remember_kvcache(q, k, v, out, seqlens, table, causal, scale, return_lse, p, relaunch,
+                      room):
+    """Cache ``relaunch`` for attention_with_kvcache calls like this checked one
+    (_kvcache_warm_key)."""
+    _remember_entry(lambda: _kvcache_warm_key(q, k, v, out, seqlens, table, causal, scale,
+                                              return_lse),
+                    lambda: _KvcacheWarm(p, relaunch, allocate=out is None, room=room),
                     causal, scale, return_lse)
 
 

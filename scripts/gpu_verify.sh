@@ -66,6 +66,10 @@
 #              bench varlen quick: the default (sm90), the portable kernel forced, and the
 #              portable kernel of .gpu/base (an older checkout's numbatc and intrinsics, if
 #              there) in the same run (bench.txt)
+#   kvwarm     warm calls of attention_with_kvcache (and of attention_varlen on the portable
+#              kernel): the KV-cache, varlen and decode suites in shards (tests.txt, testlogs.txt)
+#              beside memcheck of the kvcache kind (sanitize.txt), then scripts/diag/kv_host.py
+#              and bench varlen quick with the portable kernel forced (bench.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -288,6 +292,22 @@ if [[ $what == varlen90 ]]; then
       PYTHONPATH=$PWD/.gpu/base:$PYTHONPATH NUMBATC_ATTN_KERNEL=sm80 t 100 $py -m numbatc.bench varlen \
         --shapes quick | grep -E "^ +[0-9]|rror"
     fi
+  } > "$out/bench.txt" 2>&1
+fi
+
+if [[ $what == kvwarm ]]; then
+  ( echo "== memcheck kvcache"
+    t 240 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 5 \
+      $py scripts/sanitize_cases.py kvcache | grep -vE "^\s*$" | tail -14 ) > "$out/sanitize.txt" 2>&1 &
+  t ${KVWARM_LIMIT:-400} $py scripts/pytest_shards.py --shards 15 --timeout ${KVWARM_TIMEOUT:-380} \
+    --out /tmp/shards_kvw tests/gpu/test_attention_kvcache_gpu.py tests/gpu/test_attention_varlen_gpu.py \
+    tests/gpu/test_decode_attention_gpu.py -- --tb=short -k "${KVWARM_K:-not timing}" > "$out/tests.txt" 2>&1
+  for f in /tmp/shards_kvw/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  wait
+  {
+    t 150 $py scripts/diag/kv_host.py
+    echo "== bench varlen quick, sm80 forced"
+    NUMBATC_ATTN_KERNEL=sm80 t 100 $py -m numbatc.bench varlen --shapes quick | grep -E "^ +[0-9]|rror"
   } > "$out/bench.txt" 2>&1
 fi
 

@@ -251,3 +251,52 @@ def test_warm_call_takes_the_pointer_relaunch(rec, torch, monkeypatch):
     out, lse = attention(q, k, v, return_lse=True)
     p = rec.relaunched[-1]
     assert calls[-1][4] == lse.ptr == p.lse.ptr and p.out.ptr == out.ptr
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_kvcache_warm_call_passes_the_value_pointers(rec, torch, monkeypatch, paged):
+    """attention_with_kvcache: the second call of a signature (device cache_seqlens and block
+    table) is warm: the pointer relaunch gets kv=(cache_seqlens, block_table) -- cache_seqlens
+    twice for a contiguous cache -- and the values are still read back and checked (a
+    ValueError for a page outside k_cache); host cache_seqlens never warm."""
+    calls, values = [], {}
+
+    def fast(*args, **kw):
+        calls.append((args, kw))
+        return True
+
+    monkeypatch.setattr(dispatch, "launch_attention",
+                        lambda p: rec.checked.append(p) or dispatch.AttentionRelaunch(None, None,
+                                                                                      fast))
+    monkeypatch.setattr(attention_api, "_read_back_later",
+                        lambda cas, stream: lambda: [values[ca.ptr] for ca in cas])
+    monkeypatch.setattr(attention_api, "_host_to_device", lambda ca, host, stream: None)
+
+    def inputs(table_values=(0, 1, 2, 3)):
+        q = T(torch, (2, 1, 8, 64))
+        kv = (6, 16, 2, 64) if paged else (2, 64, 2, 64)
+        seqlens = T(torch, (2,), "int32")
+        values[seqlens.ptr] = np.array([20, 33], np.int32)
+        table = None
+        if paged:
+            table = T(torch, (2, 4), "int32")
+            values[table.ptr] = np.array(table_values, np.int32).reshape(2, 2).repeat(2, 1)
+        return q, T(torch, kv), T(torch, kv), seqlens, table
+
+    run = numbatc.attention_with_kvcache
+    q, k, v, seqlens, table = inputs()
+    run(q, k, v, seqlens, block_table=table)
+    q, k, v, seqlens, table = inputs()
+    out = run(q, k, v, seqlens, block_table=table)
+    assert len(rec.checked) == 1 and len(calls) == 1
+    args, kw = calls[0]
+    assert args == (q.ptr, k.ptr, v.ptr, out.ptr, 0, 1 / math.sqrt(64), 0x5150)
+    assert kw == {"kv": (seqlens.ptr, table.ptr if paged else seqlens.ptr)}
+    if paged:
+        q, k, v, seqlens, table = inputs((0, 1, 2, 6))  # page 6 of 6 pages
+        with pytest.raises(ValueError, match=r"block_table\[1, 2\] = 6 is not a page"):
+            run(q, k, v, seqlens, block_table=table)
+        assert len(rec.checked) == 1 and len(calls) == 2  # launched warm, then checked
+    for _ in range(2):
+        run(q, k, v, np.array([3, 4]), block_table=table if not paged else inputs()[4])
+    assert len(rec.checked) == 3

@@ -6,6 +6,7 @@ makes can be compared -- kernel, grid, block, shared memory, signature, stream a
 argument.  (The TMA kernel's relaunch builds tensor maps through the driver: GPU tests only.)"""
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -97,6 +98,79 @@ def test_relaunch_launches_what_the_checked_launch_does(rec, name, module, cfg_n
     assert len(expected) == (2 if module is sm80_decode_attention else 1)
     assert fast(1 << 24, 2 << 24, 3 << 24, 4 << 24, (9 << 24) if with_lse else 0, 0.3,
                 0x77) is True
+    assert rec.prepared == expected
+
+
+def int32_operand(shape, ptr):
+    strides = (shape[1], 1) if len(shape) == 2 else (1,)
+    return SimpleNamespace(ptr=ptr, shape=shape, strides=strides)
+
+
+def varlen_problem(batch=3, max_q=200, max_k=300, heads_q=4, heads_kv=2, head_dim=64,
+                   causal=False):
+    """A varlen problem: packed q (900 rows), k and v (1200 rows), prefix sums at 5 << 20 / 6 << 20."""
+    p = attention_problem(heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, causal=causal)
+    packed = lambda rows, h, ptr: SimpleNamespace(  # noqa: E731
+        ptr=ptr, shape=(rows, h, head_dim), strides=(h * head_dim, head_dim, 1))
+    return dataclasses.replace(
+        p, q=packed(900, heads_q, 4096), out=packed(900, heads_q, 1 << 20),
+        k=packed(1200, heads_kv, 2 << 20), v=packed(1200, heads_kv, 3 << 20), batch=batch,
+        seqlen_q=max_q, seqlen_k=max_k, cu_seqlens_q=int32_operand((batch + 1,), 5 << 20),
+        cu_seqlens_k=int32_operand((batch + 1,), 6 << 20))
+
+
+def kvcache_problem(seqlen_q, paged, batch=3, heads_q=8, heads_kv=2, head_dim=128):
+    """A KV-cache problem of capacity 4096 (paged: 64 pages of 64 rows, 64 a sequence); the
+    lengths at 5 << 20, the block table at 6 << 20."""
+    p = attention_problem(batch=batch, seqlen_q=seqlen_q, seqlen_k=4096, heads_q=heads_q,
+                          heads_kv=heads_kv, head_dim=head_dim)
+    seqlens = int32_operand((batch,), 5 << 20)
+    if not paged:
+        return dataclasses.replace(p, cache_seqlens=seqlens)
+    pages = SimpleNamespace(ptr=2 << 20, shape=(200, 64, heads_kv, head_dim),
+                            strides=(64 * heads_kv * head_dim, heads_kv * head_dim, head_dim, 1))
+    return dataclasses.replace(p, cache_seqlens=seqlens, k=pages,
+                               v=SimpleNamespace(**{**vars(pages), "ptr": 3 << 20}),
+                               block_table=int32_operand((batch, 64), 6 << 20), page_size=64)
+
+
+VALUE_CASES = [
+    ("sm80 varlen", sm80_attention, None, lambda: varlen_problem(causal=True), "cu"),
+    ("sm90 cp.async varlen", sm90_attention, "n128_2s_ov_pp_fx",
+     lambda: varlen_problem(head_dim=128), "cu"),
+    ("decode kvcache", sm80_decode_attention, None, lambda: kvcache_problem(1, False), "kv"),
+    ("decode paged", sm80_decode_attention, None, lambda: kvcache_problem(4, True), "kv"),
+    ("sm80 prefill paged", sm80_attention, None, lambda: kvcache_problem(100, True), "kv"),
+]
+
+
+@pytest.mark.parametrize("name, module, cfg_name, make, kw", VALUE_CASES,
+                         ids=[c[0] for c in VALUE_CASES])
+def test_relaunch_takes_the_value_arrays_pointers(rec, name, module, cfg_name, make, kw):
+    """Varlen and KV-cache problems: the relaunch takes the prefix sums' / lengths' and block
+    table's pointers and launches what the checked launch of a problem at those pointers does;
+    without them (or with the other kind's) it refuses."""
+    p = make()
+    cfg = module.choose(p, cfg_name)
+    fast = module.launch(p, cfg)
+    assert callable(fast)
+    names = (("cu_seqlens_q", "cu_seqlens_k") if kw == "cu"
+             else ("cache_seqlens", "block_table"))
+    new = {n: getattr(p, n) and SimpleNamespace(**{**vars(getattr(p, n)), "ptr": ptr})
+           for n, ptr in zip(names, (7 << 20, 8 << 20))}
+    p2 = dataclasses.replace(moved(p, 0x77, q=1 << 24, k=2 << 24, v=3 << 24, out=4 << 24),
+                             scale=0.3, **new)
+    rec.launched.clear()
+    module.launch(p2, cfg)
+    expected = list(rec.launched)
+    pointers = (7 << 20, (8 << 20) if p.block_table is not None or kw == "cu" else 7 << 20)
+    assert fast(1 << 24, 2 << 24, 3 << 24, 4 << 24, 0, 0.3, 0x77) is False  # no values
+    if module is not sm80_decode_attention:  # the decode kernel takes no prefix sums
+        other = "kv" if kw == "cu" else "cu"
+        assert fast(1 << 24, 2 << 24, 3 << 24, 4 << 24, 0, 0.3, 0x77,
+                    **{kw: pointers, other: pointers}) is False
+    assert rec.prepared == []
+    assert fast(1 << 24, 2 << 24, 3 << 24, 4 << 24, 0, 0.3, 0x77, **{kw: pointers}) is True
     assert rec.prepared == expected
 
 

@@ -859,23 +859,27 @@ def launch(p, cfg: AttnConfig):
     args, stream = kernel_arguments(p, keep)
     launch_flat(cfg, var, *args, stream=stream, varlen=varlen_arguments(p, keep),
                 kv=kv_arguments(p, keep))
-    if keep or p.varlen or p.kv_cache or os.environ.get("NUMBATC_PRINT_CONFIG"):
-        return None  # q, k or v packed (a later call decides again), varlen, KV cache, or
-        # no warm calls
+    if keep or os.environ.get("NUMBATC_PRINT_CONFIG"):
+        return None  # q, k or v packed (a later call decides again), or no warm calls
     return pointer_relaunch(kernel_for(cfg, var), grid_for(cfg, p.batch, p.heads_q, p.seqlen_q),
                             cfg.threads, signature(var), shared_bytes(cfg, var), args,
-                            cfg.block_m, out_align=4 if var.pair_stores else 1)
+                            cfg.block_m, out_align=4 if var.pair_stores else 1, problem=p)
 
 
-def pointer_relaunch(kernel, grid, threads, sig, shared, args, block_m, out_align=1):
+def pointer_relaunch(kernel, grid, threads, sig, shared, args, block_m, out_align=1,
+                     problem=None):
     """The warm calls' launch of ``kernel`` (sm80_attention's or sm90_attention's cp.async
     kernel: both take launch_flat's arguments) for problems like the one whose launch ``args``
     (:func:`kernel_arguments`', on the GPU, nothing packed) are given: ``fn(q, k, v, out, lse,
-    scale, stream_handle)`` with device pointers (lse 0 without it), one cuLaunchKernel through
-    a parameter buffer made here (intrinsics.launch.prepare); True when launched, False where
-    these pointers need the checked path (a start of q, k or v that is not 16-byte aligned: it
-    packs a copy; an out not ``out_align``-byte aligned, which a kernel of pair stores needs).
-    None where no prepared launch can be made (the emulation)."""
+    scale, stream_handle, cu=(), kv=())`` with device pointers (lse 0 without it), one
+    cuLaunchKernel through a parameter buffer made here (intrinsics.launch.prepare); True when
+    launched, False where these pointers need the checked path (a start of q, k or v that is
+    not 16-byte aligned: it packs a copy; an out not ``out_align``-byte aligned, which a kernel
+    of pair stores needs).  ``problem``: the AttentionProblem of ``args``; a varlen one's
+    relaunch takes its prefix sums' pointers ``cu=(cu_q, cu_k)``, a KV-cache one's
+    ``kv=(cache_seqlens, block_table)`` (cache_seqlens twice for a contiguous cache; the block
+    table's row stride, page_size and pages stay the problem's).  None where no prepared launch
+    can be made (the emulation)."""
     from numba import config
 
     from intrinsics.launch import prepare
@@ -886,14 +890,19 @@ def pointer_relaunch(kernel, grid, threads, sig, shared, args, block_m, out_alig
     prepared = prepare(kernel, grid, threads, sig, shared_bytes=shared)
     if prepared is None:
         return None
-    sizes = (sq, sk, hq, group, -(-sq // block_m), *q_st, *k_st, *v_st, *o_st)
+    varlen = problem is not None and problem.varlen
+    kv_cache = problem is not None and problem.kv_cache
+    rows = problem.seqlen_q if varlen else sq  # a varlen grid covers max_seqlen_q rows
+    sizes = (sq, sk, hq, group, -(-rows // block_m), *q_st, *k_st, *v_st, *o_st)
+    kv_fixed = kv_arguments(problem, [])[2:] if kv_cache else ()
+    n_cu, n_kv = 2 * varlen, 2 * kv_cache
 
     out_mask = out_align - 1
 
-    def relaunch(q, k, v, out, lse, scale, stream):
-        if (q | k | v) & 15 or out & out_mask:
+    def relaunch(q, k, v, out, lse, scale, stream, cu=(), kv=()):
+        if (q | k | v) & 15 or out & out_mask or len(cu) != n_cu or len(kv) != n_kv:
             return False
-        prepared(stream, q, k, v, out, lse, *sizes, scale * LOG2E)
+        prepared(stream, q, k, v, out, lse, *sizes, scale * LOG2E, *cu, *kv, *kv_fixed)
         return True
 
     return relaunch

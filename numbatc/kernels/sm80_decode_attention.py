@@ -939,9 +939,10 @@ def launch(p, cfg: DecodeConfig):
     launch_flat(cfg, var, *args, device=p.device, library=library, stream=stream, split=split,
                 kv=kv_arguments(p, keep))
     split_k.release_captured()  # a captured workspace: both launches are queued
-    if keep or p.kv_cache or os.environ.get("NUMBATC_PRINT_CONFIG"):
-        return None  # q, k or v packed (a later call decides again), KV cache, no warm calls
-    return pointer_relaunch(cfg, var, args, split, p.device, library)
+    if keep or os.environ.get("NUMBATC_PRINT_CONFIG"):
+        return None  # q, k or v packed (a later call decides again), or no warm calls
+    kv_fixed = kv_arguments(p, [])[2:] if p.kv_cache else None
+    return pointer_relaunch(cfg, var, args, split, p.device, library, kv_fixed)
 
 
 def _kv_words(p):
@@ -954,14 +955,17 @@ def _kv_words(p):
     return ", KV cache (lengths from cache_seqlens, split by each one's own)"
 
 
-def pointer_relaunch(cfg, var, args, split, device, library):
+def pointer_relaunch(cfg, var, args, split, device, library, kv_fixed=None):
     """The warm calls' launch of ``cfg`` (both kernels, as launch_flat's) for problems like the
     one whose launch ``args`` (kernel_arguments', on the GPU, nothing packed) and ``split`` are
-    given: ``fn(q, k, v, out, lse, scale, stream_handle)`` with device pointers (lse 0 without
-    it), two cuLaunchKernel through parameter buffers made here, the workspace the stream's (or
-    torch's allocator's while it captures, as launch_flat's); True when launched, False where a
-    start of q, k or v is not 16-byte aligned (the checked path packs a copy).  None where no
-    prepared launch can be made (the emulation)."""
+    given: ``fn(q, k, v, out, lse, scale, stream_handle, kv=())`` with device pointers (lse 0
+    without it), two cuLaunchKernel through parameter buffers made here, the workspace the
+    stream's (or torch's allocator's while it captures, as launch_flat's); True when launched,
+    False where a start of q, k or v is not 16-byte aligned (the checked path packs a copy).  A
+    KV-cache variant's relaunch takes ``kv=(cache_seqlens, block_table)`` pointers
+    (cache_seqlens twice for a contiguous cache) and ``kv_fixed``, the rest of
+    sm80_attention.kv_arguments' (the block table's row stride, page_size, pages), from the
+    checked launch.  None where no prepared launch can be made (the emulation)."""
     from numba import config
 
     from intrinsics.launch import prepare
@@ -979,13 +983,15 @@ def pointer_relaunch(cfg, var, args, split, device, library):
     if first is None or second is None:
         return None
     split_sizes, combine_sizes, o_floats = plan.split_sizes, plan.combine_sizes, plan.o_floats
+    n_kv = 2 if var.kv_cache else 0
+    kv_fixed = tuple(kv_fixed or ())
 
-    def relaunch(q, k, v, out, lse, scale, stream):
-        if (q | k | v) & 15:
+    def relaunch(q, k, v, out, lse, scale, stream, kv=()):
+        if (q | k | v) & 15 or len(kv) != n_kv:
             return False
         ws, _ = workspace(stream)
         ws_lse = ws + 4 * o_floats
-        first(stream, q, k, v, ws, ws_lse, *split_sizes, scale * LOG2E)
+        first(stream, q, k, v, ws, ws_lse, *split_sizes, scale * LOG2E, *kv, *kv_fixed)
         second(stream, ws, ws_lse, out, lse, *combine_sizes)
         split_k.release_captured()
         return True

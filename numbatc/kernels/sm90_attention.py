@@ -1171,9 +1171,9 @@ def launch(p, cfg: Sm90AttnConfig):
     args, stream = sm80_attention.kernel_arguments(p, keep)
     launch_flat(cfg, var, *args, stream=stream,
                 varlen=sm80_attention.varlen_arguments(p, keep))
-    if keep or p.varlen or os.environ.get("NUMBATC_PRINT_CONFIG"):
-        return None  # q, k or v packed (a later call decides again), varlen, or no warm calls
+    if keep or os.environ.get("NUMBATC_PRINT_CONFIG"):
+        return None  # q, k or v packed (a later call decides again), or no warm calls
     return sm80_attention.pointer_relaunch(
         kernel_for(cfg, var), grid_for(p.batch, p.heads_q, p.seqlen_q), cfg.threads,
         signature(var), shared_bytes(cfg, var.head_dim), args, _BM,
-        out_align=4 if var.pair_stores else 1)
+        out_align=4 if var.pair_stores else 1, problem=p)

@@ -30,6 +30,9 @@ from tests.helpers.attention import check_kvcache, to_device, values  # noqa: E4
 @pytest.fixture
 def ran(monkeypatch):
     """The (module, variant) of each kernel launch."""
+    from numbatc import _warm
+
+    _warm.CACHE.clear()  # a call like an earlier test's would be warm: no launch_flat to record
     used = []
     for module in (decode, sm80_attention):
         real = module.launch_flat

@@ -2,7 +2,9 @@
 checks and the walk over the kernels (numbatc.attention_api._attention_checked, counted here,
 runs once) and still gives the float64 reference's answer -- for new values in the same
 arrays, for fresh arrays, with ``out=`` and the lse, on the portable kernel (the emulation's
-default) and on sm90_attention (forced).  The key and the refusals: tests/test_attention_fast_path.py."""
+default) and on sm90_attention (forced); attention_varlen's and attention_with_kvcache's warm
+calls, whose device values are still read back and checked.  The key and the refusals:
+tests/test_attention_fast_path.py."""
 
 import math
 
@@ -140,5 +142,52 @@ def test_varlen_warm_calls(kernel, monkeypatch):
         numbatc.attention_varlen(*(to_device(x, dtype) for x in (q, k, v)), cu, cu, 41, 40,
                                  causal=True, return_lse=True)
         assert len(calls) == 2, "another max_seqlen_q must take the checked path"
+    finally:
+        _warm.CACHE.clear()
+
+
+@pytest.mark.parametrize("seqlen_q, page_size", [(1, None), (4, 16), (20, 16)],
+                         ids=["decode", "decode-paged", "prefill-paged"])
+def test_kvcache_warm_calls(seqlen_q, page_size, monkeypatch):
+    """numbatc.attention_with_kvcache: the second call of a signature (new lengths, new block
+    table, new q and caches in new arrays) skips the checked call and gives the reference's
+    answer on the decode kernel and on the portable kernel (prefill over a cached prefix); its
+    cache_seqlens and block table are still read back and checked (a ValueError for a length
+    past the capacity, after the launch)."""
+    from numba import cuda
+
+    from tests.helpers.attention import check_kvcache
+
+    calls = []
+    real = attention_api._kvcache_checked
+    monkeypatch.setattr(attention_api, "_kvcache_checked", lambda *a: calls.append(a) or real(*a))
+    for var in ("NUMBATC_ATTN_KERNEL", "NUMBATC_ATTN_CONFIG", "NUMBATC_PRINT_CONFIG",
+                "NUMBATC_DECODE_SPLITS"):
+        monkeypatch.delenv(var, raising=False)
+    if seqlen_q > 16:
+        monkeypatch.setenv("NUMBATC_ATTN_CONFIG", "m64n64_w4_qreg")  # 128 threads
+    else:
+        monkeypatch.setenv("NUMBATC_ATTN_KERNEL", "decode:m16_w2_k16_s2")  # 64 threads
+        monkeypatch.setenv("NUMBATC_DECODE_SPLITS", "2")
+    _warm.CACHE.clear()
+    try:
+        # the same capacity (contiguous: max + 3) and pool / table (paged 16: 5 pages used)
+        for lens in ([17, 40], [40, 20]):
+            check_kvcache(2, seqlen_q, lens, 2, 1, 32, True, page_size=page_size)
+        assert len(calls) == 1, "the second call was not warm"
+        q = cuda.to_device(np.zeros((2, seqlen_q, 2, 32), np.float16))
+        cap = 43 if page_size is None else 4 * 16  # seqlen_cache, or table width x page_size
+        kc = cuda.to_device(np.zeros((2, 43, 1, 32) if page_size is None
+                                     else (7, 16, 1, 32), np.float16))
+        table = None if page_size is None else cuda.to_device(np.zeros((2, 4), np.int32))
+        for _ in range(2):  # checked, then warm
+            numbatc.attention_with_kvcache(q, kc, kc, cuda.to_device(np.array([3, 3], np.int32)),
+                                           block_table=table, causal=True)
+        assert len(calls) == 2
+        with pytest.raises(ValueError, match="is more keys than"):
+            numbatc.attention_with_kvcache(q, kc, kc, cuda.to_device(np.array([3, cap + 1],
+                                                                              np.int32)),
+                                           block_table=table, causal=True)
+        assert len(calls) == 2, "the bad length was checked on the warm path"
     finally:
         _warm.CACHE.clear()

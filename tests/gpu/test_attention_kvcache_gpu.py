@@ -30,6 +30,9 @@ PAGES = [16, 64, 256, None]  # None: a contiguous cache
 @pytest.fixture
 def ran(monkeypatch):
     """The (kernel module, variant) of each launch."""
+    from numbatc import _warm
+
+    _warm.CACHE.clear()  # a call like an earlier test's would be warm: no launch_flat to record
     used = []
     for module in (decode, sm80_attention):
         real = module.launch_flat
@@ -105,6 +108,40 @@ def test_default_walk_names_the_kernels(monkeypatch, capsys):
     assert "sm80_attention" in err and "seqlen_q 32 > 16" in err, err
     ran = [line for line in err.splitlines() if line.startswith("numbatc.attention B=")]
     assert len(ran) == 2 and not any("sm90_attention" in line for line in ran), err
+
+
+@pytest.mark.parametrize("sq, page_size", [(1, None), (4, 16), (1, 256), (20, 64)])
+def test_warm_calls(monkeypatch, sq, page_size):
+    """Calls like a checked one (new arrays, new lengths and block tables, the same shapes) take
+    the warm path -- the kernel module's pointer relaunch with the lengths' and block table's
+    pointers -- and stay exact; a length past the capacity still raises there."""
+    from numbatc import _warm
+
+    calls = []
+    real = attention_api._kvcache_checked
+    monkeypatch.setattr(attention_api, "_kvcache_checked", lambda *a: calls.append(a) or real(*a))
+    _warm.CACHE.clear()
+    try:
+        for lens in ([1, 4097, 300], [300, 1, 4097], [4097, 300, 1]):
+            check_kvcache(3, sq, lens, 8, 2, 128, True, page_size=page_size)
+        assert len(calls) == 1, "the later calls were not warm"
+        (key,) = [key for key in _warm.CACHE if key[0] == "attention_with_kvcache"]
+        q = to_device(values((3, sq, 8, 128), "bfloat16"), "bfloat16")
+        if page_size is None:
+            kc, table, cap = to_device(values((3, 4100, 2, 128), "bfloat16"), "bfloat16"), None, 4100
+        else:
+            used = [-(-n // page_size) for n in (1, 4097, 300)]
+            kc = to_device(values((sum(used) + 2, page_size, 2, 128), "bfloat16"), "bfloat16")
+            table = cuda.to_device(np.zeros((3, max(used) + 1), np.int32))
+            cap = (max(used) + 1) * page_size
+        out = to_device(np.zeros((3, sq, 8, 128)), "bfloat16")
+        bad = cuda.to_device(np.array([1, cap + 1, 3], np.int32))
+        with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = .* is more keys than"):
+            numbatc.attention_with_kvcache(q, kc, kc, bad, block_table=table, causal=True,
+                                           out=out, return_lse=True)
+        assert len(calls) == 1, "the bad length was not checked on the warm path"
+    finally:
+        _warm.CACHE.clear()
 
 
 def test_torch_cuda_graph_as_the_cache_grows():

@@ -136,7 +136,7 @@ def fake_torch(monkeypatch, current_stream=0xABC0):
             return f"torch.{self.name}"
 
     DType.__module__ = "torch"
-    for name, size in [("float16", 2), ("bfloat16", 2), ("float32", 4), ("uint16", 2)]:
+    for name, size in [("float16", 2), ("bfloat16", 2), ("float32", 4), ("uint16", 2), ("int32", 4)]:
         setattr(torch, name, DType(name, size))
 
     class Device:
