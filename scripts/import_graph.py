@@ -6,8 +6,9 @@ imported), grouped by layer, as a Mermaid graph.
     python scripts/import_graph.py --write    # rewrite the graph block of docs/ARCHITECTURE.md
     python scripts/import_graph.py --check    # exit 1 if docs/ARCHITECTURE.md is not current
 
-Also lists the imports of private names (``from numbatc.kernels.x import _y``) that cross from
-one kernel module to another (tests/test_architecture.py asserts there are none).
+Also lists the private names (``from numbatc.kernels.x import _y``, or ``x._y`` read through an
+imported module) that cross from one kernel module to another (tests/test_architecture.py
+asserts there are none).
 
 Layers (top to bottom): the front ends (numbatc.gemm_api / softmax_api / attention_api /
 torch ...), numbatc.kernels' dispatch, the kernel modules, the kernel framework (build,
@@ -61,15 +62,20 @@ def node(name: str) -> str:
 
 
 def imports(known: dict[str, pathlib.Path]):
-    """(importer, imported module, names) for every import of a known module."""
+    """(importer, imported module, names) for every import of a known module; a module bound
+    to a local name (``import a.b as m``, ``from a import b``) also yields the underscored
+    attributes read through that name (``m._helper``, in f-strings too) as names it uses."""
     for name, path in known.items():
         tree = ast.parse(path.read_text(), str(path))
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        bound = {}  # local name -> the known module it holds
         for stmt in ast.walk(tree):
             if isinstance(stmt, ast.Import):
                 for alias in stmt.names:
                     if alias.name in known:
                         yield name, alias.name, ()
+                        if alias.asname:
+                            bound[alias.asname] = alias.name
             elif isinstance(stmt, ast.ImportFrom):
                 base = stmt.module or ""
                 if stmt.level:
@@ -79,9 +85,17 @@ def imports(known: dict[str, pathlib.Path]):
                 subs = [f"{base}.{n}" for n in names if f"{base}.{n}" in known]
                 for sub in subs:
                     yield name, sub, ()
+                for a in stmt.names:
+                    if f"{base}.{a.name}" in known:
+                        bound[a.asname or a.name] = f"{base}.{a.name}"
                 rest = tuple(n for n in names if f"{base}.{n}" not in known)
                 if base in known and rest:
                     yield name, base, rest
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in bound and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                yield name, bound[node.value.id], (node.attr,)
 
 
 def layer(name: str) -> str:

@@ -38,8 +38,8 @@ __all__ = ["Sm100Config", "CONFIGS", "check_variant", "kernel_for", "kernel_sour
 
 _THREADS = 192
 _EPILOGUE_WARPS = 4
-_PRODUCER_WARP = 4
-_MMA_WARP = 5
+PRODUCER_WARP = 4
+MMA_WARP = 5
 _SWIZZLE = 128
 
 
@@ -146,7 +146,7 @@ def gemm_kernel(tma_a, tma_b, c, bias, out, M, N, K, ldc, ldo, alpha, beta, grou
     # {S} stages of [A ({BM}, {BK}) | B ({BN}, {BK})] {var.in_dtype}, K-major, 128B swizzle,
     # {cfg.stage_bytes} bytes each ({words} words)''')
     prologue_source(w, cfg, BK, BN, f"128 lanes x {BN} f32 columns: the accumulator")
-    w(f'''    if warp == {_PRODUCER_WARP}:
+    w(f'''    if warp == {PRODUCER_WARP}:
         # ---- producer: one thread issues the TMA loads ---------------------------------------
         if lane == 0:
             for kt in range(k_tiles):
@@ -155,7 +155,7 @@ def gemm_kernel(tma_a, tma_b, c, bias, out, M, N, K, ldc, ldo, alpha, beta, grou
                 nt.mbarrier_arrive_expect_tx(bars, s, {cfg.stage_bytes})
                 nt.tma_load(smem, s * {words}, tma_a, (kt * {BK}, m0), bars, s)
                 nt.tma_load(smem, s * {words} + {cfg.a_bytes // 4}, tma_b, (kt * {BK}, n0), bars, s)
-    elif warp == {_MMA_WARP}:
+    elif warp == {MMA_WARP}:
         # ---- MMA: one thread issues tcgen05.mma; commits release stages and the accumulator --
         if lane == 0:
             for kt in range(k_tiles):

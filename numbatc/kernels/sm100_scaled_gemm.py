@@ -285,7 +285,7 @@ def gemm_kernel(tma_a, tma_b, sfa, sfb, c, bias, out, M, N, K, ldc, ldo, alpha, 
     sm100_gemm.prologue_source(
         w, cfg, BK, cfg.tmem_cols,
         f"accumulator ({BN} columns), then {cfg.sf_columns} of scale factors")
-    w(f'''    if warp == {sm100_gemm._PRODUCER_WARP}:
+    w(f'''    if warp == {sm100_gemm.PRODUCER_WARP}:
         # ---- producer: one thread issues the TMA loads and the scale chunks' bulk copies -----
         if lane == 0:
             for kt in range(k_tiles):
@@ -299,7 +299,7 @@ def gemm_kernel(tma_a, tma_b, sfa, sfb, c, bias, out, M, N, K, ldc, ldo, alpha, 
                                  (kt * tiles_m + m0 // {BM}) * {cfg.sfa_bytes}, {cfg.sfa_bytes}, bars, s)
                 nt.bulk_copy_g2s(smem, s * {words} + {sfb_w}, sfb,
                                  (kt * tiles_n + n0 // {BN}) * {cfg.sfb_bytes}, {cfg.sfb_bytes}, bars, s)
-    elif warp == {sm100_gemm._MMA_WARP}:
+    elif warp == {sm100_gemm.MMA_WARP}:
         # ---- MMA: one thread copies the scales to TMEM and issues tcgen05.mma -----------------
         # NOTE: tcgen05.cp and tcgen05.mma issued by one thread execute in issue order, so the
         # next k tile's tcgen05.cp into the same scale columns follows this tile's MMAs (one set

@@ -101,7 +101,7 @@ TMA_STORE_HEAD_DIMS = (64, 96, 128, 192)
 BLOCK_NS = (64, 80, 96, 112, 128, 176, 192)
 
 _THREADS_PER_WG = 128
-_BM = 128  # query rows per block: 64 per consumer warpgroup
+BLOCK_M = 128  # query rows per block: 64 per consumer warpgroup
 # NOTE: ptxas puts the 1024-aligned dynamic window after the static mbarriers, at 1024.
 _STATIC_SHARED = 1024
 _POOL = 65536 // 384 // 8 * 8 * 384  # registers a (384, 1)-bounded block is launched with
@@ -170,7 +170,7 @@ class Sm90AttnConfig:
 
     @property
     def block_m(self):
-        return _BM
+        return BLOCK_M
 
     @property
     def tma(self):
@@ -181,8 +181,8 @@ def shared_bytes(cfg: Sm90AttnConfig, head_dim: int) -> int:
     """Dynamic shared memory: Q, then K x stages, then V x stages; a persistent configuration
     then the (128, head_dim) staging tile of O's TMA stores (Q's buffer, where the other
     configurations stage O, holds the next work tile's Q by then)."""
-    staging = _BM if cfg.persistent else 0
-    return (_BM + 2 * cfg.stages * cfg.block_n + staging) * head_dim * 2
+    staging = BLOCK_M if cfg.persistent else 0
+    return (BLOCK_M + 2 * cfg.stages * cfg.block_n + staging) * head_dim * 2
 
 
 CONFIGS = {
@@ -465,7 +465,7 @@ def kernel_source(cfg: Sm90AttnConfig, var: AttnVariant) -> str:
     ptx = _PTX_TYPE[var.dtype]
     pack = "nt.pack_bf16x2" if var.dtype == "bfloat16" else "nt.pack_f16x2"
     q_lay, k_lay, v_lay, QPB = _layouts(cfg, D)  # QPB: consumer 1's Q rows start here
-    QB = _BM * D * 2
+    QB = BLOCK_M * D * 2
     tma = cfg.tma
     pers = cfg.persistent  # the consumers' ring position then continues across tiles: it + n
     KB = k_lay.nbytes  # one K (or V) stage
@@ -509,7 +509,7 @@ LN2 = np.float32({math.log(2.0)!r})
         # apart inside each part of SW / 2 columns; V: 8-key atoms of D * 16 bytes.  The parts
         # (above head_dim 128: 64-column halves; at 96 three of 32 columns): Q's and K's K-major
         # ones 64 * SW and BN * SW bytes apart, V's 8 * SW (MN-major: its atoms stack along D).
-        _loader(w, "q", _BM, D, lambda r: (r // 64) * QPB + (r % 64) * SW, 64 * SW)
+        _loader(w, "q", BLOCK_M, D, lambda r: (r // 64) * QPB + (r % 64) * SW, 64 * SW)
         _loader(w, "k", BN, D, lambda r: r * SW, BN * SW)
         _loader(w, "v", BN, D, lambda r: (r // 8) * D * 16, 8 * SW)
 
@@ -698,7 +698,7 @@ LN2 = np.float32({math.log(2.0)!r})
 @cuda.jit(cache=True, launch_bounds=({cfg.threads}, 1))
 def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss, q_sh, k_sb,
                      k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh, scale_log2{extra}):
-    # Q ({_BM}, {D}) as 2 parts of {QPB} bytes | K {S} x ({BN}, {D}) | V {S} x ({BN}, {D}): {shared_bytes(cfg, D)} bytes
+    # Q ({BLOCK_M}, {D}) as 2 parts of {QPB} bytes | K {S} x ({BN}, {D}) | V {S} x ({BN}, {D}): {shared_bytes(cfg, D)} bytes
     smem = cuda.shared.array(0, np.uint8, alignment=1024)
     # q_full = bars[0], k_full[s] = bars[{KF} + s], v_full[s] = bars[{VF} + s]: the producer's 128
     # cp.async arrivals (.noinc); k_empty[s] = bars[{KE} + s], v_empty[s] = bars[{VE} + s]: one
@@ -719,7 +719,7 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
     pid = np.uint32(cuda.blockIdx.x)
     mb = np.uint32(m_blocks)
     bh = np.uint32(pid // mb)
-    m0 = np.int64(np.uint32(np.uint32(mb - np.uint32(1)) - np.uint32(pid % mb))) * {_BM}
+    m0 = np.int64(np.uint32(np.uint32(mb - np.uint32(1)) - np.uint32(pid % mb))) * {BLOCK_M}
     b = np.int64(np.uint32(bh // np.uint32(Hq)))
     h = np.int64(np.uint32(bh % np.uint32(Hq)))
     hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))''')
@@ -728,7 +728,7 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
         w(f'''    off = Sk - Sq  # causal: query i sees keys j <= i + off
     n_tiles = {div_bn(f'(Sk + {BN - 1})', BN)}''')
     if var.causal and not pers:
-        w(f'''    last = m0 + {_BM - 1} + off  # the last key the block's last query sees
+        w(f'''    last = m0 + {BLOCK_M - 1} + off  # the last key the block's last query sees
     if last < 0:
         n_tiles = 0
     else:
@@ -1026,7 +1026,7 @@ def signature(var: AttnVariant, cfg: Sm90AttnConfig = None):
 
 
 def grid_for(batch, heads_q, seqlen_q):
-    return (-(-seqlen_q // _BM)) * heads_q * batch
+    return (-(-seqlen_q // BLOCK_M)) * heads_q * batch
 
 
 def launch_flat(cfg: Sm90AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seqlen_q,
@@ -1044,7 +1044,7 @@ def launch_flat(cfg: Sm90AttnConfig, var: AttnVariant, q, k, v, out, lse, batch,
 
     rows, cu = sm80_attention.varlen_launch(var, varlen, seqlen_q)
     kernel = kernel_for(cfg, var)
-    m_blocks = -(-rows // _BM)
+    m_blocks = -(-rows // BLOCK_M)
     args = (q, k, v, out, lse, seqlen_q, seqlen_k, heads_q, group, m_blocks, *q_strides,
             *k_strides, *v_strides, *o_strides, np.float32(scale * LOG2E), *cu)
     sig = None if config.ENABLE_CUDASIM else signature(var)
@@ -1075,7 +1075,7 @@ def unsupported(p):
             return f"{name}'s sequence stride {ca.strides[seq]} is too large for 32-bit steps"
     if p.seqlen_k >= 2**31 or p.seqlen_q >= 2**31:
         return "a sequence of 2**31 or more rows (key tiles are counted in 32 bits)"
-    if p.batch * p.heads_q * (-(-p.seqlen_q // _BM)) >= 2**31:
+    if p.batch * p.heads_q * (-(-p.seqlen_q // BLOCK_M)) >= 2**31:
         return "more than 2**31 blocks"
     return None
 
@@ -1175,5 +1175,5 @@ def launch(p, cfg: Sm90AttnConfig):
         return None  # q, k or v packed (a later call decides again), or no warm calls
     return sm80_attention.pointer_relaunch(
         kernel_for(cfg, var), grid_for(p.batch, p.heads_q, p.seqlen_q), cfg.threads,
-        signature(var), shared_bytes(cfg, var.head_dim), args, _BM,
+        signature(var), shared_bytes(cfg, var.head_dim), args, BLOCK_M,
         out_align=4 if var.pair_stores else 1, problem=p)

@@ -415,7 +415,7 @@ def launch_attention(p, cfg, var):
     # varlen: sq, sk are the packed tensors' rows (total_q, total_k), each map has one batch
     # entry (the batch stride is 0) and the kernel finds its sequence's rows in cu_q, cu_k
     mb = 1 if var.varlen else batch
-    maps = (operand_map(q, var.dtype, (mb, sq, hq, D), q_st, sm90_attention._BM),
+    maps = (operand_map(q, var.dtype, (mb, sq, hq, D), q_st, sm90_attention.BLOCK_M),
             operand_map(k, var.dtype, (mb, sk, p.heads_kv, D), k_st, cfg.block_n),
             operand_map(v, var.dtype, (mb, sk, p.heads_kv, D), v_st, cfg.block_n))
     if var.tma_store:  # boxes of one warpgroup's 64 rows
@@ -423,7 +423,7 @@ def launch_attention(p, cfg, var):
     assert not (var.varlen and (var.tma_store or cfg.persistent)), (cfg.name, var)
     kernel = sm90_attention.kernel_for(cfg, var)
     rows = p.seqlen_q  # max_seqlen_q for varlen: the grid's query rows per sequence
-    m_blocks = -(-rows // sm90_attention._BM)
+    m_blocks = -(-rows // sm90_attention.BLOCK_M)
     n_work = sm90_attention.grid_for(batch, hq, rows)
     grid = min(n_work, _persistent_blocks()) if cfg.persistent else n_work
     if config.ENABLE_CUDASIM and var.tma_store:
@@ -449,7 +449,7 @@ def launch_attention(p, cfg, var):
                        shared_bytes=sm90_attention.shared_bytes(cfg, D))
     if prepared is None:
         return None
-    geometry = ((var.dtype, (mb, sq, hq, D), q_st, sm90_attention._BM),
+    geometry = ((var.dtype, (mb, sq, hq, D), q_st, sm90_attention.BLOCK_M),
                 (var.dtype, (mb, sk, p.heads_kv, D), k_st, cfg.block_n),
                 (var.dtype, (mb, sk, p.heads_kv, D), v_st, cfg.block_n))
     if var.tma_store:

@@ -546,7 +546,7 @@ def load_{op}_inside(smem, base, src, org, ld, p, k0):
     return per_row
 
 
-def _mma_line(bn, var, a_kmajor, b_kmajor):
+def mma_line(bn, var, a_kmajor, b_kmajor):
     """The generated module's wgmma intrinsic: bf16/f16 with the layouts' transposes, or fp8
     (e4m3/e5m2, K-major, no transpose immediates)."""
     if var.in_dtype in FP8_DTYPES:
@@ -593,7 +593,7 @@ import numpy as np
 from numba import cuda
 import intrinsics as nt
 
-{_mma_line(BN, var, a_kmajor, b_kmajor)}
+{mma_line(BN, var, a_kmajor, b_kmajor)}
 CP = nt.cp_async_op(16, zfill=True)
 CP_IN = nt.cp_async_op(16)
 

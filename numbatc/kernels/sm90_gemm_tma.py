@@ -277,7 +277,7 @@ from numbatc.kernels.pipeline import tma_pipeline
 from numbatc.kernels.sm90_gemm_tma import make_producer, smem_desc
 from numbatc.kernels.tiles import make_tile_coords
 
-{sm90_gemm._mma_line(BN, var, a_kmajor, b_kmajor)}
+{sm90_gemm.mma_line(BN, var, a_kmajor, b_kmajor)}
 ZEROS = (np.float32(0),) * {BN // 2}
 RING = tma_pipeline({S})
 RING_INIT = RING.init
