@@ -10,7 +10,7 @@ import re
 import pytest
 
 from intrinsics.toolchain import compile_ptx
-from numbatc.kernels import dispatch, sm80_decode_attention as decode, split_k
+from numbatc.kernels import gpus, dispatch, sm80_decode_attention as decode, split_k
 from tests.helpers.assemblers import disassemble, nvjitlink_info_log, whole_program_ptxas
 from tests.helpers.problems import attention_problem
 
@@ -79,10 +79,12 @@ def test_bad_config_is_named():
 
 
 @pytest.mark.parametrize("batch, seqlen_k, heads_kv", [
-    (1, 32768, 8), (1, 131072, 8), (8, 4096, 8), (32, 131072, 8), (1, 1024, 1), (3, 4097, 2),
-    (1, 1, 8), (1, 0, 8), (1, 127, 1),
+    (1, 32768, 8), (1, 131072, 8), (8, 4096, 8), (8, 8192, 8), (32, 131072, 8), (1, 1024, 1),
+    (3, 4097, 2), (1, 1, 8), (1, 0, 8), (1, 127, 1), (5, 70000, 3),
 ])
 def test_splits_fill_the_gpu_with_whole_tiles(batch, seqlen_k, heads_kv):
+    """Whole tiles, two or more a split, and of 1 .. one wave's worth of splits the one of
+    least waves x tiles a block (the fewest among equals)."""
     p = _problem(batch=batch, seqlen_k=seqlen_k, heads_kv=heads_kv)
     cfg = decode.choose(p)
     var = decode.compiled(p, cfg)[1]
@@ -90,13 +92,28 @@ def test_splits_fill_the_gpu_with_whole_tiles(batch, seqlen_k, heads_kv):
     tiles = -(-seqlen_k // cfg.block_n)
     assert chunk % cfg.block_n == 0 and splits >= 1
     assert (splits - 1) * chunk < max(seqlen_k, 1) <= splits * chunk or seqlen_k == 0
-    blocks = batch * heads_kv * splits
-    slots = split_k.NUM_SMS_GUESS * decode.blocks_per_sm(cfg, var, p.cc)
+    bh = batch * heads_kv
+    slots = gpus.sm_count(p.cc) * decode.blocks_per_sm(cfg, var, p.cc)
+    want = min(-(-slots // bh), tiles // 2)
     if splits > 1:
         assert chunk >= 2 * cfg.block_n  # at least two tiles a split
-        assert blocks >= slots or chunk == 2 * cfg.block_n  # a wave, or two tiles a split
+        cost = decode.split_cost(tiles, splits, bh, slots)
+        assert all(decode.split_cost(tiles, n, bh, slots) > cost
+                   or decode.split_cost(tiles, n, bh, slots) == cost and n >= splits
+                   for n in range(1, want + 1))
     else:
-        assert batch * heads_kv >= slots or tiles < 4
+        assert want < 2 or all(decode.split_cost(tiles, n, bh, slots) >= tiles
+                               for n in range(1, want + 1))
+
+
+def test_one_sequence_of_32k_keys_fills_one_wave():
+    """The profiled case (H200: 35 splits made 280 blocks for 264 slots, 1.06 waves): 32 splits
+    of 16 tiles, 256 blocks."""
+    p = _problem(batch=1, seqlen_k=32768, heads_kv=8, heads_q=32)
+    cfg = decode.choose(p)
+    var = decode.compiled(p, cfg)[1]
+    assert decode.blocks_per_sm(cfg, var, p.cc) == 2 and cfg.block_n == 64
+    assert decode.splits_for(cfg, var, p) == (32, 16 * 64)
 
 
 def test_shared_memory_fits_the_gpu():

@@ -31,9 +31,9 @@ torch's allocator while a CUDA graph is captured):
     O partials    (batch * heads_kv, partials, M, head_dim)
     lse partials  (batch * heads_kv, partials, M)
 
-Splits (:func:`splits_for`): enough blocks for one full wave on the GPU (132 SMs times the
-blocks an SM holds by shared memory), at least two key tiles per split, the split length a
-whole number of tiles.
+Splits (:func:`splits_for`): up to one full wave of blocks on the GPU (its SMs times the blocks
+an SM holds by shared memory), at least two key tiles per split, the split length a whole
+number of tiles, the count that streams the fewest tiles per block times waves.
 
 Shared memory tiles are numbatc.kernels.sm80_attention's: rows of head_dim rounded up to 16,
 128B-swizzled where that is a multiple of 64 elements, else padded to an odd chunk count.
@@ -60,7 +60,7 @@ import numpy as np
 from numba import cuda  # a module global: the simulator swaps it in device functions
 
 import intrinsics as nt
-from numbatc.kernels import split_k
+from numbatc.kernels import gpus, split_k
 from numbatc.kernels.build import load_generated
 from numbatc.kernels.sm80_attention import kv_arguments, kernel_arguments, shared_layout
 from numbatc.kernels.tiles import make_paged_kv_lookahead, make_paged_kv_loader
@@ -68,7 +68,7 @@ from numbatc.kernels.tiles import make_paged_kv_lookahead, make_paged_kv_loader
 __all__ = ["CONFIGS", "DecodeConfig", "DecodeVariant", "MAX_SEQLEN_Q", "MIN_SEQLEN_K",
            "choose", "choose_config", "compiled", "declines", "kernel_for", "kernel_source",
            "launch", "launch_flat", "make_combine_body", "make_split_body", "shared_bytes",
-           "splits_for", "unsupported"]
+           "split_cost", "splits_for", "unsupported"]
 
 LOG2E = 1.4426950408889634
 
@@ -199,19 +199,38 @@ def choose_config(p) -> DecodeConfig:
 
 
 def splits_for(cfg, var, p):
-    """(splits, keys per split) of problem ``p``: at least one full wave of blocks (132 SMs
-    times :func:`blocks_per_sm`) over batch * heads_kv * m blocks, each split a whole number of
-    key tiles, at least two; (1, seqlen_k rounded up to a tile) where that leaves one."""
+    """(splits, keys per split) of problem ``p``: of 1 .. ``want`` splits (``want`` enough
+    blocks for one wave: the GPU's SMs times :func:`blocks_per_sm`, over batch * heads_kv * m
+    blocks; at most half the key tiles, so that a split holds two or more), the one of least
+    :func:`split_cost` (waves times tiles a block), the fewest splits among equals (less to
+    combine); each split a whole number of tiles.  (1, seqlen_k rounded up to a tile) where
+    that leaves one.
+
+    Why the waves: rounding the tiles a split down to fill a wave overshot it -- 35 splits of
+    15 tiles for one sequence of 32768 keys and 8 KV heads made 280 blocks for 264 slots, a
+    second wave of 16 blocks streaming alone (H200 profile: 1.06 waves); 32 splits of 16 tiles
+    make 256 blocks, one wave."""
     bn = cfg.block_n
     tiles = -(-p.seqlen_k // bn)
     m_blocks = -(-(p.seqlen_q * p.group) // cfg.block_m)
     blocks = p.batch * p.heads_kv * m_blocks
-    slots = split_k.NUM_SMS_GUESS * blocks_per_sm(cfg, var, p.cc)
+    slots = gpus.sm_count(p.cc, p.device) * blocks_per_sm(cfg, var, p.cc)
     want = min(-(-slots // blocks), tiles // 2)
     if want < 2:
         return 1, max(1, tiles) * bn
-    per = max(2, tiles // want)  # tiles per split (rounded down: splits >= want)
+    best = min(range(1, want + 1), key=lambda n: (split_cost(tiles, n, blocks, slots), n))
+    per = -(-tiles // best)
     return -(-tiles // per), per * bn
+
+
+def split_cost(tiles, splits, blocks, slots):
+    """What :func:`splits_for` minimises for ``tiles`` key tiles in ``splits`` splits over
+    ``blocks`` (batch, head, m block) triples on a GPU of ``slots`` resident blocks: the waves
+    of blocks times the tiles each block streams (the splits' length rounded up to whole
+    tiles)."""
+    per = -(-tiles // splits)
+    n = -(-tiles // per)
+    return -(-(blocks * n) // slots) * per
 
 
 # ---------------------------------------------------------------------------------------------
