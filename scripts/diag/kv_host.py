@@ -5,7 +5,7 @@ passes them), and the top functions under cProfile.  A back-to-back figure above
 says the host path, not the kernel, sets the benchmark's number.  numbatc.attention on the
 contiguous cache (the same kernel, with a warm path) and torch SDPA are timed beside it.
 
-    python scripts/diag/kv_host.py [--profile]          (GPU only)
+    python scripts/diag/kv_host.py [--profile] [--only I[,J..]]   (GPU only; I: SHAPES' index)
 """
 
 import cProfile
@@ -41,7 +41,9 @@ def problem(b, sq, sk, page):
 
 def main():
     profile = "--profile" in sys.argv
-    for b, sq, sk, page in SHAPES:
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    shapes = SHAPES if only is None else [SHAPES[int(i)] for i in only.split(",")]
+    for b, sq, sk, page in shapes:
         q, k, v, seqlens, table = problem(b, sq, sk, page)
         out = torch.empty_like(q)
 
@@ -73,7 +75,7 @@ def main():
             prof.disable()
             torch.cuda.synchronize()
             text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
             lines = text.getvalue().splitlines()
             top = next(i for i, line in enumerate(lines) if "ncalls" in line)
             print("\n".join(line for line in lines[top:] if line.strip()))
