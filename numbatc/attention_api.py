@@ -905,8 +905,11 @@ def _check_cache(seqlens, capacity, room, table, page_size, blocks):
         raise ValueError(f"cache_seqlens[{b}] = {seqlens[b]} is more keys than {room}")
     if table is None:
         return
+    table = np.asarray(table)
+    if table.size and 0 <= table.min() and table.max() < blocks:
+        return  # every entry a page: the common case, two reductions (no int64 copies)
     used = -(-seqlens // page_size)
-    table = np.asarray(table, dtype=np.int64)
+    table = table.astype(np.int64)
     bad = (np.arange(table.shape[1])[None, :] < used[:, None]) & ((table < 0) | (table >= blocks))
     if bad.any():
         b, j = (int(i) for i in np.argwhere(bad)[0])
