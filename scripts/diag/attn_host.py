@@ -66,6 +66,22 @@ def host_us(fn, calls=300):
     return host / calls * 1e6
 
 
+def profile_top(fn, calls=200, top=12):
+    """The ``top`` functions by own time of ``calls`` calls of ``fn`` under cProfile, as
+    pstats prints them (the header line first)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    lines = text.getvalue().splitlines()
+    first = next(i for i, line in enumerate(lines) if "ncalls" in line)
+    return "\n".join(line for line in lines[first:] if line.strip())
+
+
 def main():
     configs = sys.argv[1:] or ["", "sm90:n128_2s_ov_pp_fx", "sm90:n128_2s_ov_pp_fx_tma",
                                "sm90:n128_2s_ov_pp_fx_tma_pt"]
@@ -107,15 +123,7 @@ def main():
             numbatc.attention(q2, k, v, causal=True)
 
         print(f"  host per warm call (out allocated): {host_us(tiny_alloc):.1f} us")
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(200):
-            tiny()
-        prof.disable()
-        torch.cuda.synchronize()
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
-        print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
+        print(profile_top(tiny))
     # the same host measurements for decode (the default walk takes the decode kernel) and for
     # torch SDPA on both problems: the host time a serving loop pays per layer
     os.environ.pop("NUMBATC_ATTN_KERNEL", None)

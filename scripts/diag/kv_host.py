@@ -8,9 +8,6 @@ contiguous cache (the same kernel, with a warm path) and torch SDPA are timed be
     python scripts/diag/kv_host.py [--profile] [--only I[,J..]]   (GPU only; I: SHAPES' index)
 """
 
-import cProfile
-import io
-import pstats
 import sys
 
 import torch
@@ -19,7 +16,7 @@ import numbatc
 from numbatc.bench import _time_gpu
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from attn_host import host_us, replay_ms  # noqa: E402
+from attn_host import host_us, profile_top, replay_ms  # noqa: E402
 
 # (batch, seqlen_q, seqlen_k, page_size or 0); 32 query / 8 KV heads, head_dim 128, bf16
 SHAPES = [(1, 1, 32768, 0), (8, 1, 8192, 0), (32, 4, 4096, 0), (8, 1, 8192, 16),
@@ -68,17 +65,7 @@ def main():
                   f"{_time_gpu(sdpa, torch, 15) * 1e3:7.1f} us, host per call "
                   f"{host_us(sdpa):6.1f} us", flush=True)
         if profile:
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(200):
-                kv()
-            prof.disable()
-            torch.cuda.synchronize()
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
-            lines = text.getvalue().splitlines()
-            top = next(i for i, line in enumerate(lines) if "ncalls" in line)
-            print("\n".join(line for line in lines[top:] if line.strip()))
+            print(profile_top(kv, top=25))
 
 
 if __name__ == "__main__":
