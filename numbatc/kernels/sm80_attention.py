@@ -894,7 +894,7 @@ def pointer_relaunch(kernel, grid, threads, sig, shared, args, block_m, out_alig
     kv_cache = problem is not None and problem.kv_cache
     rows = problem.seqlen_q if varlen else sq  # a varlen grid covers max_seqlen_q rows
     sizes = (sq, sk, hq, group, -(-rows // block_m), *q_st, *k_st, *v_st, *o_st)
-    kv_fixed = kv_arguments(problem, [])[2:] if kv_cache else ()
+    kv_fixed = kv_sizes(problem) if problem is not None else ()
     n_cu, n_kv = 2 * varlen, 2 * kv_cache
 
     out_mask = out_align - 1
@@ -955,11 +955,20 @@ def kv_arguments(p, keep):
     if not p.kv_cache:
         return None
     seqlens = operands.flat_array(p.cache_seqlens, keep)
+    table = operands.flat_array(p.block_table, keep) if p.paged else seqlens
+    return (seqlens, table, *kv_sizes(p))
+
+
+def kv_sizes(p):
+    """The sizes that end :func:`kv_arguments`' tuple -- the block table's row stride in
+    elements, page_size, pages (zeros for an unpaged cache) -- or () for other problems; the
+    warm calls' pointer relaunches keep them from the checked launch."""
+    if not p.kv_cache:
+        return ()
     if not p.paged:
-        return (seqlens, seqlens, 0, 0, 0)
+        return (0, 0, 0)
     bt = p.block_table
-    bt_sb = bt.strides[0] if bt.shape[0] > 1 else 0
-    return (seqlens, operands.flat_array(bt, keep), bt_sb, p.page_size, p.k.shape[0])
+    return (bt.strides[0] if bt.shape[0] > 1 else 0, p.page_size, p.k.shape[0])
 
 
 # ---------------------------------------------------------------------------------------------

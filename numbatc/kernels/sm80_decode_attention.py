@@ -62,7 +62,7 @@ from numba import cuda  # a module global: the simulator swaps it in device func
 import intrinsics as nt
 from numbatc.kernels import gpus, split_k
 from numbatc.kernels.build import load_generated
-from numbatc.kernels.sm80_attention import kv_arguments, kernel_arguments, shared_layout
+from numbatc.kernels.sm80_attention import kernel_arguments, kv_arguments, kv_sizes, shared_layout
 from numbatc.kernels.tiles import make_paged_kv_lookahead, make_paged_kv_loader
 
 __all__ = ["CONFIGS", "DecodeConfig", "DecodeVariant", "MAX_SEQLEN_Q", "MIN_SEQLEN_K",
@@ -960,8 +960,7 @@ def launch(p, cfg: DecodeConfig):
     split_k.release_captured()  # a captured workspace: both launches are queued
     if keep or os.environ.get("NUMBATC_PRINT_CONFIG"):
         return None  # q, k or v packed (a later call decides again), or no warm calls
-    kv_fixed = kv_arguments(p, [])[2:] if p.kv_cache else None
-    return pointer_relaunch(cfg, var, args, split, p.device, library, kv_fixed)
+    return pointer_relaunch(cfg, var, args, split, p.device, library, kv_sizes(p))
 
 
 def _kv_words(p):
@@ -974,7 +973,7 @@ def _kv_words(p):
     return ", KV cache (lengths from cache_seqlens, split by each one's own)"
 
 
-def pointer_relaunch(cfg, var, args, split, device, library, kv_fixed=None):
+def pointer_relaunch(cfg, var, args, split, device, library, kv_fixed=()):
     """The warm calls' launch of ``cfg`` (both kernels, as launch_flat's) for problems like the
     one whose launch ``args`` (kernel_arguments', on the GPU, nothing packed) and ``split`` are
     given: ``fn(q, k, v, out, lse, scale, stream_handle, kv=())`` with device pointers (lse 0
@@ -982,9 +981,8 @@ def pointer_relaunch(cfg, var, args, split, device, library, kv_fixed=None):
     stream's (or torch's allocator's while it captures, as launch_flat's); True when launched,
     False where a start of q, k or v is not 16-byte aligned (the checked path packs a copy).  A
     KV-cache variant's relaunch takes ``kv=(cache_seqlens, block_table)`` pointers
-    (cache_seqlens twice for a contiguous cache) and ``kv_fixed``, the rest of
-    sm80_attention.kv_arguments' (the block table's row stride, page_size, pages), from the
-    checked launch.  None where no prepared launch can be made (the emulation)."""
+    (cache_seqlens twice for a contiguous cache) and ``kv_fixed``, sm80_attention.kv_sizes'
+    (the block table's row stride, page_size, pages), from the checked launch.  None where no prepared launch can be made (the emulation)."""
     from numba import config
 
     from intrinsics.launch import prepare
@@ -1003,7 +1001,6 @@ def pointer_relaunch(cfg, var, args, split, device, library, kv_fixed=None):
         return None
     split_sizes, combine_sizes, o_floats = plan.split_sizes, plan.combine_sizes, plan.o_floats
     n_kv = 2 if var.kv_cache else 0
-    kv_fixed = tuple(kv_fixed or ())
 
     def relaunch(q, k, v, out, lse, scale, stream, kv=()):
         if (q | k | v) & 15 or len(kv) != n_kv:
