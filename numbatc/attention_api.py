@@ -936,15 +936,20 @@ def _check_cache(seqlens, capacity, room, table, page_size, blocks):
 _env_key = None  # numbatc.kernels.dispatch.attention_env_key, bound by the first _remember
 
 
+def _probed_key(front_end, arrays, *rest):
+    """(key, the arrays' pointers) of a front end's call: ``front_end``, each array's probe key
+    (ABSENT's for None: no out, no block table), then ``rest`` (the flags the checks read), the
+    attention environment and the thread; (None, None) where an array has no warm path."""
+    probes = [ABSENT if x is None else probe(x) for x in arrays]
+    if None in probes:
+        return None, None
+    key = (front_end, *(x[1] for x in probes), *rest, _env_key(), threading.get_ident())
+    return key, tuple(x[0] for x in probes)
+
+
 def _warm_key(q, k, v, out, causal, scale, return_lse):
     """(key, (q, k, v, out pointers)), or (None, None) when an array has no warm path."""
-    pq, pk, pv = probe(q), probe(k), probe(v)
-    po = ABSENT if out is None else probe(out)
-    if pq is None or pk is None or pv is None or po is None:
-        return None, None
-    key = ("attention", pq[1], pk[1], pv[1], po[1], causal, return_lse, scale is None,
-           _env_key(), threading.get_ident())
-    return key, (pq[0], pk[0], pv[0], po[0])
+    return _probed_key("attention", (q, k, v, out), causal, return_lse, scale is None)
 
 
 class _AttentionWarm(Entry):
@@ -1060,13 +1065,8 @@ def _varlen_warm_key(q, k, v, out, cu_q, cu_k, max_q, max_k, causal, scale, retu
     array has no warm path (host prefix sums among them) or a max_seqlen is not an int."""
     if type(max_q) is not int or type(max_k) is not int:
         return None, None
-    probes = (probe(q), probe(k), probe(v), ABSENT if out is None else probe(out), probe(cu_q),
-              probe(cu_k))
-    if any(x is None for x in probes):
-        return None, None
-    key = ("attention_varlen", *(x[1] for x in probes), max_q, max_k, causal, return_lse,
-           scale is None, _env_key(), threading.get_ident())
-    return key, tuple(x[0] for x in probes)
+    return _probed_key("attention_varlen", (q, k, v, out, cu_q, cu_k), max_q, max_k, causal,
+                       return_lse, scale is None)
 
 
 class _VarlenWarm(_ValuesWarm):
@@ -1094,13 +1094,8 @@ def _kvcache_warm_key(q, k, v, out, seqlens, table, causal, scale, return_lse):
     """attention_with_kvcache's (key, (q, k_cache, v_cache, out, cache_seqlens[, block_table]
     pointers)), or (None, None) where an array has no warm path (host cache_seqlens or block
     tables among them)."""
-    probes = (probe(q), probe(k), probe(v), ABSENT if out is None else probe(out),
-              probe(seqlens), ABSENT if table is None else probe(table))
-    if any(x is None for x in probes):
-        return None, None
-    key = ("attention_with_kvcache", *(x[1] for x in probes), causal, return_lse,
-           scale is None, _env_key(), threading.get_ident())
-    return key, tuple(x[0] for x in probes)
+    return _probed_key("attention_with_kvcache", (q, k, v, out, seqlens, table), causal,
+                       return_lse, scale is None)
 
 
 class _KvcacheWarm(_ValuesWarm):
