@@ -267,8 +267,27 @@ def compile_kernel(kernel, signature, whole_program=None):
     from intrinsics.compile_passes import linear_ssa, memo_call_types
 
     with linear_singly_assigned_scan(), linear_ssa(), memo_call_types(), \
-            _ptx_link_for_whole_program(whole_program is not False):
+            _ptx_link_for_whole_program(whole_program is not False), _gc_paused():
         return kernel.compile(tuple(signature))
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Python's cyclic garbage collector off for one compile (as it was again after): numba
+    allocates some 10^5 objects typing and lowering a kernel, and each automatic full
+    collection meanwhile walks every object of the process (numba's registries included):
+    0.1-0.3 s of a GEMM kernel's 1-1.5 s compile on a 2-core host
+    (scripts/diag/compile_time.py).  What the compile leaves behind is collected at the next
+    automatic collection."""
+    import gc
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _plan(kernel, signature, shared_bytes, cluster, whole_program):
