@@ -30,12 +30,20 @@ def _attention_kernel(d=128):
     return sm90_attention.kernel_for(cfg, var), sm90_attention.signature(var, cfg), cfg
 
 
-def _gemm_kernel(name="128x256x64_3s_pt_tma_ts"):
+def _gemm_kernel(name="128x256x64_3s_pt_tma_ts", fresh=False):
+    """The default Hopper GEMM kernel; ``fresh``: of an epilogue no other test compiles (f16 out,
+    f16 c, bf16 bias, silu), so that its device functions compile here -- an Epilogue's are
+    shared by every kernel with the same epilogue (numbatc.kernels.epilogue.make_epilogue), and
+    one compiled by an earlier test in the same process would not run its SSA pass again."""
     from numbatc.kernels import sm90_gemm
 
     cfg = sm90_gemm.CONFIGS[name]
-    var = sm90_gemm.Sm90Variant("row", "col", "bfloat16", "bfloat16", None, None, None,
-                                out_pairs=True)
+    if fresh:
+        var = sm90_gemm.Sm90Variant("row", "col", "bfloat16", "float16", "float16", "bfloat16",
+                                    "silu", out_pairs=True)
+    else:
+        var = sm90_gemm.Sm90Variant("row", "col", "bfloat16", "bfloat16", None, None, None,
+                                    out_pairs=True)
     return sm90_gemm.kernel_for(cfg, var), sm90_gemm.kernel_signature(cfg, var), cfg
 
 
@@ -63,12 +71,12 @@ def _both_ways(original, violators):
 def test_linear_ssa_gives_numbas_ir(which):
     """Each function's SSA reconstruction renders to the same text both ways (_both_ways), on
     every function of the default attention kernel (its body has 38 violators since the tile
-    softmax became a device function; 111 before) and GEMM kernel."""
+    softmax became a device function; 111 before) and a GEMM kernel (_gemm_kernel's fresh one)."""
     from numba.cuda.core import ssa
 
     from intrinsics.toolchain import compile_ptx
 
-    kernel, sig, cfg = _attention_kernel() if which == "attention" else _gemm_kernel()
+    kernel, sig, cfg = _attention_kernel() if which == "attention" else _gemm_kernel(fresh=True)
     original = ssa._run_ssa
     violators = []
     ssa._run_ssa = _both_ways(original, violators)

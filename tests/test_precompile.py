@@ -205,3 +205,37 @@ def test_precompile_fills_the_attention_cache_the_launch_reads(tmp_path, monkeyp
             assert (kernel._cache_hits[sig], kernel._cache_misses[sig]) == (1, 0), job.label
             kernels += 1
     assert kernels == 3
+
+
+def test_precompile_fills_the_cache_of_a_kernel_written_as_code(tmp_path, monkeypatch):
+    """sm90_gemm's TMA kernel is factory-made code (sm90_gemm_tma.make_kernel), cached through
+    numbatc.kernels.build.cache_kernel: precompile for cc 9.0a compiles it in a worker process
+    into a fresh NUMBATC_CACHE_DIR, a second run finds it, and a new dispatcher of the same
+    configuration and variant (the launch's compile path, in this process) loads it, compiling
+    nothing -- while another variant's kernel misses (the index is per kernel)."""
+    from dataclasses import replace
+
+    from numbatc.kernels import sm90_gemm_tma
+
+    monkeypatch.setenv("NUMBATC_CACHE_DIR", str(tmp_path / "cache"))
+    shapes = "64x4096x4096"
+    [job] = pc.plan(shapes, cc="9.0a")
+    assert job.config.producer == "tma", job.config.name
+    first = numbatc.precompile(shapes, cc="9.0a", jobs=1, progress=False)
+    assert (first.compiled, first.cached, first.failed) == (1, 0, 0), first.configs
+    second = numbatc.precompile(shapes, cc="9.0a", jobs=1, progress=False)
+    assert (second.compiled, second.cached, second.failed) == (0, 1, 0), second.configs
+
+    from intrinsics import launch as launching
+
+    family = importlib.import_module(job.family)
+    sig = pc._kernel_and_signature(family, job.config, job.variant)[1]
+    kernel = sm90_gemm_tma.make_kernel.__wrapped__(job.config, job.variant)  # a new dispatcher
+    with pc._target(job.cc):
+        launching.compile_kernel(kernel, sig)
+    assert (kernel._cache_hits[sig], kernel._cache_misses[sig]) == (1, 0)
+    assert [p.name for p in (tmp_path / "cache" / "kernels").glob("*.nbi")] == [
+        f"{kernel._cache.name}.nbi"]
+    other = sm90_gemm_tma.make_kernel.__wrapped__(job.config,
+                                                  replace(job.variant, activation="relu"))
+    assert other._cache.name != kernel._cache.name

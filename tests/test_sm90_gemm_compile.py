@@ -469,3 +469,51 @@ def test_fp8_blockwise_assembles_without_spills(name, var, tmp_path):
                           text=True, check=True).stdout
     assert len(re.findall(rf"QGMMA\.64x{cfg.bn}x32", sass)) == 4
     assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
+# ---------------------------------------------------------------------------------------------
+# The TMA kernel as code (sm90_gemm_tma.make_kernel): its parameters, its constants
+# ---------------------------------------------------------------------------------------------
+
+PARAM_CASES = [("128x256x64_4s_pt_tma", PLAIN, 2 + 13),
+               ("128x256x64_3s_pt_tma_ts", TS_FUSED, 3 + 13),
+               ("64x128x64_6s_w1_tma", SPLIT, 2 + 13 + 4),
+               (BW_CASES[-1][0], BW_CASES[-1][1], 2 + 13 + 6 + 4)]
+
+
+@pytest.mark.parametrize("name, var, count", PARAM_CASES,
+                         ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(PARAM_CASES)])
+def test_code_kernel_parameters_are_the_flat_launch_layout(name, var, count):
+    """make_kernel's kernel takes out's tensor map, the blockwise scales, split-K's arguments
+    and a user epilogue's arrays as tuples, empty where the variant has none: in the PTX .entry
+    an empty tuple is no parameter and a tuple's members are parameters in order, so the
+    parameters are the flat list the launch packs (intrinsics.launch.param_layout of the same
+    signature: one per member, a tensor map 128 bytes at a 64-byte aligned offset)."""
+    import struct
+
+    from intrinsics.launch import param_layout
+
+    cfg = sm90_gemm.CONFIGS.get(name) or sm90_gemm.FP8_CONFIGS[name]
+    sig = sm90_gemm.kernel_signature(cfg, var)
+    entry = re.search(r"\.entry[^(]*\(([^)]*)\)", _ptx(name, var)).group(1)
+    sizes = [128 if "[128]" in p else int(re.search(r"\.[a-z](\d+)", p).group(1)) // 8
+             for p in entry.split(",")]
+    fmt, offsets = param_layout(sig)
+    codes = [c for c in re.findall(r"\d*[a-zA-Z?]", fmt[1:]) if c != "x"]
+    assert len(sizes) == len(codes) == count
+    assert [struct.calcsize(c) for c in codes] == sizes
+    assert all(off % 64 == 0 for off, c in zip(offsets, codes) if c == "128s")
+
+
+def test_code_kernel_describes_its_constants():
+    """describe() names where the kernel's code is and the constants its functions close over:
+    the tile, the stages' ring, the chosen epilogue functions."""
+    from numbatc.kernels import sm90_gemm_tma
+
+    text = sm90_gemm_tma.describe(sm90_gemm.CONFIGS["128x256x64_3s_pt_tma_ts"], TS_FUSED)
+    assert "make_kernel.<locals>.gemm_kernel: BK=64, BM=128, BN=256" in text
+    assert "tma_store=True" in text and "pers=True" in text
+    assert "S=3" in text  # the ring's stages
+    assert "activation_fn=_gelu" in text  # the variant's activation, chosen by make_epilogue
+    with pytest.raises(ValueError, match="written as code"):
+        sm90_gemm.kernel_source(sm90_gemm.CONFIGS["128x256x64_3s_pt_tma_ts"], TS_FUSED)

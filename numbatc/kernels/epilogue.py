@@ -5,30 +5,38 @@ and the common kernel arguments and launch.
 - :class:`GemmVariant`: operand layouts, dtypes, the epilogue (alpha, beta * C, bias,
   activation, a user function), split-K and paired stores -- the problem a GEMM kernel is
   specialised for besides its tile; :func:`variant_for` reads it off a problem.
-- :func:`epilogue_source` / :func:`full_tile_epilogue`: the device functions (``store_tile``,
-  ``value_tile``, ``put_tile`` ...) that store m16n8-shaped accumulator fragments, and the code
-  that calls them for a block's fragments; :func:`block_source` the same over blocks of
-  fragments (``store_frags`` ..., fewer calls for numba to type).
-- :func:`split_source`, :func:`split_epilogue_source`, :data:`SPLIT_HELPERS`: split-K's kernel
-  parameters, its K-slice prologue and its deterministic reduction of the slices.
+- :func:`make_epilogue` / :func:`epilogue_for`: the epilogue's device functions (``store_tile``,
+  ``value_tile``, ``put_tile``, ``value_frags`` ...: :class:`Epilogue`), factory-made
+  ``@cuda.jit`` code that stores m16n8-shaped accumulator fragments; :func:`full_tile_epilogue`
+  emits a generated kernel's calls of them for a block's fragments.
+- :func:`split_source`, :func:`split_epilogue_source`, :func:`put_partial`,
+  :func:`add_partial`: split-K's kernel parameters, its K-slice prologue and its deterministic
+  reduction of the slices.
 - :func:`signature`, :func:`launch_gemm_kernel`: the arguments every GEMM kernel takes, and its
   launch (prepared where it can be; numbatc.kernels.sm80_gemm.launch_flat describes the
   contract).
 - :data:`QUAD_REDUCTIONS`: max / sum over the quad of lanes that share a fragment row, for the
   kernels that reduce rows (softmax, attention).
 
-The GEMM kernels (sm80_gemm, sm90_gemm, sm100_gemm, sm100_scaled_gemm) paste these sources into
-their generated modules and compile them through numbatc.kernels.build.
+Kernels written as code (sm90_gemm_tma) call the functions; the generated GEMM kernels
+(sm80_gemm, sm90_gemm's cp.async form, sm100_gemm, sm100_scaled_gemm) import them through the
+lines :func:`epilogue_source` / :data:`SPLIT_HELPERS` give, and compile through
+numbatc.kernels.build.
 """
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
+from numba import cuda  # a module global: the simulator swaps it in device functions
 
-__all__ = ["GemmVariant", "variant_for", "CONVERSIONS", "QUAD_REDUCTIONS", "SPLIT_HELPERS",
-           "BLOCK_FRAGS", "epilogue_source", "stores_source", "block_source", "full_tile_epilogue",
-           "split_source", "split_epilogue_source",
+import intrinsics as nt
+
+__all__ = ["GemmVariant", "variant_for", "Epilogue", "make_epilogue", "epilogue_for",
+           "ACTIVATIONS", "bf16_to_f32", "f16_to_f32", "put_partial", "add_partial", "ZERO4",
+           "CONVERSIONS", "QUAD_REDUCTIONS", "SPLIT_HELPERS", "BLOCK_FRAGS", "epilogue_source",
+           "stores_source", "full_tile_epilogue", "split_source", "split_epilogue_source",
            "signature", "launch_gemm_kernel", "flat_epilogue_args", "with_epilogue_args",
            "to_f32_expr"]
 
@@ -84,25 +92,15 @@ def variant_for(p, cls=GemmVariant, **fields):
 
 
 # ---------------------------------------------------------------------------------------------
-# The epilogue
+# The epilogue: device functions, factory-made
 # ---------------------------------------------------------------------------------------------
+#
+# Every function below is an ordinary ``@cuda.jit(device=True, forceinline=True)`` function.
+# make_epilogue's close over the variant's choices (activation, dtypes, layouts, paired stores,
+# the user function) as constants: numba prunes the branches on them before typing, and LLVM
+# inlines the chain into straight-line code per fragment.  Each function's last argument is a
+# user epilogue's arrays, ``eargs`` (the empty tuple without one: no register, no parameter).
 
-
-def to_f32_expr(dtype):
-    """Expression turning stored bits/values ``x`` of ``dtype`` into float32."""
-    if dtype == "bfloat16":
-        return "bf16_to_f32(x)"
-    if dtype == "float16":
-        return "f16_to_f32(x)"
-    return "x"
-
-
-def _flat(layout, row, col, ld):
-    """Flat element index of (row, col) in a matrix of the given layout and leading dimension."""
-    return f"({row}) * {ld} + ({col})" if layout == "row" else f"({row}) + ({col}) * {ld}"
-
-
-CONVERSIONS = '''
 
 @cuda.jit(device=True, forceinline=True)
 def bf16_to_f32(x):
@@ -112,192 +110,290 @@ def bf16_to_f32(x):
 @cuda.jit(device=True, forceinline=True)
 def f16_to_f32(x):
     return nt.unpack_f16x2(np.uint32(x))[0]
-'''
+
+
+def to_f32_expr(dtype):
+    """Expression turning stored bits/values ``x`` of ``dtype`` into float32 (for generated
+    kernels that import bf16_to_f32 / f16_to_f32 through :data:`CONVERSIONS`)."""
+    return {"bfloat16": "bf16_to_f32(x)", "float16": "f16_to_f32(x)"}.get(dtype, "x")
+
+
+#: the conversions as generated kernels take them
+CONVERSIONS = "\nfrom numbatc.kernels.epilogue import bf16_to_f32, f16_to_f32\n"
+
+@cuda.jit(device=True, forceinline=True)
+def _identity(v):
+    return v
+
+
+@cuda.jit(device=True, forceinline=True)
+def _relu(v):
+    return v if v > 0 else np.float32(0)
+
+
+@cuda.jit(device=True, forceinline=True)
+def _gelu(v):  # the tanh form
+    return np.float32(0.5) * v * (np.float32(1) + math.tanh(
+        np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v)))
+
+
+@cuda.jit(device=True, forceinline=True)
+def _silu(v):
+    return v / (np.float32(1) + math.exp(-v))
+
+
+_ACTIVATION_FNS = {None: _identity, "relu": _relu, "gelu": _gelu, "silu": _silu}
+_TO_F32 = {"bfloat16": bf16_to_f32, "float16": f16_to_f32}  # (float32: _identity)
+
+
+@cuda.jit(device=True, forceinline=True)
+def _row_major(r, col, ld):
+    return r * ld + col
+
+
+@cuda.jit(device=True, forceinline=True)
+def _col_major(r, col, ld):
+    return r + col * ld
+
+
+_INDEX = {"row": _row_major, "col": _col_major}
+#: the activations make_epilogue knows
+ACTIVATIONS = tuple(_ACTIVATION_FNS)
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """A variant's epilogue device functions (see :func:`make_epilogue`).  ``acc`` / ``vals``
+    arguments are fragments in mma.sync's m16n8 layout (wgmma's and tcgen05's accumulators are
+    stored in the same one): registers 0, 1 at (r, col), (r, col + 1); 2, 3 at row r + 8.
+
+    - ``store_pair(out, c, bias, r, col, v0, v1, N, ldc, ldo, alpha, beta, eargs)``: alpha,
+      beta * C, bias, activation, the user function and the stores of two adjacent columns
+      (col + 1 only where < N);
+    - ``value_pair(c, bias, r, col, v0, v1, ldc, alpha, beta, eargs)``: the same values of
+      two in-bounds columns, no store; ``put_pair(out, r, col, v0, v1, ldo)`` stores them;
+    - ``value_tile`` / ``put_tile`` / ``store_tile(out, c, bias, acc, r, col, M, N, ...)``: one
+      fragment (store_tile bounds-checked);
+    - ``value_frags`` / ``put_frags`` / ``store_frags``: :data:`BLOCK_FRAGS` consecutive
+      fragments of a wgmma accumulator (registers 4q .. 4q + 3 hold fragment q, at columns
+      col + 8q), one call per 64 columns.
+
+    NOTE: compile time.  numba compiles each device function once per signature in a pipeline
+    of its own and types every call site anew (~1-3 ms), and a function that closes over
+    values costs more than a module-level one (~15 ms against ~4 on a 2-core host, with
+    branches on them pruned).  So the variant's pieces that need no closure (the activation,
+    the conversions, the index of a layout) are module-level functions picked by the factory,
+    and the terms are branches on closure constants inside ``values`` and ``put``: a closure
+    per term cost 0.1 s more per kernel (scripts/diag/compile_time.py).  A 128 x 256 tile's 32
+    fragments as four block calls instead of 32 fragment calls per path took 1.3 s off numba's
+    4.5 s for sm90_gemm's 128x256x64_3s_pt_tma_ts; LLVM inlines the blocks (forceinline), so
+    the SASS is the same code."""
+
+    activation: object
+    store_pair: object
+    value_pair: object
+    put_pair: object
+    value_tile: object
+    put_tile: object
+    store_tile: object
+    value_frags: object
+    put_frags: object
+    store_frags: object
+
+
+def epilogue_for(var):
+    """The :class:`Epilogue` of a GEMM variant."""
+    return make_epilogue(var.out_dtype, var.c_dtype, var.bias_dtype, var.activation,
+                         var.out_layout, var.c_layout, var.out_pairs, var.epilogue)
+
+
+@functools.cache
+def make_epilogue(out_dtype, c_dtype=None, bias_dtype=None, activation=None, out_layout="row",
+                  c_layout="row", out_pairs=False, user=None):
+    """The epilogue device functions (:class:`Epilogue`) for an output of ``out_dtype`` in
+    ``out_layout``, C of ``c_dtype`` (None: no beta * C term), a bias of ``bias_dtype`` (None:
+    none), an activation (None, 'relu', 'gelu', 'silu'), 32-bit column-pair stores
+    (``out_pairs``, GemmVariant.out_pairs) and a user function ``user(value, row, col, *args)``
+    -> value (a ``cuda.jit(device=True)`` function, or None).  A user function's arrays are the
+    functions' last argument, ``eargs`` (``()`` without one).
+
+    NOTE: ``eargs`` is an argument of its own, not ``*args``: star arguments tripled numba's
+    typing time of the block functions (store_frags 41 -> 210 ms; scripts/diag/compile_time.py)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r}: one of {ACTIVATIONS}")
+    if out_pairs and not (out_layout == "row" and out_dtype in ("bfloat16", "float16")):
+        raise ValueError("out_pairs needs a row-major bf16 / f16 out")
+    # the choices, as closure constants (each branch on them is pruned before typing)
+    has_c, has_bias, has_user = c_dtype is not None, bias_dtype is not None, user is not None
+    out_16 = out_dtype in ("bfloat16", "float16")
+    # and the pieces, as module-level functions (no closure: each compiles once per process)
+    c_f32, bias_f32 = _TO_F32.get(c_dtype, _identity), _TO_F32.get(bias_dtype, _identity)
+    out_at, c_at = _INDEX[out_layout], _INDEX[c_layout]
+    pack = nt.pack_f16x2 if out_dtype == "float16" else nt.pack_bf16x2
+
+    activation_fn = _ACTIVATION_FNS[activation]
+
+    @cuda.jit(device=True, forceinline=True)
+    def values(c, bias, r, col, v0, v1, both, ldc, alpha, beta, eargs):
+        # alpha, beta * C, bias, activation, the user function; column col + 1's only if both
+        v0 = alpha * v0
+        v1 = alpha * v1
+        if has_c:
+            v0 += beta * c_f32(c[c_at(r, col, ldc)])
+            if both:
+                v1 += beta * c_f32(c[c_at(r, col + 1, ldc)])
+        if has_bias:
+            v0 += bias_f32(bias[col])
+            if both:
+                v1 += bias_f32(bias[col + 1])
+        v0 = activation_fn(v0)
+        v1 = activation_fn(v1)
+        if has_user:
+            v0 = np.float32(user(v0, r, col, *eargs))
+            if both:
+                v1 = np.float32(user(v1, r, col + 1, *eargs))
+        return v0, v1
+
+    @cuda.jit(device=True, forceinline=True)
+    def put(out, r, col, v0, v1, both, ldo):
+        # stores of two adjacent columns (col + 1 only if both)
+        if out_16:
+            p = pack(v0, v1)
+            out[out_at(r, col, ldo)] = np.uint16(p & 0xFFFF)
+            if both:
+                out[out_at(r, col + 1, ldo)] = np.uint16(p >> 16)
+        else:
+            out[out_at(r, col, ldo)] = v0
+            if both:
+                out[out_at(r, col + 1, ldo)] = v1
+
+    @cuda.jit(device=True, forceinline=True)
+    def store_pair(out, c, bias, r, col, v0, v1, N, ldc, ldo, alpha, beta, eargs):
+        both = col + 1 < N
+        v0, v1 = values(c, bias, r, col, v0, v1, both, ldc, alpha, beta, eargs)
+        put(out, r, col, v0, v1, both, ldo)
+
+    @cuda.jit(device=True, forceinline=True)
+    def value_pair(c, bias, r, col, v0, v1, ldc, alpha, beta, eargs):
+        # (np.bool_: store_pair's boolean type, so that values compiles once)
+        return values(c, bias, r, col, v0, v1, np.bool_(True), ldc, alpha, beta, eargs)
+
+    @cuda.jit(device=True, forceinline=True)
+    def put_pair(out, r, col, v0, v1, ldo):
+        if out_pairs:  # one 32-bit store (GemmVariant.out_pairs)
+            nt.st_global_b32(out, r * ldo + col, pack(v0, v1))
+        else:
+            put(out, r, col, v0, v1, True, ldo)
+
+    @cuda.jit(device=True, forceinline=True)
+    def value_tile(c, bias, acc, r, col, ldc, alpha, beta, eargs):
+        v0, v1 = value_pair(c, bias, r, col, acc[0], acc[1], ldc, alpha, beta, eargs)
+        v2, v3 = value_pair(c, bias, r + 8, col, acc[2], acc[3], ldc, alpha, beta, eargs)
+        return (v0, v1, v2, v3)
+
+    @cuda.jit(device=True, forceinline=True)
+    def put_tile(out, vals, r, col, ldo):
+        put_pair(out, r, col, vals[0], vals[1], ldo)
+        put_pair(out, r + 8, col, vals[2], vals[3], ldo)
+
+    @cuda.jit(device=True, forceinline=True)
+    def store_tile(out, c, bias, acc, r, col, M, N, ldc, ldo, alpha, beta, eargs):
+        if col < N:
+            if r < M:
+                store_pair(out, c, bias, r, col, acc[0], acc[1], N, ldc, ldo, alpha, beta, eargs)
+            if r + 8 < M:
+                store_pair(out, c, bias, r + 8, col, acc[2], acc[3], N, ldc, ldo, alpha, beta,
+                           eargs)
+
+    # BLOCK_FRAGS (8) fragments: written out, each slice a constant
+    @cuda.jit(device=True, forceinline=True)
+    def value_frags(c, bias, acc, r, col, ldc, alpha, beta, eargs):
+        return (value_tile(c, bias, acc[0:4], r, col, ldc, alpha, beta, eargs)
+                + value_tile(c, bias, acc[4:8], r, col + 8, ldc, alpha, beta, eargs)
+                + value_tile(c, bias, acc[8:12], r, col + 16, ldc, alpha, beta, eargs)
+                + value_tile(c, bias, acc[12:16], r, col + 24, ldc, alpha, beta, eargs)
+                + value_tile(c, bias, acc[16:20], r, col + 32, ldc, alpha, beta, eargs)
+                + value_tile(c, bias, acc[20:24], r, col + 40, ldc, alpha, beta, eargs)
+                + value_tile(c, bias, acc[24:28], r, col + 48, ldc, alpha, beta, eargs)
+                + value_tile(c, bias, acc[28:32], r, col + 56, ldc, alpha, beta, eargs))
+
+    @cuda.jit(device=True, forceinline=True)
+    def put_frags(out, vals, r, col, ldo):
+        put_tile(out, vals[0:4], r, col, ldo)
+        put_tile(out, vals[4:8], r, col + 8, ldo)
+        put_tile(out, vals[8:12], r, col + 16, ldo)
+        put_tile(out, vals[12:16], r, col + 24, ldo)
+        put_tile(out, vals[16:20], r, col + 32, ldo)
+        put_tile(out, vals[20:24], r, col + 40, ldo)
+        put_tile(out, vals[24:28], r, col + 48, ldo)
+        put_tile(out, vals[28:32], r, col + 56, ldo)
+
+    @cuda.jit(device=True, forceinline=True)
+    def store_frags(out, c, bias, acc, r, col, M, N, ldc, ldo, alpha, beta, eargs):
+        store_tile(out, c, bias, acc[0:4], r, col, M, N, ldc, ldo, alpha, beta, eargs)
+        store_tile(out, c, bias, acc[4:8], r, col + 8, M, N, ldc, ldo, alpha, beta, eargs)
+        store_tile(out, c, bias, acc[8:12], r, col + 16, M, N, ldc, ldo, alpha, beta, eargs)
+        store_tile(out, c, bias, acc[12:16], r, col + 24, M, N, ldc, ldo, alpha, beta, eargs)
+        store_tile(out, c, bias, acc[16:20], r, col + 32, M, N, ldc, ldo, alpha, beta, eargs)
+        store_tile(out, c, bias, acc[20:24], r, col + 40, M, N, ldc, ldo, alpha, beta, eargs)
+        store_tile(out, c, bias, acc[24:28], r, col + 48, M, N, ldc, ldo, alpha, beta, eargs)
+        store_tile(out, c, bias, acc[28:32], r, col + 56, M, N, ldc, ldo, alpha, beta, eargs)
+
+    return Epilogue(activation_fn, store_pair, value_pair, put_pair, value_tile, put_tile,
+                    store_tile, value_frags, put_frags, store_frags)
+
+
+#: Fragments per epilogue block of a wgmma accumulator (Epilogue.value_frags ...): 64 columns,
+#: one 128B-swizzled TMA store box.
+BLOCK_FRAGS = 8
+
+_NAMES = ("activation", "store_pair", "value_pair", "put_pair", "value_tile", "put_tile",
+          "store_tile", "value_frags", "put_frags", "store_frags")
+
+
+def epilogue_source(var: GemmVariant) -> str:
+    """The lines by which a generated kernel module takes ``var``'s epilogue functions
+    (:func:`make_epilogue`) as module globals, with the bf16/f16 decoders.  A user epilogue is
+    the module global USER_EPILOGUE, which numbatc.kernels.build.load_generated sets before the
+    module runs."""
+    return CONVERSIONS + stores_source(var)
 
 
 def stores_source(var: GemmVariant) -> str:
-    """The epilogue's device functions for ``var``: ``activation``, ``store_pair`` (alpha,
-    beta * C, bias, activation, conversion and bounds-checked stores of two adjacent columns)
-    and ``store_tile`` (one m16n8 accumulator fragment: rows r and r + 8, columns col and
-    col + 1)."""
-    act = {
-        None: "    return v",
-        "relu": "    return v if v > 0 else np.float32(0)",
-        "gelu": "    return np.float32(0.5) * v * (np.float32(1) + math.tanh(np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v)))",
-        "silu": "    return v / (np.float32(1) + math.exp(-v))",
-    }[var.activation]
-    o0 = _flat(var.out_layout, "r", "col", "ldo")
-    o1 = _flat(var.out_layout, "r", "col + 1", "ldo")
-    put2 = None  # put_pair's store, where it differs from store_pair's
-    if var.out_dtype in ("bfloat16", "float16"):
-        pack = "nt.pack_bf16x2" if var.out_dtype == "bfloat16" else "nt.pack_f16x2"
-        store2 = (f"    p = {pack}(v0, v1)\n"
-                  f"    out[{o0}] = np.uint16(p & 0xFFFF)\n"
-                  "    if both:\n"
-                  f"        out[{o1}] = np.uint16(p >> 16)")
-        if var.out_pairs:
-            assert var.out_layout == "row", "out_pairs needs a row-major out"
-            put2 = f"    nt.st_global_b32(out, {o0}, {pack}(v0, v1))"
-    else:
-        store2 = (f"    out[{o0}] = v0\n"
-                  "    if both:\n"
-                  f"        out[{o1}] = v1")
-    c_term = ""
-    if var.c_dtype is not None:
-        c0 = _flat(var.c_layout, "r", "col", "ldc")
-        c1 = _flat(var.c_layout, "r", "col + 1", "ldc")
-        c_term = f"""
-    x = c[{c0}]
-    v0 += beta * {to_f32_expr(var.c_dtype)}
-    if both:
-        x = c[{c1}]
-        v1 += beta * {to_f32_expr(var.c_dtype)}"""
-    ea, user = "", ""
-    if var.epilogue is not None:
-        # USER_EPILOGUE is set on the generated module before its first compilation.
-        ea = ", eargs"
-        user = """
-    v0 = np.float32(USER_EPILOGUE(v0, r, col, *eargs))
-    if both:
-        v1 = np.float32(USER_EPILOGUE(v1, r, col + 1, *eargs))"""
-    bias_term = ""
-    if var.bias_dtype is not None:
-        bias_term = f"""
-    x = bias[col]
-    v0 += {to_f32_expr(var.bias_dtype)}
-    if both:
-        x = bias[col + 1]
-        v1 += {to_f32_expr(var.bias_dtype)}"""
-    return f'''
-
-@cuda.jit(device=True, forceinline=True)
-def activation(v):
-{act}
+    """:func:`epilogue_source` without the decoders (for modules that import them already)."""
+    args = (f"{var.out_dtype!r}, {var.c_dtype!r}, {var.bias_dtype!r}, {var.activation!r}, "
+            f"{var.out_layout!r}, {var.c_layout!r}, {var.out_pairs!r}, "
+            f"{'USER_EPILOGUE' if var.epilogue is not None else 'None'}")
+    return ("\nfrom numbatc.kernels.epilogue import make_epilogue\n\n"
+            f"EPILOGUE = make_epilogue({args})\n"
+            + "".join(f"{name} = EPILOGUE.{name}\n" for name in _NAMES))
 
 
-@cuda.jit(device=True, forceinline=True)
-def store_pair(out, c, bias, r, col, v0, v1, N, ldc, ldo, alpha, beta{ea}):
-    both = col + 1 < N
-    v0 = alpha * v0
-    v1 = alpha * v1{c_term}{bias_term}
-    v0 = activation(v0)
-    v1 = activation(v1){user}
-{store2}
-
-
-@cuda.jit(device=True, forceinline=True)
-def value_pair(c, bias, r, col, v0, v1, ldc, alpha, beta{ea}):
-    # store_pair's arithmetic for two in-bounds columns, no store (the full-tile epilogue)
-    both = True
-    v0 = alpha * v0
-    v1 = alpha * v1{c_term}{bias_term}
-    v0 = activation(v0)
-    v1 = activation(v1){user}
-    return v0, v1
-
-
-@cuda.jit(device=True, forceinline=True)
-def value_tile(c, bias, acc, r, col, ldc, alpha, beta{ea}):
-    v0, v1 = value_pair(c, bias, r, col, acc[0], acc[1], ldc, alpha, beta{ea})
-    v2, v3 = value_pair(c, bias, r + 8, col, acc[2], acc[3], ldc, alpha, beta{ea})
-    return (v0, v1, v2, v3)
-
-
-@cuda.jit(device=True, forceinline=True)
-def put_pair(out, r, col, v0, v1, ldo):
-    both = True
-{store2 if put2 is None else put2}
-
-
-@cuda.jit(device=True, forceinline=True)
-def put_tile(out, vals, r, col, ldo):
-    put_pair(out, r, col, vals[0], vals[1], ldo)
-    put_pair(out, r + 8, col, vals[2], vals[3], ldo)
-
-
-@cuda.jit(device=True, forceinline=True)
-def store_tile(out, c, bias, acc, r, col, M, N, ldc, ldo, alpha, beta{ea}):
-    if col < N:
-        if r < M:
-            store_pair(out, c, bias, r, col, acc[0], acc[1], N, ldc, ldo, alpha, beta{ea})
-        if r + 8 < M:
-            store_pair(out, c, bias, r + 8, col, acc[2], acc[3], N, ldc, ldo, alpha, beta{ea})
-'''
-
-
-def epilogue_source(var: GemmVariant, frags=None) -> str:
-    """Source of the epilogue helpers (with the bf16/f16 decoders they use), for kernels that
-    store m16n8-shaped fragments (mma.sync's accumulator; wgmma's and tcgen05's are stored in
-    the same layout); with ``frags``, also :func:`block_source`'s functions over that many."""
-    return CONVERSIONS + stores_source(var) + (block_source(var, frags) if frags else "")
-
-
-#: Fragments per epilogue block of a wgmma accumulator (see block_source): 64 columns, one
-#: 128B-swizzled TMA store box.
-BLOCK_FRAGS = 8
-
-
-def block_source(var: GemmVariant, frags=BLOCK_FRAGS) -> str:
-    """``value_frags``, ``put_frags`` and ``store_frags``: value_tile, put_tile and store_tile
-    over ``frags`` consecutive fragments of one accumulator (registers 4q .. 4q + 3 of ``acc``,
-    a UniTuple of 4 * frags, hold fragment q, at columns col + 8q; wgmma's layout).
-
-    NOTE: compile time.  numba types every call site of a device function anew, and a kernel's
-    own statements several times over (a call costs ~1-3 ms on a 2-core host); its body it
-    types once per signature.  A 128 x 256 tile's 32 fragments as four block calls instead of
-    32 fragment calls per path took 1.3 s off numba's 4.5 s for sm90_gemm's
-    128x256x64_3s_pt_tma_ts (scripts/diag/compile_time.py); LLVM inlines the blocks
-    (forceinline), so the SASS is the same code."""
-    ea = ", eargs" if var.epilogue is not None else ""
-    lines = [f"""
-
-@cuda.jit(device=True, forceinline=True)
-def value_frags(c, bias, acc, r, col, ldc, alpha, beta{ea}):
-    return ("""]
-    lines += [f"        value_tile(c, bias, acc[{4 * q}:{4 * q + 4}], r, col + {8 * q}, ldc, alpha, "
-              f"beta{ea}) +" for q in range(frags)]
-    lines[-1] = lines[-1][:-2] + ")"
-    lines.append("""
-
-@cuda.jit(device=True, forceinline=True)
-def put_frags(out, vals, r, col, ldo):""")
-    lines += [f"    put_tile(out, vals[{4 * q}:{4 * q + 4}], r, col + {8 * q}, ldo)"
-              for q in range(frags)]
-    lines.append(f"""
-
-@cuda.jit(device=True, forceinline=True)
-def store_frags(out, c, bias, acc, r, col, M, N, ldc, ldo, alpha, beta{ea}):""")
-    lines += [f"    store_tile(out, c, bias, acc[{4 * q}:{4 * q + 4}], r, col + {8 * q}, M, N, ldc, "
-              f"ldo, alpha, beta{ea})" for q in range(frags)]
-    return "\n".join(lines) + "\n"
-
-
-def full_tile_epilogue(w, tiles, var, inside, indent="    ", unit="tile"):
+def full_tile_epilogue(w, tiles, var, inside, indent="    "):
     """Emit the epilogue of fragments ``tiles`` = [(acc, row, column expressions)]: when
     ``inside`` (the block's whole tile lies in the matrix) every fragment's values first
     (value_tile: its loads of c and of a user epilogue's arrays), then every store (put_tile);
     otherwise store_tile per fragment with its bounds checks.  With nothing to load (no c, no
-    user epilogue) the inside path exists only for out_pairs' 32-bit stores.  ``unit="frags"``:
-    each entry of ``tiles`` is a block of fragments instead, stored by block_source's functions.
+    user epilogue) the inside path exists only for out_pairs' 32-bit stores.
 
     NOTE: store_tile per fragment interleaves each fragment's loads with the previous one's
     stores to ``out``, which may alias c or a user epilogue's arrays, so neither compiler may
     move a load above a store: every fragment waited a full memory latency in turn (measured:
     a bias + GELU + residual user epilogue cost +32 % over the plain GEMM at 4096^3 on the
     H200).  Values first lets all the loads be in flight together."""
-    ea = ", eargs" if var.epilogue is not None else ""
+    ea = ", eargs" if var.epilogue is not None else ", ()"  # (the functions' last argument)
     x = indent
-    store, value, put = f"store_{unit}", f"value_{unit}", f"put_{unit}"
+    store, value, put = "store_tile", "value_tile", "put_tile"
     if var.epilogue is None and var.c_dtype is None and not var.out_pairs:
         # per-element stores either way, and at most the bias (cached) to load: one pass
         for acc, row, col in tiles:
-            w(f"{x}{store}(out, c, bias, {acc}, {row}, {col}, M, N, ldc, ldo, alpha, beta)")
+            w(f"{x}{store}(out, c, bias, {acc}, {row}, {col}, M, N, ldc, ldo, alpha, beta{ea})")
         return
     w(f"{x}if {inside}:")
     if var.epilogue is None and var.c_dtype is None and var.bias_dtype is None:
         # nothing to load: each fragment's values, then its pair stores
         for acc, row, col in tiles:
-            w(f"{x}    {put}(out, {value}(c, bias, {acc}, {row}, {col}, ldc, alpha, beta), "
+            w(f"{x}    {put}(out, {value}(c, bias, {acc}, {row}, {col}, ldc, alpha, beta{ea}), "
               f"{row}, {col}, ldo)")
     else:
         for i, (acc, row, col) in enumerate(tiles):
@@ -363,7 +459,7 @@ def split_epilogue_source(w, tiles, var, tile_id, sync, leader, indent="    "):
     tile's arrivals in ``counters[tile_id]``; the last block to arrive sums the slices in split
     order, runs store_tile and resets the counter for the next launch.  ``sync`` synchronises
     the threads that hold fragments, ``leader`` is the condition of the one that counts."""
-    ea = ", eargs" if var.epilogue is not None else ""
+    ea = ", eargs" if var.epilogue is not None else ", ()"  # (the functions' last argument)
     x = indent
     w(f"{x}# split-K: this block's partial tile to its slice of the workspace")
     w(f"{x}sl = split * M")
@@ -398,8 +494,6 @@ def split_epilogue_source(w, tiles, var, tile_id, sync, leader, indent="    "):
     w(f"""{x}    if {leader}:
 {x}        counters[{tile_id}] = np.int32(0)""")
 
-
-SPLIT_HELPERS = '''
 
 @cuda.jit(device=True, forceinline=True)
 def put_partial(ws, sl, acc, r, col, M, N):
@@ -436,7 +530,10 @@ def add_partial(ws, sr, v, r, col, M, N):
     v0, v1, v2, v3 = v
     return (v0 + (x0 if ok0 else np.float32(0)), v1 + (x1 if ok1 else np.float32(0)),
             v2 + (x2 if ok2 else np.float32(0)), v3 + (x3 if ok3 else np.float32(0)))
-'''
+
+
+#: split-K's helpers as generated kernels take them
+SPLIT_HELPERS = "\nfrom numbatc.kernels.epilogue import ZERO4, add_partial, put_partial\n"
 
 
 # ---------------------------------------------------------------------------------------------

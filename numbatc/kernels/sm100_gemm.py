@@ -239,7 +239,7 @@ def epilogue_warps_source(w, cfg, tmem_cols, ea):
         for i in range(0, 32, 2):
             w(f"            if n0 + {32 * ch + i} < N:")
             w(f"                store_pair(out, c, bias, r, n0 + {32 * ch + i}, nt.f32_from_bits(v[{i}]), "
-              f"nt.f32_from_bits(v[{i + 1}]), N, ldc, ldo, alpha, beta{ea})")
+              f"nt.f32_from_bits(v[{i + 1}]), N, ldc, ldo, alpha, beta{ea or ', ()'})")
     w(f'''
     # ---- teardown: every TMEM read done before warp 0 frees the columns ---------------------
     nt.tcgen05_fence_before_thread_sync()

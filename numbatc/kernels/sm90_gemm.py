@@ -69,7 +69,7 @@ from numbatc.kernels import build, epilogue, operands, split_k
 __all__ = ["Sm90Config", "Sm90Variant", "Sm90Fp8Variant", "CONFIGS", "FP8_CONFIGS",
            "FP8_DTYPES", "DEFAULT_PRODUCER", "SMALL_TILES", "MID_TILES", "SPLIT_TWIN", "unsupported",
            "choose", "compiled", "split", "launch", "small_tile", "fp8_small_tile",
-           "small_tiles_skip", "small_split", "tensor_maps_unsupported", "kernel_for", "kernel_source",
+           "small_tiles_skip", "small_split", "tensor_maps_unsupported", "kernel_for", "kernel_source", "mma_for",
            "kernel_signature", "launch_flat", "signature", "grid_for", "with_producer",
            "with_store", "tma_store_unsupported", "TMA_STORE_FORM",
            "BLOCKWISE_CONFIGS", "blockwise_config",
@@ -546,6 +546,18 @@ def load_{op}_inside(smem, base, src, org, ld, p, k0):
     return per_row
 
 
+def mma_for(bn, var, a_kmajor, b_kmajor):
+    """The wgmma intrinsic of a tile BN wide: bf16/f16 with the layouts' transposes, or fp8
+    (e4m3/e5m2, K-major, no transpose immediates)."""
+    import intrinsics as nt
+
+    if var.in_dtype in FP8_DTYPES:
+        return nt.wgmma_mma_async(bn, FP8_DTYPES[var.in_dtype], FP8_DTYPES[var.b_dtype],
+                                  acc="f32")
+    return nt.wgmma_mma_async(bn, _PTX_TYPE[var.in_dtype], acc="f32",
+                              trans_a=0 if a_kmajor else 1, trans_b=0 if b_kmajor else 1)
+
+
 def mma_line(bn, var, a_kmajor, b_kmajor):
     """The generated module's wgmma intrinsic: bf16/f16 with the layouts' transposes, or fp8
     (e4m3/e5m2, K-major, no transpose immediates)."""
@@ -574,9 +586,8 @@ def kernel_source(cfg: Sm90Config, var: Sm90Variant) -> str:
                          f"inputs, the variant's are {var.in_dtype}: use "
                          f"{'FP8_CONFIGS' if fp8 else 'CONFIGS'}")
     if cfg.producer == "tma":
-        from numbatc.kernels import sm90_gemm_tma
-
-        return sm90_gemm_tma.kernel_source(cfg, var)
+        raise ValueError(f"{cfg.name} is written as code, not generated: see "
+                         "numbatc.kernels.sm90_gemm_tma.make_kernel (and its describe())")
     BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages
     epc = 16 // cfg.elem_bytes  # elements per 16-byte cp.async
     kinst = 32 // cfg.elem_bytes  # K of one wgmma: 16 (bf16/f16), 32 (fp8)
@@ -868,6 +879,10 @@ col_base = n0 + (lane % 4) * 2""".split("\n")
 def kernel_for(cfg: Sm90Config, var: Sm90Variant):
     """The compiled-on-demand kernel for (cfg, var) (see build.load_generated); a variant
     with a user epilogue is compiled in this process only, as in sm80_gemm."""
+    if cfg.producer == "tma":  # written as code: numbatc.kernels.sm90_gemm_tma.make_kernel
+        from numbatc.kernels import sm90_gemm_tma
+
+        return sm90_gemm_tma.make_kernel(cfg, var)
     extra = {} if var.epilogue is None else {"USER_EPILOGUE": var.epilogue}
     return build.load_generated("sm90_gemm", kernel_source(cfg, var), **extra)
 

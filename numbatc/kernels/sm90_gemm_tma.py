@@ -67,29 +67,32 @@ tiles store directly (c and bias must not be read past the matrix); thread 0 wai
 last stores before the block exits.  The 64 KB staging tile leaves room for three 48 KB stages
 (209 KB of 227).  Out's tensor map is the kernel's third argument, cached like a and b's.
 
-Print a kernel as it is compiled::
+The kernel is Python code: :func:`make_kernel` is a factory whose ``gemm_kernel`` and device
+functions (the main loop, the blockwise FP8 main loop, the TMA store and direct epilogues, the
+split-K reduction) close over the configuration's and variant's constants, with the ring
+(numbatc.kernels.pipeline), the producer thread (:func:`make_producer`), the rasterisation
+(numbatc.kernels.tiles) and the epilogue's device functions (numbatc.kernels.epilogue.
+make_epilogue) made the same way.  No source text is generated.  The accumulator (a tuple of
+BN / 2 float32) is only ever sliced with literal bounds -- a run-time index into a tuple goes
+through a stack copy (local memory) -- so the k tile's four wgmma are written out and the
+epilogue walks the tile's 64-column blocks by doubling (see the section's comment).  Against
+the generated kernel it replaced (the regression baseline), the PTX of eight configurations x
+variants has the same instructions but for 19-25 scalar integer ones in each block's prologue
+(where the tile's coordinates are computed), and ptxas reports the same registers and no
+spills.
 
-    python -c "from numbatc.kernels import sm90_gemm as g; print(g.kernel_source(
+See a kernel as it is compiled: its constants, and with ``ptx=True`` the PTX::
+
+    python -c "from numbatc.kernels import sm90_gemm as g, sm90_gemm_tma as t; print(t.describe(
         g.CONFIGS['128x256x64_4s_pt_tma'], g.Sm90Variant('row', 'col', 'bfloat16', 'bfloat16',
         None, None, None)))"
-
-What is code and what is text: the ring (numbatc.kernels.pipeline), the producer thread
-(:func:`make_producer`) and the rasterisation (numbatc.kernels.tiles) are factory-made
-``@cuda.jit(device=True)`` functions specialised through closure constants; the generated module
-instantiates them with its constants and holds the kernel itself: the consumers and the
-epilogue.  Those stay text (not tried as code in this change): the consumers' 128-float
-accumulator tuple is indexed with constants in 4 unrolled wgmma calls and BN / 64 epilogue
-blocks of 8 fragments (static slices ``acc[0:32]`` ...), where a loop over the tuple risks a
-run-time tuple index (numba lowers one through a stack copy: local memory), and the shared
-epilogue (numbatc.kernels.epilogue: epilogue_source, block_source, full_tile_epilogue,
-split-K) is itself text.
 
 Compile time (issue 18, ``python scripts/diag/compile_time.py <config>``: a configuration's
 first compile as ``numbatc precompile --cc 9.0a`` makes it, in fresh processes): numba types
 each call site and each statement of the kernel again in every propagation round, and each
-device function's body once per signature, so the generated kernel keeps its statements few
--- the epilogue as block calls, the zeros as one module constant, the ring's state int64 from
-the start, the descriptors without numba-level inlining (see the NOTEs where each bites).
+device function's body once per signature, so the kernel keeps its statements few -- the
+epilogue as block calls, the ring's state int64 from the start, the descriptors without
+numba-level inlining (see the NOTEs where each bites).
 """
 
 import functools
@@ -101,11 +104,13 @@ from numba import cuda  # a module global: the simulator swaps it in device func
 import intrinsics as nt
 from intrinsics.layout import SmemLayout
 from intrinsics.layout.smem import encode_wgmma_smem_desc
+from numbatc.kernels import build
 from numbatc.kernels import tensor_maps as tensor_maps_cache
+from numbatc.kernels.epilogue import ZERO4, add_partial, epilogue_for, put_partial
 from numbatc.kernels.pipeline import tma_pipeline
 from numbatc.kernels.tiles import make_tile_coords
 
-__all__ = ["MnKFirstLayout", "kernel_source", "launch", "make_producer", "out_map",
+__all__ = ["MnKFirstLayout", "describe", "make_kernel", "launch", "make_producer", "out_map",
            "operand_layout", "operand_map", "signature", "smem_desc", "tensor_maps"]
 
 _SWIZZLE = 128
@@ -208,7 +213,7 @@ def make_producer(bm, bn, bk, stages, a_kmajor, b_kmajor, persistent, elem_bytes
     def produce(smem, bars, tma_a, tma_b, M, N, K, group_m, kbeg):
         nt.tma_prefetch_descriptor(tma_a)
         nt.tma_prefetch_descriptor(tma_b)
-        index = np.int64(0)  # (not the literal 0: see the consumers' note in kernel_source)
+        index = np.int64(0)  # (not the literal 0: see the consumers' note in make_kernel)
         phase = np.int64(0)
         if persistent:
             n_tiles = np.int64((M + (bm - 1)) // bm) * np.int64((N + (bn - 1)) // bn)
@@ -228,23 +233,147 @@ def make_producer(bm, bn, bk, stages, a_kmajor, b_kmajor, persistent, elem_bytes
 
 @functools.cache
 def signature(var, tma_store=False):
-    """The kernel's argument types: sm90_gemm.signature's with the tensor maps of a and b
-    (passed by value, ``TensorMap.param``: intrinsics.grid_constant) in place of the operand
-    pointers, and with ``tma_store`` (the TMA store epilogue) out's tensor map after them."""
+    """The kernel's argument types (see :func:`make_kernel`): the tensor maps of a and b (passed
+    by value, ``TensorMap.param``: intrinsics.grid_constant), out's with ``tma_store`` (the TMA
+    store epilogue; else an empty tuple), the pointers and sizes sm90_gemm.signature gives
+    c, bias, out and the rest, then the blockwise scales, split-K's arguments and -- without a
+    user epilogue -- the empty ``eargs`` as tuples (epilogue.with_epilogue_args appends a user
+    epilogue's).  Flattened, the parameters are sm90_gemm.signature's order with the maps in
+    place of the operand pointers."""
+    from numba import types
+
     from intrinsics.grid_constant import tensormap_param as tmap
     from numbatc.kernels import sm90_gemm
 
-    return (tmap,) * (3 if tma_store else 2) + tuple(sm90_gemm.signature(var)[2:])
+    base = sm90_gemm.signature(var)  # a, b, c, bias, out, 7 sizes, alpha, beta, group_m, ...
+    head, tail = base[2:15], base[15:]
+    blockwise = getattr(var, "blockwise", False)
+    scales = types.Tuple(tail[:6]) if blockwise else types.Tuple(())
+    split = types.Tuple(tail[6:] if blockwise else tail) if var.split_k else types.Tuple(())
+    eargs = (types.Tuple(()),) if var.epilogue is None else ()
+    return (tmap, tmap, tmap if tma_store else types.Tuple(())) + head + (scales, split) + eargs
 
 
 # ---------------------------------------------------------------------------------------------
-# Source generation
+# The kernel, factory-made
 # ---------------------------------------------------------------------------------------------
+#
+# The consumers hold a tile's accumulator as one flat tuple of BN / 2 float32 (wgmma's
+# registers), and the epilogue works on it in 64-column blocks of BLOCK_FRAGS fragments
+# (epilogue.Epilogue's ``*_frags``).  A tuple is only sliced with literal bounds (numba turns a
+# literal slice into a static one; a bound held in a variable does not type, and a run-time
+# index into a tuple goes through a stack copy: local memory), so the kernel spells each count
+# of blocks out under a branch on the count, which numba prunes before typing.
 
-def kernel_source(cfg, var) -> str:
-    """Python source of the TMA-producer kernel for one configuration and variant (sm90_gemm's
-    kernel_source calls this for configurations with ``producer == 'tma'``)."""
-    from numbatc.kernels import epilogue, sm90_gemm
+
+@functools.cache
+def _stage_frags(out_dtype):
+    """``stage_frags(smem, box, sx, v)``: one block's 32 values (value_frags: 8 fragments, 64
+    columns) into its staging box through 4 stmatrix.x4 (see :func:`make_kernel`'s TMA store):
+    call jj writes fragments 2jj and 2jj + 1; lane l gives the row address of matrix l // 8, and
+    register q holds the pair (v[4j + 2h], v[4j + 2h + 1]) of fragment j = 2jj + q // 2, half
+    h = q % 2 (rows + 8)."""
+    pack = nt.pack_bf16x2 if out_dtype == "bfloat16" else nt.pack_f16x2
+
+    @cuda.jit(device=True, forceinline=True)
+    def stage_frags(smem, box, sx, v):
+        # this lane's row address in the box: box + row * 128; sx = (sq // 2) ^ row % 8
+        nt.stmatrix_x4(smem, box + ((0 ^ sx) << 4),
+                       (pack(v[0], v[1]), pack(v[2], v[3]), pack(v[4], v[5]), pack(v[6], v[7])))
+        nt.stmatrix_x4(smem, box + ((2 ^ sx) << 4),
+                       (pack(v[8], v[9]), pack(v[10], v[11]), pack(v[12], v[13]),
+                        pack(v[14], v[15])))
+        nt.stmatrix_x4(smem, box + ((4 ^ sx) << 4),
+                       (pack(v[16], v[17]), pack(v[18], v[19]), pack(v[20], v[21]),
+                        pack(v[22], v[23])))
+        nt.stmatrix_x4(smem, box + ((6 ^ sx) << 4),
+                       (pack(v[24], v[25]), pack(v[26], v[27]), pack(v[28], v[29]),
+                        pack(v[30], v[31])))
+    return stage_frags
+
+
+@cuda.jit(device=True, forceinline=True)
+def _put_partial_frags(ws, sl, acc, r, col, M, N):
+    # split-K: a block's 8 fragments to this K slice's part of the workspace
+    put_partial(ws, sl, acc[0:4], r, col, M, N)
+    put_partial(ws, sl, acc[4:8], r, col + 8, M, N)
+    put_partial(ws, sl, acc[8:12], r, col + 16, M, N)
+    put_partial(ws, sl, acc[12:16], r, col + 24, M, N)
+    put_partial(ws, sl, acc[16:20], r, col + 32, M, N)
+    put_partial(ws, sl, acc[20:24], r, col + 40, M, N)
+    put_partial(ws, sl, acc[24:28], r, col + 48, M, N)
+    put_partial(ws, sl, acc[28:32], r, col + 56, M, N)
+
+
+@functools.cache
+def _sum_frags(store_tile):
+    """``sum_frags(out, c, bias, ws, splits, r, col, ...)``: split-K's last block sums a block's
+    8 fragments over the K slices, in slice order (deterministic), and stores them; 4 fragments
+    at a time (epilogue.SPLIT_GROUP: one slice's loads of the group are in flight together, and
+    the group bounds the registers; see epilogue.split_epilogue_source)."""
+
+    @cuda.jit(device=True, forceinline=True)
+    def sum_frags(out, c, bias, ws, splits, r, col, M, N, ldc, ldo, alpha, beta, eargs):
+        for g in range(2):
+            cg = col + 32 * g
+            p0 = ZERO4
+            p1 = ZERO4
+            p2 = ZERO4
+            p3 = ZERO4
+            for s in range(splits):
+                sr = s * M
+                p0 = add_partial(ws, sr, p0, r, cg, M, N)
+                p1 = add_partial(ws, sr, p1, r, cg + 8, M, N)
+                p2 = add_partial(ws, sr, p2, r, cg + 16, M, N)
+                p3 = add_partial(ws, sr, p3, r, cg + 24, M, N)
+            store_tile(out, c, bias, p0, r, cg, M, N, ldc, ldo, alpha, beta, eargs)
+            store_tile(out, c, bias, p1, r, cg + 8, M, N, ldc, ldo, alpha, beta, eargs)
+            store_tile(out, c, bias, p2, r, cg + 16, M, N, ldc, ldo, alpha, beta, eargs)
+            store_tile(out, c, bias, p3, r, cg + 24, M, N, ldc, ldo, alpha, beta, eargs)
+    return sum_frags
+
+
+@cuda.jit(device=True, forceinline=True)
+def _promote4(acc, pa, f0, f1):
+    # one fragment of a blockwise k tile's product, scaled (rows r: f0, r + 8: f1) into acc
+    return (nt.fma_f32(pa[0], f0, acc[0]), nt.fma_f32(pa[1], f0, acc[1]),
+            nt.fma_f32(pa[2], f1, acc[2]), nt.fma_f32(pa[3], f1, acc[3]))
+
+
+@cuda.jit(device=True, forceinline=True)
+def _promote32(acc, pa, f0, f1):
+    return (_promote4(acc[0:4], pa[0:4], f0, f1) + _promote4(acc[4:8], pa[4:8], f0, f1)
+            + _promote4(acc[8:12], pa[8:12], f0, f1) + _promote4(acc[12:16], pa[12:16], f0, f1)
+            + _promote4(acc[16:20], pa[16:20], f0, f1) + _promote4(acc[20:24], pa[20:24], f0, f1)
+            + _promote4(acc[24:28], pa[24:28], f0, f1)
+            + _promote4(acc[28:32], pa[28:32], f0, f1))
+
+
+@cuda.jit(device=True, forceinline=True)
+def _promote64(acc, pa, f0, f1):
+    return (_promote32(acc[0:32], pa[0:32], f0, f1)
+            + _promote32(acc[32:64], pa[32:64], f0, f1))
+
+
+@functools.cache
+def make_kernel(cfg, var):
+    """The TMA-producer kernel for one configuration and variant: an ordinary ``@cuda.jit``
+    function whose every constant -- the tile, the stages, the layouts, the variant's epilogue,
+    split-K, the TMA store -- is a closure value, so each branch on them is pruned before
+    typing (numba's dead-branch pruning resolves closure constants) and LLVM folds the rest.
+
+    ``gemm_kernel(tma_a, tma_b, tma_out, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta,
+    group_m, scales, split, eargs)``: ``tma_out`` is out's tensor map under the TMA store
+    epilogue, else ``()``; ``scales`` the blockwise FP8 scales and their strides ``(sa, sb,
+    sa_rs, sa_cs, sb_rs, sb_cs)`` or ``()``; ``split`` split-K's ``(ws, counters, k_chunk,
+    splits)`` or ``()``; ``eargs`` a user epilogue's arrays (``()`` without one).  An empty
+    tuple is no kernel parameter at all, and a tuple's members are parameters in order, so the
+    parameter list is the flat one sm90_gemm.launch_flat packs (see :func:`signature`).
+
+    The main loop and the epilogue are written in the kernel's body, as the generated kernel it
+    replaced had them: numba compiles each device function in a pipeline of its own (~25 ms on
+    a 2-core host), which a helper per step would add to the first call (issue 18)."""
+    from numbatc.kernels import sm90_gemm
 
     assert cfg.producer == "tma" and cfg.cluster_m == 1, cfg
     tma_store = cfg.store == "tma"
@@ -254,284 +383,308 @@ def kernel_source(cfg, var) -> str:
     # blockwise scaling: one scale of b per 128 columns covers the tile, one k tile is one
     # 128-value scale block, and each k tile's product is read back before the next one
     assert not blockwise or (cfg.bk == 128 and cfg.bn in (64, 128) and cfg.inflight == 0), cfg
-    bw_args = ", sa, sb, sa_rs, sa_cs, sb_rs, sb_cs" if blockwise else ""
+    split_k, has_user = var.split_k, var.epilogue is not None
     BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages
     kinst = 32 // cfg.elem_bytes  # K of one wgmma: 16 (bf16/f16), 32 (fp8)
+    assert BK // kinst == 4, cfg  # a k tile's four wgmma are written out
     a_kmajor, b_kmajor = var.a_layout == "row", var.b_layout == "col"
     a_lay, b_lay = operand_layout(cfg, "a", a_kmajor), operand_layout(cfg, "b", b_kmajor)
     a_part = int(a_lay.offset(64, 0))  # consumer warpgroup 1's rows 64.. of A
-    pers = cfg.persistent and not var.split_k
-    ea = ", eargs" if var.epilogue is not None else ""
-    split_args, split_range, _, _ = epilogue.split_source(var, a_kmajor, b_kmajor)
-    # the accumulator's zeros: a module global, which numba freezes as one constant UniTuple
-    # (the sum of 16-value literal tuples it replaces cost 0.07 s of typing)
-    zeros = "ZEROS"
-    lines = []
-    w = lines.append
-    w(f'''"""Generated by numbatc.kernels.sm90_gemm_tma for {cfg.name}, {var}. Do not edit."""
-import math
-import numpy as np
-from numba import cuda
-import intrinsics as nt
-from numbatc.kernels.pipeline import tma_pipeline
-from numbatc.kernels.sm90_gemm_tma import make_producer, smem_desc
-from numbatc.kernels.tiles import make_tile_coords
+    a_lbo, a_sbo, b_lbo, b_sbo = a_lay.lbo, a_lay.sbo, b_lay.lbo, b_lay.sbo
+    # the k steps' start addresses within a stage, in 16-byte units (the descriptor's)
+    ak0, ak1, ak2, ak3 = (a_lay.k_offset(ks * kinst) // 16 for ks in range(4))
+    bk0, bk1, bk2, bk3 = (b_lay.k_offset(ks * kinst) // 16 for ks in range(4))
+    pers = cfg.persistent and not split_k
+    inflight = cfg.inflight != 0
+    a_bytes, stage16 = cfg.a_bytes, cfg.stage_bytes // 16
+    n_bars = 2 * S  # full[s], empty[s]
+    consumer_arrivals = 4 * cfg.consumers  # one per consumer warp
+    consumer_threads = 128 * cfg.consumers
+    producer_regs, consumer_regs = cfg.producer_regs, cfg.consumer_regs
+    nb = BN // 64  # 64-column blocks of the tile
+    wg_bytes = 64 * BN * 2  # a consumer warpgroup's staging tile (TMA store)
+    stage0 = S * cfg.stage_bytes  # the staging tiles, behind the stages
+    # the direct epilogue: with nothing to load (no c, no user epilogue) and per-element stores
+    # (no out_pairs) one pass of bounds-checked stores; else, on a tile inside the matrix,
+    # every value first (all loads in flight together), then every store (see
+    # epilogue.full_tile_epilogue's NOTE)
+    one_pass = not has_user and var.c_dtype is None and not var.out_pairs
 
-{sm90_gemm.mma_line(BN, var, a_kmajor, b_kmajor)}
-ZEROS = (np.float32(0),) * {BN // 2}
-RING = tma_pipeline({S})
-RING_INIT = RING.init
-ADVANCE = RING.advance
-WAIT = RING.consumer_wait
-RELEASE = RING.consumer_release
-tile_coords = make_tile_coords({BM}, {BN})
-# the producer thread (numbatc.kernels.sm90_gemm_tma.make_producer): BM, BN, BK, stages,
-# K-major A, K-major B, persistent, element bytes
-PRODUCE = make_producer({BM}, {BN}, {BK}, {S}, {a_kmajor}, {b_kmajor}, {pers}, {cfg.elem_bytes})
-''')
-    if tma_store:
-        w('''
+    mma = sm90_gemm.mma_for(BN, var, a_kmajor, b_kmajor)
+    zeros = (np.float32(0),) * (BN // 2)
+    ring = tma_pipeline(S)
+    ring_init, advance = ring.init, ring.advance
+    wait, release = ring.consumer_wait, ring.consumer_release
+    tile_coords = make_tile_coords(BM, BN)
+    produce = make_producer(BM, BN, BK, S, a_kmajor, b_kmajor, pers, cfg.elem_bytes)
+    ep = epilogue_for(var)
+    value_frags, put_frags, store_frags = ep.value_frags, ep.put_frags, ep.store_frags
+    stage_frags = _stage_frags(var.out_dtype) if tma_store else None
+    sum_frags = _sum_frags(ep.store_tile) if split_k else None
+    put_partials = _put_partial_frags
+    promote = _promote64 if BN == 128 else _promote32
+    first_scale_d = 0 if blockwise else 1  # 0: the k tile's first wgmma overwrites d
 
-@cuda.jit(device=True, forceinline=True)
-def wg_sync(cw):
-    # consumer warpgroup cw's 128 threads (named barriers 2 and 3: the id is an immediate)
-    if cw == 0:
-        nt.named_barrier_sync(2, 128)
-    else:
-        nt.named_barrier_sync(3, 128)
-''' + _stage_frags_source(var))
-    w(epilogue.epilogue_source(var, frags=epilogue.BLOCK_FRAGS))
-    if pers:
-        head = f"    n_tiles = np.int64((M + {BM - 1}) // {BM}) * np.int64((N + {BN - 1}) // {BN})\n"
-        tile_loop = ["tile = np.int64(cuda.blockIdx.x)",
-                     "while tile < n_tiles:",
-                     "    tm, tn = tile_coords(np.uint32(tile), M, N, group_m)",
-                     f"    m0 = np.int64(tm) * {BM}",
-                     f"    n0 = np.int64(tn) * {BN}"]
-    else:
-        head = ("    tm, tn = tile_coords(np.uint32(cuda.blockIdx.x), M, N, group_m)\n"
-                f"    m0 = np.int64(tm) * {BM}\n    n0 = np.int64(tn) * {BN}\n")
-        tile_loop = []
-    w(f'''
+    @cuda.jit(device=True, forceinline=True)
+    def wg_sync(cw):
+        # consumer warpgroup cw's 128 threads (named barriers 2 and 3: the id is an immediate)
+        if cw == 0:
+            nt.named_barrier_sync(2, 128)
+        else:
+            nt.named_barrier_sync(3, 128)
 
-@cuda.jit(cache={var.epilogue is None}, launch_bounds=({cfg.threads}, 1))
-def gemm_kernel(tma_a, tma_b, {"tma_out, " if tma_store else ""}c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m{bw_args}{split_args}{ea}):
-    # {S} stages of [A {BM} x {BK} | B {BN} x {BK}] ({"K" if a_kmajor else "MN"}-major A, {"K" if b_kmajor else "MN"}-major B), {cfg.stage_bytes} bytes each
-    smem = cuda.shared.array(0, np.uint8, alignment=1024)
-    # full[s] = bars[s]: the producer's expect_tx arrival + {cfg.stage_bytes} bytes;
-    # empty[s] = bars[{S} + s]: one arrival per consumer warp ({4 * cfg.consumers})
-    bars = cuda.shared.array({2 * S}, np.uint64, alignment=8)
-    t = cuda.threadIdx.x
-    wg = t // 128
-{head}{split_range}    k_tiles = (K + {BK - 1}) // {BK}
+    @cuda.jit(cache=False, launch_bounds=(cfg.threads, 1))
+    def gemm_kernel(tma_a, tma_b, tma_out, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha,
+                    beta, group_m, scales, split, eargs):
+        # S stages of [A BM x BK | B BN x BK], stage_bytes each
+        smem = cuda.shared.array(0, np.uint8, alignment=1024)
+        # full[s] = bars[s]: the producer's expect_tx arrival + the stage's bytes;
+        # empty[s] = bars[S + s]: one arrival per consumer warp
+        bars = cuda.shared.array(n_bars, np.uint64, alignment=8)
+        t = cuda.threadIdx.x
+        wg = t // 128
+        kbeg = np.int64(0)
+        if split_k:  # blockIdx.y is the K slice: K becomes its length
+            ws, counters, k_chunk, splits = split
+            kbeg = cuda.blockIdx.y * k_chunk
+            K = min(K - kbeg, k_chunk)
+        k_tiles = (K + (BK - 1)) // BK
 
-    if t == 0:
-        RING_INIT(bars, 1, {4 * cfg.consumers})
-    cuda.syncthreads()
-
-    if wg == 0:
-        # ---- producer warpgroup: thread 0 issues every copy ----------------------------------
-        nt.setmaxnreg_dec({cfg.producer_regs})
         if t == 0:
-            PRODUCE(smem, bars, tma_a, tma_b, M, N, K, group_m, {"kbeg" if var.split_k else "0"})''')
-    w(f'''    else:
-        # ---- consumer warpgroups -------------------------------------------------------------
-        nt.setmaxnreg_inc({cfg.consumer_regs})
+            ring_init(bars, 1, consumer_arrivals)
+        cuda.syncthreads()
+
+        if wg == 0:
+            # ---- producer warpgroup: thread 0 issues every copy --------------------------------
+            nt.setmaxnreg_dec(producer_regs)
+            if t == 0:
+                produce(smem, bars, tma_a, tma_b, M, N, K, group_m, kbeg)
+            return
+
+        # ---- consumer warpgroups ---------------------------------------------------------------
+        nt.setmaxnreg_inc(consumer_regs)
         cw = wg - 1
-        # (64, BK) part of A for this warpgroup, (BN, BK) of B; the stage and the K slice move
-        # the descriptors' start address (bits 0-13 hold address >> 4; no carry leaves the field)
-        da0 = smem_desc(nt.shared_address(smem, cw * {a_part}), {a_lay.lbo}, {a_lay.sbo}, {_SWIZZLE})
-        db0 = smem_desc(nt.shared_address(smem, {cfg.a_bytes}), {b_lay.lbo}, {b_lay.sbo}, {_SWIZZLE})
+        # (64, BK) part of A for this warpgroup, (BN, BK) of B; the stage and the k step move the
+        # descriptors' start address (bits 0-13 hold address >> 4; no carry leaves the field)
+        da0 = smem_desc(nt.shared_address(smem, cw * a_part), a_lbo, a_sbo, _SWIZZLE)
+        db0 = smem_desc(nt.shared_address(smem, a_bytes), b_lbo, b_sbo, _SWIZZLE)
         # NOTE: int64, not the literal 0: numba would type the ring's functions for
         # Literal[int](0) first and again for int64 once the loop unifies them, and propagate
         # the kernel once more (0.45 s of compile: scripts/diag/compile_time.py)
         index = np.int64(0)
-        phase = np.int64(0)''')
-    x = " " * 8 + ("    " if pers else "")
-    cons = [f"acc = nt.wgmma_fence_operand({zeros})  # written by ordinary code: pin before wgmma",
-            "prev = index",
-            "for kt in range(k_tiles):"] + _issue(cfg, a_lay, b_lay, kinst, "acc", False)
-    if blockwise:
-        cons = _blockwise_mainloop(cfg, var, a_lay, b_lay, kinst, zeros)
-    elif cfg.inflight == 0:
-        cons += ["    # this tile's group retired: its stage goes back to the producer",
-                 "    nt.wgmma_wait_group(0)",
-                 "    acc = nt.wgmma_fence_operand(acc)",
-                 "    if t % 32 == 0:",
-                 "        RELEASE(bars, index)",
-                 "    index, phase = ADVANCE(index, phase)"]
-    else:
-        cons += ["    # keep this tile's group in flight over the next wait; the previous tile's",
-                 "    # group has retired, so its stage goes back to the producer",
-                 "    nt.wgmma_wait_group(1)",
-                 "    acc = nt.wgmma_fence_operand(acc)",
-                 "    if kt > 0 and t % 32 == 0:",
-                 "        RELEASE(bars, prev)",
-                 "    prev = index",
-                 "    index, phase = ADVANCE(index, phase)",
-                 "nt.wgmma_wait_group(0)",
-                 "acc = nt.wgmma_fence_operand(acc)"]
-        if pers:  # the next tile's fills wait for this tile's last stage
-            cons += ["if k_tiles > 0 and t % 32 == 0:", "    RELEASE(bars, prev)"]
-        else:
-            cons += ["# the last k tile's stage is never released: nobody waits for it"]
-    cons += ["# ---- epilogue: thread (warp w, lane l) of the warpgroup holds rows 16w + l/4 (+8) and",
-             "# columns 8j + 2(l%4) (+1) in registers 4j..4j+3 (intrinsics.wgmma.accumulator_coords)",
-             "lane = t % 32",
-             "row_base = m0 + cw * 64 + ((t % 128) // 32) * 16 + lane // 4",
-             "col_base = n0 + (lane % 4) * 2"]
-    if pers:
-        w("\n".join(" " * 8 + y for y in tile_loop))
-    w("\n".join(x + y for y in cons))
-    tiles = [(f"(acc[{4 * j}], acc[{4 * j + 1}], acc[{4 * j + 2}], acc[{4 * j + 3}])", "row_base",
-              f"col_base + {8 * j}") for j in range(BN // 8)]
-    # the same as blocks of BLOCK_FRAGS fragments (epilogue.block_source): 64 columns each
-    fb = epilogue.BLOCK_FRAGS
-    assert BN % (8 * fb) == 0, BN
-    blocks = [(f"acc[{4 * fb * j}:{4 * fb * (j + 1)}]", "row_base", f"col_base + {8 * fb * j}")
-              for j in range(BN // (8 * fb))]
-    if var.split_k:
-        # the 256 consumer threads synchronise on named barrier 1 (the producer has left);
-        # thread 128 (consumer warpgroup 0's first) counts the tile's arrivals
-        epilogue.split_epilogue_source(w, tiles, var, "cuda.blockIdx.x",
-                                       f"nt.named_barrier_sync(1, {128 * cfg.consumers})",
-                                       "t == 128", indent=x)
-        w(epilogue.SPLIT_HELPERS)
-    elif tma_store:
-        _tma_store_epilogue(w, blocks, cfg, var, f"m0 + cw * 64 + 64 <= M and n0 + {BN} <= N",
-                            indent=x)
+        phase = np.int64(0)
+        # thread (warp w, lane l) of the warpgroup holds rows 16w + l/4 (+8) and columns
+        # 8j + 2(l%4) (+1) in registers 4j..4j+3 (intrinsics.wgmma.accumulator_coords)
+        lane = t % 32
+        lt = t % 128
+        tile = np.int64(cuda.blockIdx.x)
+        n_tiles = tile + 1  # this block's tile; persistent: every gridDim.x-th from it
         if pers:
-            w(x + "tile += cuda.gridDim.x")
-        w(" " * 8 + "if t % 128 == 0:")
-        w(" " * 8 + "    nt.bulk_wait_group(0)  # the last stores have read the staging tile")
-    else:
-        epilogue.full_tile_epilogue(w, blocks, var, f"m0 + cw * 64 + 64 <= M and n0 + {BN} <= N",
-                                    indent=x, unit="frags")
-        if pers:
-            w(x + "tile += cuda.gridDim.x")
-    return "\n".join(lines) + "\n"
+            n_tiles = np.int64((M + (BM - 1)) // BM) * np.int64((N + (BN - 1)) // BN)
+        while tile < n_tiles:
+            tm, tn = tile_coords(np.uint32(tile), M, N, group_m)
+            m0 = np.int64(tm) * BM
+            n0 = np.int64(tn) * BN
+            row = m0 + cw * 64 + (lt // 32) * 16 + lane // 4
+            col = n0 + (lane % 4) * 2
+            # ---- main loop: TMA wrote each stage through the async proxy, which wgmma reads,
+            # so no proxy fence follows the wait.
+            # Blockwise FP8 (DeepGEMM's recipe): each k tile's product d goes into a wgmma
+            # accumulator of its own (the first wgmma with scale-d 0), which, once retired, is
+            # added into acc (plain registers) scaled by a's scale of each row and b's of the
+            # tile's 128 columns for that 128-value K block; the scales are loaded before the
+            # tile's stage wait (which hides their latency), rows past M read row M - 1's (never
+            # stored).  Otherwise d is the tile's accumulator.
+            # NOTE: one product buffer, waited for before its promotion, so the promotion does
+            # not overlap this warpgroup's next wgmma (the other consumer warpgroup's may run).
+            # Two buffers (tile kt's wgmma under tile kt - 1's promotion, 64 + 2 x 64 registers
+            # at BN = 128) were tried: ptxas serialised the wgmma (C7514 / C7518) and the
+            # 128-row form spilled.
+            d = nt.wgmma_fence_operand(zeros)  # written by ordinary code: pin before wgmma
+            acc = zeros
+            prev = index
+            if blockwise:
+                sa, sb, sa_rs, sa_cs, sb_rs, sb_cs = scales
+                sr0 = min(row, M - 1) * sa_rs
+                sr1 = min(row + 8, M - 1) * sa_rs
+                sbn = (n0 // 128) * sb_rs
+            for kt in range(k_tiles):
+                if blockwise:
+                    kb = (kbeg + kt * 128) // 128
+                    p0 = sa[sr0 + kb * sa_cs]
+                    p1 = sa[sr1 + kb * sa_cs]
+                    pq = sb[sbn + kb * sb_cs]
+                wait(bars, index, phase)
+                # the k tile's four wgmma (the k steps move the descriptors' start address)
+                st = np.uint64(index * stage16)
+                nt.wgmma_fence()
+                d = mma(d, da0 + st + np.uint64(ak0), db0 + st + np.uint64(bk0), first_scale_d)
+                d = mma(d, da0 + st + np.uint64(ak1), db0 + st + np.uint64(bk1), 1)
+                d = mma(d, da0 + st + np.uint64(ak2), db0 + st + np.uint64(bk2), 1)
+                d = mma(d, da0 + st + np.uint64(ak3), db0 + st + np.uint64(bk3), 1)
+                nt.wgmma_commit_group()
+                if inflight:
+                    # keep this tile's group in flight over the next wait; the previous
+                    # tile's group has retired, so its stage goes back to the producer
+                    nt.wgmma_wait_group(1)
+                    d = nt.wgmma_fence_operand(d)
+                    if kt > 0 and t % 32 == 0:
+                        release(bars, prev)
+                    prev = index
+                else:
+                    # this tile's group retired: its stage goes back to the producer
+                    nt.wgmma_wait_group(0)
+                    d = nt.wgmma_fence_operand(d)
+                    if t % 32 == 0:
+                        release(bars, index)
+                index, phase = advance(index, phase)
+                if blockwise:
+                    acc = promote(acc, d, p0 * pq, p1 * pq)
+            if inflight:
+                nt.wgmma_wait_group(0)
+                d = nt.wgmma_fence_operand(d)
+                # the next tile's fills wait for this tile's last stage (without persistent
+                # tiles it is never released: nobody waits for it)
+                if pers and k_tiles > 0 and t % 32 == 0:
+                    release(bars, prev)
+            if not blockwise:
+                acc = d
+            # ---- epilogue, by 64-column blocks: b[i] is block i's 32 values (sliced here, and
+            # each block's call written out under a branch on the count, pruned before typing:
+            # a 128-value tuple passed to a device function, or a function per step over the
+            # blocks, costs numba 0.05-0.1 s of compile each; scripts/diag/compile_time.py)
+            if nb == 1:
+                b = (acc,)
+            elif nb == 2:
+                b = (acc[0:32], acc[32:64])
+            else:
+                b = (acc[0:32], acc[32:64], acc[64:96], acc[96:128])
+            inside = m0 + cw * 64 + 64 <= M and n0 + BN <= N
+            if split_k:
+                # this block's partial tile to its slice of the workspace; the last block of
+                # the tile to arrive (thread 128, consumer warpgroup 0's first, counts) sums
+                # the slices in order and stores the tile
+                sl = cuda.blockIdx.y * M
+                put_partials(ws, sl, b[0], row, col, M, N)
+                if nb >= 2:
+                    put_partials(ws, sl, b[1], row, col + 64, M, N)
+                if nb == 4:
+                    put_partials(ws, sl, b[2], row, col + 128, M, N)
+                    put_partials(ws, sl, b[3], row, col + 192, M, N)
+                cuda.threadfence()
+                nt.named_barrier_sync(1, consumer_threads)  # (the producer has left)
+                last = cuda.shared.array(1, np.int32)
+                if t == 128:
+                    last[0] = np.int32(nt.atomic_add_global(counters, cuda.blockIdx.x,
+                                                            np.int32(1)) == splits - 1)
+                nt.named_barrier_sync(1, consumer_threads)
+                if last[0] != 0:
+                    cuda.threadfence()
+                    for j in range(nb):
+                        sum_frags(out, c, bias, ws, splits, row, col + 64 * j, M, N, ldc, ldo,
+                                  alpha, beta, eargs)
+                    if t == 128:
+                        counters[cuda.blockIdx.x] = np.int32(0)
+            elif inside and (tma_store or not one_pass):
+                # every value first (all loads in flight together), then the stores
+                ev0 = value_frags(c, bias, b[0], row, col, ldc, alpha, beta, eargs)
+                if nb >= 2:
+                    ev1 = value_frags(c, bias, b[1], row, col + 64, ldc, alpha, beta, eargs)
+                if nb == 4:
+                    ev2 = value_frags(c, bias, b[2], row, col + 128, ldc, alpha, beta, eargs)
+                    ev3 = value_frags(c, bias, b[3], row, col + 192, ldc, alpha, beta, eargs)
+                if tma_store:
+                    # The TMA store: the warpgroup's staging tile -- free once its thread 0's
+                    # previous stores have read it -- gets the values through stmatrix, and
+                    # thread 0 issues one tensor store per 64 columns.  Staging: warpgroup cw's
+                    # (64, BN) tile at stage0 + cw * wg_bytes, as BN / 64 boxes of (64 rows, 64
+                    # columns) = 64 rows of 128 bytes, 128B-swizzled as out's tensor map reads
+                    # them: row r's 16-byte chunk q lies at r * 128 + (q ^ (r % 8)) * 16.
+                    if lt == 0:
+                        nt.bulk_wait_group_read(0)  # the previous tile's stores have read it
+                    wg_sync(cw)
+                    sq = lane // 8
+                    sr = lane % 8
+                    base = stage0 + cw * wg_bytes
+                    box = base + ((lt // 32) * 16 + (sq % 2) * 8 + sr) * 128  # this lane's row
+                    sx = (sq // 2) ^ sr
+                    stage_frags(smem, box, sx, ev0)  # block i into box i (8 KB each)
+                    if nb >= 2:
+                        stage_frags(smem, box + 8192, sx, ev1)
+                    if nb == 4:
+                        stage_frags(smem, box + 16384, sx, ev2)
+                        stage_frags(smem, box + 24576, sx, ev3)
+                    nt.fence_proxy_async_shared()  # generic-proxy writes, read by the TMA store
+                    wg_sync(cw)
+                    if lt == 0:
+                        for box_i in range(nb):
+                            nt.tma_store(tma_out, (n0 + 64 * box_i, m0 + cw * 64), smem,
+                                         base + box_i * 8192)
+                        nt.bulk_commit_group()
+                else:
+                    put_frags(out, ev0, row, col, ldo)
+                    if nb >= 2:
+                        put_frags(out, ev1, row, col + 64, ldo)
+                    if nb == 4:
+                        put_frags(out, ev2, row, col + 128, ldo)
+                        put_frags(out, ev3, row, col + 192, ldo)
+            else:
+                # edge tiles (c and bias must not be read past the matrix), or nothing to load
+                # and per-element stores (one pass): bounds-checked stores
+                store_frags(out, c, bias, b[0], row, col, M, N, ldc, ldo, alpha, beta, eargs)
+                if nb >= 2:
+                    store_frags(out, c, bias, b[1], row, col + 64, M, N, ldc, ldo, alpha, beta,
+                                eargs)
+                if nb == 4:
+                    store_frags(out, c, bias, b[2], row, col + 128, M, N, ldc, ldo, alpha, beta,
+                                eargs)
+                    store_frags(out, c, bias, b[3], row, col + 192, M, N, ldc, ldo, alpha, beta,
+                                eargs)
+            tile += cuda.gridDim.x
+        if tma_store and lt == 0:
+            nt.bulk_wait_group(0)  # the last stores have read the staging tile
+
+    if not has_user:  # a user epilogue's kernel is compiled in this process only
+        build.cache_kernel(gemm_kernel, "sm90_gemm_tma", f"{cfg!r}|{var!r}")
+    return gemm_kernel
 
 
-def _issue(cfg, a_lay, b_lay, kinst, target, overwrite, indent="    "):
-    """Lines of one k tile's issue: wait for its stage, then BK / kinst wgmma into ``target``
-    (the first with scale-d 0 where ``overwrite``: the tile's own product) and the commit."""
-    lines = ["WAIT(bars, index, phase)",
-             "# TMA wrote the stage through the async proxy, which wgmma reads: no proxy fence",
-             f"st = np.uint64(index * {cfg.stage_bytes // 16})",
-             "nt.wgmma_fence()"]
-    for ks in range(cfg.bk // kinst):
-        a_k = a_lay.k_offset(ks * kinst) // 16
-        b_k = b_lay.k_offset(ks * kinst) // 16
-        scale_d = 0 if overwrite and ks == 0 else 1
-        lines.append(f"{target} = MMA({target}, da0 + st + np.uint64({a_k}), "
-                     f"db0 + st + np.uint64({b_k}), {scale_d})")
-    lines.append("nt.wgmma_commit_group()")
-    return [indent + x for x in lines]
+def describe(cfg, var, ptx=False):
+    """Text that shows (cfg, var)'s kernel as it is compiled: where its code is, the constants
+    its functions close over (one line per function of the kernel's closure, depth first), and
+    with ``ptx`` its PTX for sm_90a (intrinsics.toolchain.compile_ptx: no GPU needed)."""
+    import inspect
 
+    kernel = make_kernel(cfg, var)
+    lines = [f"# {cfg.name}, {var}",
+             f"# code: numbatc/kernels/sm90_gemm_tma.py, make_kernel (line "
+             f"{inspect.getsourcelines(make_kernel)[1]})"]
+    seen = set()
 
-def _blockwise_mainloop(cfg, var, a_lay, b_lay, kinst, zeros):
-    """The consumers' main loop for FP8 with blockwise scales (DeepGEMM's recipe): each k tile's
-    product goes into its own wgmma accumulator (the first wgmma with scale-d 0), which, once
-    retired, is added into ``acc`` (plain registers) scaled by a's scale of each row and b's of
-    the tile's 128 columns for that 128-value K block.  The scales are loaded before the tile's
-    stage wait (the wait hides their latency); rows past M read row M - 1's (never stored).
+    def walk(fn, depth):
+        py = getattr(fn, "py_func", fn)
+        if id(py) in seen or not callable(py) or getattr(py, "__closure__", None) is None:
+            return
+        seen.add(id(py))
+        names = py.__code__.co_freevars
+        values = [cell.cell_contents for cell in py.__closure__]
+        shown = [f"{n}={v!r}" for n, v in zip(names, values)
+                 if isinstance(v, (bool, int, str, float, np.integer)) or v is None]
+        shown += [f"{n}={v.py_func.__name__}" for n, v in zip(names, values)
+                  if hasattr(v, "py_func")]  # which function each name is
+        lines.append("  " * depth + f"{py.__qualname__}: " + ", ".join(shown))
+        for v in values:
+            if hasattr(v, "py_func"):
+                walk(v, depth + 1)
 
-    NOTE: one product buffer, waited for before its promotion, so the promotion does not
-    overlap this warpgroup's next wgmma (the other consumer warpgroup's may run).  Two buffers
-    (tile kt's wgmma under tile kt - 1's promotion, 64 + 2 x 64 registers at BN = 128) were
-    tried: ptxas serialised the wgmma (C7514 / C7518) and the 128-row form spilled."""
-    kb = "(kbeg + kt * 128) // 128" if var.split_k else "kt"
-    head = [f"acc = {zeros}",
-            "prev = index",
-            "srow = m0 + cw * 64 + ((t % 128) // 32) * 16 + (t % 32) // 4",
-            "sr0 = min(srow, M - 1) * sa_rs",
-            "sr1 = min(srow + 8, M - 1) * sa_rs",
-            "sbn = (n0 // 128) * sb_rs"]
+    walk(kernel, 0)
+    if ptx:
+        from intrinsics.toolchain import compile_ptx
+        from numbatc.kernels import sm90_gemm
 
-    terms = [f"nt.fma_f32(pa[{i}], {'f0' if i % 4 < 2 else 'f1'}, acc[{i}])"
-             for i in range(cfg.bn // 2)]  # registers 4j, 4j+1: row r; 4j+2, 4j+3: row r + 8
-    # NOTE: a literal tuple of more than 30 values compiles (CPython 3.11) to BUILD_LIST +
-    # LIST_TO_TUPLE, which numba's IR peephole rejects: the new accumulator is a sum of
-    # 16-value tuples (one UniTuple once typed)
-    chunks = [", ".join(terms[j:j + 16]) + "," for j in range(0, len(terms), 16)]
-    return (head + [f"pa = nt.wgmma_fence_operand({zeros})", "for kt in range(k_tiles):",
-                    f"    kb = {kb}",
-                    "    p0 = sa[sr0 + kb * sa_cs]",
-                    "    p1 = sa[sr1 + kb * sa_cs]",
-                    "    pq = sb[sbn + kb * sb_cs]"]
-            + _issue(cfg, a_lay, b_lay, kinst, "pa", True)
-            + ["    # this tile's group retired: its stage goes back to the producer",
-               "    nt.wgmma_wait_group(0)",
-               "    pa = nt.wgmma_fence_operand(pa)",
-               "    if t % 32 == 0:",
-               "        RELEASE(bars, index)",
-               "    index, phase = ADVANCE(index, phase)",
-               "    f0 = p0 * pq",
-               "    f1 = p1 * pq",
-               "    acc = " + " + ".join(f"({c})" for c in chunks)])
-
-
-def _stage_frags_source(var):
-    """``stage_frags(smem, box, sx, v)``: one block's 32 values (value_frags; 8 fragments, 64
-    columns) into its staging box through 4 stmatrix.x4 (see _tma_store_epilogue)."""
-    from numbatc.kernels import epilogue
-
-    assert epilogue.BLOCK_FRAGS == 8, "a block is one 64-column box"
-    pack = "nt.pack_bf16x2" if var.out_dtype == "bfloat16" else "nt.pack_f16x2"
-    packs = [f"{pack}(v[{4 * j + 2 * h}], v[{4 * j + 2 * h + 1}])" for j in range(8) for h in (0, 1)]
-    lines = ["", "", "@cuda.jit(device=True, forceinline=True)",
-             "def stage_frags(smem, box, sx, v):",
-             "    # this lane's row address in the box: box + row * 128; sx = (sq // 2) ^ row % 8"]
-    lines += [f"    nt.stmatrix_x4(smem, box + (({2 * jj} ^ sx) << 4), "
-              f"({', '.join(packs[4 * jj:4 * jj + 4])}))" for jj in range(4)]
-    return "\n".join(lines) + "\n"
-
-
-def _tma_store_epilogue(w, blocks, cfg, var, inside, indent):
-    """Emit the TMA store epilogue (``cfg.store == 'tma'``) of the fragment blocks ``blocks``
-    (as full_tile_epilogue takes them with unit="frags": one per 64 columns).  Inside the
-    matrix: every fragment's values (value_frags: alpha, beta * c, bias, activation, the user
-    epilogue), then the warpgroup's staging tile -- free once its thread 0's previous stores
-    have read it (bulk_wait_group_read) -- gets them through stmatrix (stage_frags), and thread
-    0 issues one TMA store per 64 columns.  Edge tiles store directly (store_frags,
-    bounds-checked: c and bias must not be read past the matrix).
-
-    Staging: warpgroup cw's (64, BN) tile at STAGE0 + cw * 64 * BN * 2, as BN / 64 boxes of
-    (64 rows, 64 columns) = 64 rows of 128 bytes, 8 KB each, 128B-swizzled as out's tensor map
-    reads them: row r's 16-byte chunk c lies at r * 128 + (c ^ (r % 8)) * 16.  Within a box,
-    stmatrix.x4 call jj writes fragments 2jj and 2jj + 1 (columns 16jj .. 16jj + 15): lane l
-    gives the row address of matrix q = l // 8 (q % 2: rows 0-7 or 8-15 of the warp's 16;
-    q // 2: which fragment), and register q holds its (row l // 4, columns 2 (l % 4), + 1)
-    pair, which is acc[4j], acc[4j + 1] (rows + 8: acc[4j + 2], acc[4j + 3]) of the wgmma
-    accumulator."""
-    ea = ", eargs" if var.epilogue is not None else ""
-    BN = cfg.bn
-    wg_bytes = 64 * BN * 2
-    stage0 = cfg.stages * cfg.stage_bytes
-    x = indent
-    w(f"{x}if {inside}:")
-    for i, (acc, row, col) in enumerate(blocks):
-        w(f"{x}    ev_{i} = value_frags(c, bias, {acc}, {row}, {col}, ldc, alpha, beta{ea})")
-    w(f"{x}    lt = t % 128")
-    w(f"{x}    if lt == 0:")
-    w(f"{x}        nt.bulk_wait_group_read(0)  # the previous tile's stores have read the staging")
-    w(f"{x}    wg_sync(cw)")
-    w(f"{x}    sq = lane // 8")
-    w(f"{x}    sr = lane % 8")
-    w(f"{x}    sx = (sq // 2) ^ sr")
-    w(f"{x}    sbase = {stage0} + cw * {wg_bytes} + ((lt // 32) * 16 + (sq % 2) * 8 + sr) * 128")
-    for i in range(len(blocks)):
-        w(f"{x}    stage_frags(smem, sbase + {i * 8192}, sx, ev_{i})")
-    w(f"{x}    nt.fence_proxy_async_shared()  # generic-proxy writes, read by the TMA store")
-    w(f"{x}    wg_sync(cw)")
-    w(f"{x}    if lt == 0:")
-    for box in range(BN // 64):
-        w(f"{x}        nt.tma_store(tma_out, (n0 + {64 * box}, m0 + cw * 64), smem, "
-          f"{stage0} + cw * {wg_bytes} + {box * 8192})")
-    w(f"{x}        nt.bulk_commit_group()")
-    w(f"{x}else:")
-    for acc, row, col in blocks:
-        w(f"{x}    store_frags(out, c, bias, {acc}, {row}, {col}, M, N, ldc, ldo, alpha, beta{ea})")
+        lines.append(compile_ptx(kernel, sm90_gemm.kernel_signature(cfg, var), "sm_90a",
+                                 launch_bounds=(cfg.threads, 1)))
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -646,11 +799,18 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
 
         c, bias, out = (FakeCUDAArray(x) if isinstance(x, np.ndarray) else x
                         for x in (c, bias, out))
-    args = (*(tm.param for tm in maps(a, b, out)), c, bias, out, *sizes,
-            np.float32(alpha), np.float32(beta), group_m, *_scale_args(block_scales))
+    # the kernel's tuple arguments (see make_kernel): out's map or (), the scales, split-K's
+    tmaps = tuple(tm.param for tm in maps(a, b, out))
+    if not tma_store:
+        tmaps += ((),)
+    splits = ()
     if split is not None:
-        ws, counters, k_chunk, splits = split(stream)
-        args += (ws, counters, np.int64(k_chunk), np.int64(splits))
+        ws, counters, k_chunk, n_splits = split(stream)
+        splits = (ws, counters, np.int64(k_chunk), np.int64(n_splits))
+    args = (*tmaps, c, bias, out, *sizes, np.float32(alpha), np.float32(beta), group_m,
+            _scale_args(block_scales), splits)
+    if var.epilogue is None:
+        args += ((),)  # eargs
     args, sig = epilogue.with_epilogue_args(kernel, var, args, sig, epilogue_args)
     launching.launch(kernel, grid, cfg.threads, args, shared_bytes=cfg.shared_bytes,
                      stream=stream, signature=sig)
