@@ -70,6 +70,12 @@
 #              kernel): the KV-cache, varlen and decode suites in shards (tests.txt, testlogs.txt)
 #              beside memcheck of the kvcache kind (sanitize.txt), then scripts/diag/kv_host.py
 #              and bench varlen quick with the portable kernel forced (bench.txt)
+#   code90     sm90_gemm_tma written as code (make_kernel) against the generated kernel it
+#              replaced (.gpu/base: git archive of the older commit's numbatc and intrinsics).
+#              CODE90_PART=tests: the GEMM GPU suites in shards (tests.txt, testlogs.txt) beside
+#              compute-sanitizer on the Hopper GEMM cases (sanitize.txt); CODE90_PART=bench:
+#              both trees in the same run, gemm quick+llama8b (b col), fp8 quick, the user
+#              epilogue's cost (bench.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -461,4 +467,43 @@ if [[ $what == profile ]]; then
     $py -c "import torch, numbatc; $PROFILE_CODE; torch.cuda.synchronize()" | tail -5 > "$out/profile$tag.txt"
   t 60 ncu -i /tmp/prof.ncu-rep --print-details all | grep -vE "^\s*$" | head -250 >> "$out/profile$tag.txt"
   t 60 ncu -i /tmp/prof.ncu-rep --page source --csv --print-source sass > "$out/profile_sass$tag.csv"
+fi
+
+if [[ $what == code90 ]]; then
+  if [[ ${CODE90_PART:-tests} == tests ]]; then
+    : "${CODE90_TESTS:=tests/gpu/test_sm90_gemm_gpu.py tests/gpu/test_gemm_gpu.py tests/gpu/test_gemm_fp8_gpu.py tests/gpu/test_graphs_gpu.py}"
+    $py scripts/pytest_shards.py --shards ${CODE90_SHARDS:-12} --timeout ${CODE90_TIMEOUT:-300} \
+      --out /tmp/shards_code90 $CODE90_TESTS -- --tb=short > /tmp/code90_tests.txt 2>&1 &
+    { for case in memcheck:gemm_sm90 racecheck:gemm_sm90 synccheck:gemm_sm90 memcheck:gemm_sm90_ts \
+                  racecheck:gemm_sm90_ts memcheck:gemm_fp8 memcheck:gemm_sm90_split \
+                  memcheck:gemm_sm90_persistent memcheck:gemm_fp8_block ${CODE90_SANITIZE_MORE:-}; do
+        set -- ${case/:/ }
+        echo "== $1 $2"
+        t 90 compute-sanitizer --tool $1 --report-api-errors no --print-limit 5 \
+          $py scripts/sanitize_cases.py $2 | grep -vE "^\s*$" | tail -6
+      done; } > "$out/sanitize.txt" 2>&1 &
+    wait
+    { cat /tmp/code90_tests.txt; echo "[tests done at $((SECONDS - start)) s]"; } > "$out/tests.txt"
+    for f in /tmp/shards_code90/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  else
+    {
+      # each benchmark on both trees back to back, so that both see the same GPU state
+      run() { local tree=$1 limit=$2; shift 2
+        if [[ $tree == base ]]; then PYTHONPATH=$PWD/.gpu/base:$PYTHONPATH t $limit "$@"; else t $limit "$@"; fi; }
+      echo "(base: $(cat .gpu/base/COMMIT 2>/dev/null || echo '?'))"
+      for tree in base new; do
+        echo "== $tree: gemm quick+llama8b, b col"
+        run $tree 120 $py -m numbatc.bench gemm --shapes quick+llama8b --b-layout col | grep -E "^ +[0-9]|rror| M +N"
+      done
+      for tree in base new; do
+        echo "== $tree: fp8 quick"
+        run $tree 60 $py -m numbatc.bench gemm --shapes quick --dtype float8_e4m3 | grep -E "^ +[0-9]|rror"
+      done
+      for tree in base new; do
+        echo "== $tree: epilogue"
+        run $tree 90 $py -m numbatc.bench epilogue | tail -8
+      done
+      echo "[bench done at $((SECONDS - start)) s]"
+    } > "$out/bench.txt" 2>&1
+  fi
 fi
