@@ -28,7 +28,16 @@ from intrinsics.convert import (
     unpack_bf16x2,
     unpack_f16x2,
 )
-from intrinsics.fastmath import ex2_approx, fma_f32, tanh_approx
+from intrinsics.fastmath import (
+    ex2_approx,
+    fma_f32,
+    frag_exp2_fma,
+    frag_mask_cols,
+    frag_row_maxes,
+    frag_row_sums,
+    frag_scale_rows,
+    tanh_approx,
+)
 from intrinsics.gmem import st_global_b32
 from intrinsics.cp_async import (
     cp_async_op,

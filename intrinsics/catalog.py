@@ -276,6 +276,15 @@ def _fastmath_probes():
     yield Probe("fast math", "ex2.approx.ftz, fma.rn, tanh.approx", kernel, (types.float32[:],),
                 SM75, ("ex2.approx.ftz.f32", "fma.rn.f32", "tanh.approx.f32"))
 
+    def fragments(x, lim):
+        s = fm.frag_mask_cols((x[0], x[1], x[2], x[3]), lim[0], lim[1])
+        p = fm.frag_scale_rows(fm.frag_exp2_fma(s, x[4], x[5], x[6]), x[7], x[8])
+        x[0], x[1] = fm.frag_row_sums(p)
+
+    yield Probe("fast math", "whole fragments: mask, ex2(fma), row scale, row sums", fragments,
+                (types.float32[:], types.int32[:]), SM75,
+                ("ex2.approx.ftz.f32", "fma.rn.f32", "selp.f32"))  # (mul + add: contracted)
+
 
 def _cluster_probes():
     import intrinsics.cluster as cl

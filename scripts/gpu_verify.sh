@@ -75,7 +75,10 @@
 #              CODE90_PART=tests: the GEMM GPU suites in shards (tests.txt, testlogs.txt) beside
 #              compute-sanitizer on the Hopper GEMM cases (sanitize.txt); CODE90_PART=bench:
 #              both trees in the same run, gemm quick+llama8b (b col), fp8 quick, the user
-#              epilogue's cost (bench.txt)
+#              epilogue's cost (bench.txt); CODE90_PART=attn: sm90 attention's softmax through
+#              the whole-fragment intrinsics (intrinsics.fastmath.frag_*): the attention suites
+#              in shards beside memcheck / racecheck of attention_sm90, then bench attention
+#              quick of both trees (bench.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -470,27 +473,41 @@ if [[ $what == profile ]]; then
 fi
 
 if [[ $what == code90 ]]; then
-  if [[ ${CODE90_PART:-tests} == tests ]]; then
-    : "${CODE90_TESTS:=tests/gpu/test_sm90_gemm_gpu.py tests/gpu/test_gemm_gpu.py tests/gpu/test_gemm_fp8_gpu.py tests/gpu/test_graphs_gpu.py}"
+  # shards of GPU tests (name, tests) beside compute-sanitizer on tool:kind cases, into
+  # tests.txt, testlogs.txt and sanitize.txt
+  shards_and_sanitizer() { local name=$1 tests=$2; shift 2
     $py scripts/pytest_shards.py --shards ${CODE90_SHARDS:-12} --timeout ${CODE90_TIMEOUT:-300} \
-      --out /tmp/shards_code90 $CODE90_TESTS -- --tb=short > /tmp/code90_tests.txt 2>&1 &
-    { for case in memcheck:gemm_sm90 racecheck:gemm_sm90 synccheck:gemm_sm90 memcheck:gemm_sm90_ts \
-                  racecheck:gemm_sm90_ts memcheck:gemm_fp8 memcheck:gemm_sm90_split \
-                  memcheck:gemm_sm90_persistent memcheck:gemm_fp8_block ${CODE90_SANITIZE_MORE:-}; do
+      --out /tmp/shards_$name $tests -- --tb=short > /tmp/${name}_tests.txt 2>&1 &
+    { for case in "$@"; do
         set -- ${case/:/ }
         echo "== $1 $2"
-        t 90 compute-sanitizer --tool $1 --report-api-errors no --print-limit 5 \
+        t 120 compute-sanitizer --tool $1 --report-api-errors no --print-limit 5 \
           $py scripts/sanitize_cases.py $2 | grep -vE "^\s*$" | tail -6
       done; } > "$out/sanitize.txt" 2>&1 &
     wait
-    { cat /tmp/code90_tests.txt; echo "[tests done at $((SECONDS - start)) s]"; } > "$out/tests.txt"
-    for f in /tmp/shards_code90/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+    { cat /tmp/${name}_tests.txt; echo "[tests done at $((SECONDS - start)) s]"; } > "$out/tests.txt"
+    for f in /tmp/shards_$name/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  }
+  # each benchmark on both trees back to back, so that both see the same GPU state
+  run() { local tree=$1 limit=$2; shift 2
+    if [[ $tree == base ]]; then PYTHONPATH=$PWD/.gpu/base:$PYTHONPATH t $limit "$@"; else t $limit "$@"; fi; }
+  part=${CODE90_PART:-tests}
+  if [[ $part == attn ]]; then
+    shards_and_sanitizer attn "tests/gpu/test_sm90_attention_gpu.py tests/gpu/test_attention_gpu.py" \
+      memcheck:attention_sm90 racecheck:attention_sm90
+    { echo "(base: $(cat .gpu/base/COMMIT 2>/dev/null || echo '?'))"
+      for tree in base new; do
+        echo "== $tree: attention quick"
+        run $tree 150 $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]|rror"
+      done; } > "$out/bench.txt" 2>&1
+  elif [[ $part == tests ]]; then
+    : "${CODE90_TESTS:=tests/gpu/test_sm90_gemm_gpu.py tests/gpu/test_gemm_gpu.py tests/gpu/test_gemm_fp8_gpu.py tests/gpu/test_graphs_gpu.py}"
+    shards_and_sanitizer code90 "$CODE90_TESTS" memcheck:gemm_sm90 racecheck:gemm_sm90 \
+      synccheck:gemm_sm90 memcheck:gemm_sm90_ts racecheck:gemm_sm90_ts memcheck:gemm_fp8 \
+      memcheck:gemm_sm90_split memcheck:gemm_sm90_persistent memcheck:gemm_fp8_block \
+      ${CODE90_SANITIZE_MORE:-}
   else
-    {
-      # each benchmark on both trees back to back, so that both see the same GPU state
-      run() { local tree=$1 limit=$2; shift 2
-        if [[ $tree == base ]]; then PYTHONPATH=$PWD/.gpu/base:$PYTHONPATH t $limit "$@"; else t $limit "$@"; fi; }
-      echo "(base: $(cat .gpu/base/COMMIT 2>/dev/null || echo '?'))"
+    { echo "(base: $(cat .gpu/base/COMMIT 2>/dev/null || echo '?'))"
       for tree in base new; do
         echo "== $tree: gemm quick+llama8b, b col"
         run $tree 120 $py -m numbatc.bench gemm --shapes quick+llama8b --b-layout col | grep -E "^ +[0-9]|rror| M +N"

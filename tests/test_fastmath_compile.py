@@ -71,3 +71,63 @@ def test_fewer_instructions_than_math_exp2():
         counts.append(sum(1 for line in sass.splitlines() if "/*" in line and ";" in line))
         assert "MUFU.EX2" in sass
     assert counts[0] < counts[1], counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole fragments: the same instructions as the per-register expressions
+# ---------------------------------------------------------------------------------------------
+
+_NS = 32  # a 64-column score fragment of one thread
+
+
+def _load(x):
+    return (x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12],
+            x[13], x[14], x[15]) + (x[16], x[17], x[18], x[19], x[20], x[21], x[22], x[23],
+                                    x[24], x[25], x[26], x[27], x[28], x[29], x[30], x[31])
+
+
+def _opcodes(ptx):
+    import collections
+    import re
+
+    return collections.Counter(m.group(1) for m in re.finditer(
+        r"^\s*(?:@%p\d+\s+)?([a-z][\w.]*)\s", ptx, re.M)
+        if m.group(1).split(".")[0] in ("fma", "ex2", "mul", "add", "selp", "setp"))
+
+
+@pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")
+def test_fragment_forms_are_the_per_register_instructions():
+    """frag_mask_cols, frag_exp2_fma, frag_scale_rows and frag_row_sums on a 32-register
+    fragment: one select, one fma.rn, one ex2.approx.ftz and one mul per register, and 15 adds
+    per row half -- the instructions of the same work written register by register (the PTX of
+    sm90_attention's kernels, whose softmax was written so, has the same opcode counts with
+    them: docs/PERFORMANCE.md, ninth session)."""
+    load = cuda.jit(device=True, forceinline=True)(_load)
+
+    def fragments(out, x, lims):
+        s = nt.frag_mask_cols(load(x), lims[0], lims[1])
+        p = nt.frag_scale_rows(nt.frag_exp2_fma(s, x[32], x[33], x[34]), x[35], x[36])
+        out[0], out[1] = nt.frag_row_sums(p)
+        for v in range(_NS):
+            out[2 + v] = p[v]
+
+    got = _opcodes(compile_ptx(fragments, (types.float32[:], types.float32[:], types.int32[:]),
+                               "sm_90a"))
+    for op in ("fma.rn.f32", "ex2.approx.ftz.f32", "mul.f32", "add.f32", "selp.f32"):
+        assert got[op] == {"add.f32": _NS - 2}.get(op, _NS), (op, got)
+
+
+@pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")
+def test_fragment_forms_check_their_arguments():
+    def bad(out, x):
+        out[0] = nt.frag_row_sums((x[0], x[1]))[0] + nt.frag_scale_rows((1, 2), x[0], x[1])[0]
+
+    with pytest.raises(Exception, match="frag_scale_rows takes a UniTuple\\(float32, n\\)"):
+        compile_ptx(bad, (types.float32[:], types.float32[:]), "sm_90a")
+
+
+def test_tree_order_is_balanced():
+    from intrinsics.fastmath import frag_tree_order
+
+    assert frag_tree_order([0, 1, 4, 5, 8, 9]) == (((0, 1), (4, 5)), (8, 9))
+    assert frag_tree_order([3]) == 3

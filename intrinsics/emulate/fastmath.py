@@ -1,7 +1,8 @@
 """Emulation of intrinsics.fastmath: 2**x in float32 with subnormal results flushed to zero
 (ex2.approx.ftz; the hardware's approximation is within 2 ulp of this), a fused multiply-add
 with one rounding (the float32 product is exact in float64), and tanh rounded to float32 (the
-hardware's tanh.approx is within 2**-10.987 relative of it)."""
+hardware's tanh.approx is within 2**-10.987 relative of it); the fragment forms apply the same
+per register (frag_row_sums adds in intrinsics.fastmath.frag_tree_order's order, in float32)."""
 
 import numpy as np
 
@@ -25,4 +26,52 @@ def tanh_approx(x):
     return np.float32(np.tanh(np.float64(np.float32(x))))
 
 
-EMULATIONS = {"ex2_approx": ex2_approx, "fma_f32": fma_f32, "tanh_approx": tanh_approx}
+def _half(v):
+    return (v // 2) % 2
+
+
+def frag_exp2_fma(s, scale, b0, b1):
+    bases = (b0, b1)
+    return tuple(ex2_approx(fma_f32(x, scale, bases[_half(v)])) for v, x in enumerate(s))
+
+
+def frag_scale_rows(o, a0, a1):
+    factors = (np.float32(a0), np.float32(a1))
+    return tuple(np.float32(np.float32(x) * factors[_half(v)]) for v, x in enumerate(o))
+
+
+def frag_mask_cols(s, lim0, lim1):
+    lims = (int(lim0), int(lim1))
+    return tuple(np.float32(x) if 8 * (v // 4) + v % 2 < lims[_half(v)] else np.float32(-np.inf)
+                 for v, x in enumerate(s))
+
+
+def frag_row_sums(p):
+    from intrinsics.fastmath import frag_tree_order
+
+    def add(node):
+        if isinstance(node, tuple):
+            return np.float32(add(node[0]) + add(node[1]))
+        return np.float32(p[node])
+
+    return tuple(add(frag_tree_order([v for v in range(len(p)) if _half(v) == h]))
+                 for h in (0, 1))
+
+
+def frag_row_maxes(s):
+    from intrinsics.fastmath import frag_tree_order
+
+    def mx(node):
+        if isinstance(node, tuple):
+            a, b = mx(node[0]), mx(node[1])
+            return np.float32(np.fmax(a, b))  # fmaxf: the other value where one is NaN
+        return np.float32(s[node])
+
+    return tuple(mx(frag_tree_order([v for v in range(len(s)) if _half(v) == h]))
+                 for h in (0, 1))
+
+
+EMULATIONS = {"ex2_approx": ex2_approx, "fma_f32": fma_f32, "tanh_approx": tanh_approx,
+              "frag_exp2_fma": frag_exp2_fma, "frag_scale_rows": frag_scale_rows,
+              "frag_mask_cols": frag_mask_cols, "frag_row_sums": frag_row_sums,
+              "frag_row_maxes": frag_row_maxes}

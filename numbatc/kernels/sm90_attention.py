@@ -526,15 +526,16 @@ LN2 = np.float32({math.log(2.0)!r})
             for h in range(2):
                 o(f"{ind}    lim_{h} = "
                   + sm80_attention.column_limit(var, f"(row0 + {8 * h})", "n0", "tq", BN))
-            o(f"{ind}    sacc = " + _tup([f"keep_below(sacc[{v}], np.int32({8 * (v // 4) + v % 2}), "
-                                          f"lim_{(v // 2) % 2})" for v in range(NS)]))
+            # (nt.frag_mask_cols: keep_below per register, in one call)
+            o(f"{ind}    sacc = nt.frag_mask_cols(sacc, lim_0, lim_1)")
         else:
             cols = [f"n0 + tq + {8 * (v // 4) + v % 2}" for v in range(NS)]
             o(f"{ind}    sacc = " + _tup([f"keep(sacc[{v}], {cols[v]}, row0 + {8 * ((v // 2) % 2)}, "
                                           "Sk, off)" for v in range(NS)]))
+        # each row half's max over the thread's registers (as _tree('max', ...) in one call)
+        o(f"{ind}rm_0, rm_1 = nt.frag_row_maxes(sacc)")
         for h in range(2):
-            regs = [f"sacc[{v}]" for v in range(NS) if (v // 2) % 2 == h]
-            o(f"{ind}mx = quad_max({_tree('max', regs)}) * scale_log2")
+            o(f"{ind}mx = quad_max(rm_{h}) * scale_log2")
             o(f"{ind}m_new = max(m_{h}, mx)")
             o(f"{ind}base_{h} = m_new if m_new != NEG_INF else ZERO  # a row with no key yet")
             if cfg.fast_exp:
@@ -543,15 +544,21 @@ LN2 = np.float32({math.log(2.0)!r})
             else:
                 o(f"{ind}alpha_{h} = math.exp2(m_{h} - base_{h})")
             o(f"{ind}m_{h} = m_new")
-        for v in range(NS):
-            if cfg.fast_exp:
-                o(f"{ind}p_{v} = nt.ex2_approx(nt.fma_f32(sacc[{v}], scale_log2, "
-                  f"nbase_{(v // 2) % 2}))")
-            else:
+        if cfg.fast_exp:
+            # NOTE: whole-fragment intrinsics (intrinsics.fastmath): the same instructions as
+            # the per-register expressions, in one numba statement each instead of ~5 per
+            # register (0.6 s of a 2.3 s first compile; docs/PERFORMANCE.md, ninth session)
+            o(f"{ind}p = nt.frag_exp2_fma(sacc, scale_log2, nbase_0, nbase_1)")
+            o(f"{ind}rs_0, rs_1 = nt.frag_row_sums(p)")
+            for h in range(2):
+                o(f"{ind}l_{h} = l_{h} * alpha_{h} + rs_{h}")
+        else:
+            for v in range(NS):
                 o(f"{ind}p_{v} = math.exp2(sacc[{v}] * scale_log2 - base_{(v // 2) % 2})")
-        for h in range(2):
-            terms = [f"p_{v}" for v in range(NS) if (v // 2) % 2 == h]
-            o(f"{ind}l_{h} = l_{h} * alpha_{h} + {_tree('+', terms)}")
+            o(f"{ind}p = " + _tup([f"p_{v}" for v in range(NS)]))
+            for h in range(2):
+                terms = [f"p_{v}" for v in range(NS) if (v // 2) % 2 == h]
+                o(f"{ind}l_{h} = l_{h} * alpha_{h} + {_tree('+', terms)}")
         if pack_p:
             out.append(pack_p_source(ind))
         return "\n".join(out)
@@ -586,7 +593,6 @@ LN2 = np.float32({math.log(2.0)!r})
 
     def softmax_tile_source():
         """Source: the device function softmax_tile (see :func:`softmax_call`)."""
-        regs = ", ".join(f"p_{v}" for v in range(NS))
         return (
             "@cuda.jit(device=True, forceinline=True)\n"
             "def softmax_tile(sacc, n0, tq, row0, wrow0, Sk, off, m_0, m_1, l_0, l_1, "
@@ -595,7 +601,7 @@ LN2 = np.float32({math.log(2.0)!r})
             '    update the running max and sum of rows g, g + 8; returns (S as masked, P,\n'
             '    m_0, m_1, l_0, l_1, alpha_0, alpha_1)."""\n'
             + softmax("    ", mask_cond, pack_p=False)
-            + f"\n    return sacc, ({regs}), m_0, m_1, l_0, l_1, alpha_0, alpha_1\n")
+            + "\n    return sacc, p, m_0, m_1, l_0, l_1, alpha_0, alpha_1\n")
 
     def pin(ind, names):
         """Source: pin registers that ordinary code wrote above the next wgmma_fence.  NOTE:
@@ -676,7 +682,7 @@ LN2 = np.float32({math.log(2.0)!r})
         return (f"\n{ind}if cw == 0:\n{ind}    nt.named_barrier_{op}({ids[0]}, 256)"
                 f"\n{ind}else:\n{ind}    nt.named_barrier_{op}({ids[1]}, 256)")
 
-    rescale = "o = " + _tup([f"o[{v}] * alpha_{(v // 2) % 2}" for v in range(NO)])
+    rescale = "o = nt.frag_scale_rows(o, alpha_0, alpha_1)"  # o[v] * alpha of v's row
     mask_cond = f"n0 + {BN} > Sk"
     if var.causal:
         mask_cond += f" or n0 + {BN - 1} > wrow0 + off"
@@ -925,7 +931,7 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
             w(f"            lse[{at}] = (m_{hh} + math.log2(l)) * LN2 if l > ZERO else NEG_INF")
     # NOTE (sm80_attention): scaled in place before any store, so that LLVM cannot hoist the
     # scaled values above the row checks and double O's registers.
-    w("        o = " + _tup([f"o[{v}] * inv_{(v // 2) % 2}" for v in range(NO)]))
+    w("        o = nt.frag_scale_rows(o, inv_0, inv_1)  # o[v] * inv of v's row")
     if var.tma_store:
         # persistent: O's own staging tile behind the V ring (Q's buffer is the next tile's)
         _tma_store_o(w, D, pack, VB0 + S * KB if pers else 0)

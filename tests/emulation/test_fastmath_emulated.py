@@ -32,3 +32,33 @@ def test_emulation():
 
     tanh_kernel[1, 5](out, x)
     assert np.array_equal(out, np.tanh(x.astype(np.float64)).astype(np.float32))
+
+
+def test_fragment_forms():
+    """The whole-fragment forms against the per-register expressions, in the emulation: the
+    mask from per-row column limits, ex2(fma) with each row half's base, the rows' factors,
+    and the row sums added in frag_tree_order's order (float32)."""
+    from intrinsics.fastmath import frag_tree_order
+
+    rng = np.random.default_rng(3)
+    s = tuple(np.float32(x) for x in rng.standard_normal(32))
+    lims = (np.int32(13), np.int32(40))
+    masked = nt.frag_mask_cols(s, *lims)
+    for v, x in enumerate(masked):
+        col, h = 8 * (v // 4) + v % 2, (v // 2) % 2
+        assert x == (s[v] if col < lims[h] else -np.inf)
+    p = nt.frag_exp2_fma(masked, np.float32(1.4), np.float32(-0.5), np.float32(0.25))
+    for v, x in enumerate(p):
+        base = (np.float32(-0.5), np.float32(0.25))[(v // 2) % 2]
+        assert x == nt.ex2_approx(nt.fma_f32(masked[v], np.float32(1.4), base))
+    o = nt.frag_scale_rows(p, np.float32(3), np.float32(0.5))
+    assert all(o[v] == p[v] * (np.float32(3), np.float32(0.5))[(v // 2) % 2] for v in range(32))
+    l0, l1 = nt.frag_row_sums(p)
+
+    def add(node):
+        return np.float32(add(node[0]) + add(node[1])) if isinstance(node, tuple) else p[node]
+
+    assert l0 == add(frag_tree_order([v for v in range(32) if (v // 2) % 2 == 0]))
+    assert l1 == add(frag_tree_order([v for v in range(32) if (v // 2) % 2 == 1]))
+    assert l0 == np.float32(sum(np.float64(p[v]) for v in range(32) if (v // 2) % 2 == 0)) \
+        or abs(l0 - sum(p[v] for v in range(32) if (v // 2) % 2 == 0)) < 1e-5
