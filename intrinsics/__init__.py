@@ -21,6 +21,8 @@ from intrinsics.convert import (
     bits_from_f32,
     cvt_tf32,
     f32_from_bits,
+    frag_pack_bf16x2,
+    frag_pack_f16x2,
     pack_bf16x2,
     pack_e4m3x4,
     pack_e5m2x4,

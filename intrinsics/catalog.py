@@ -213,6 +213,15 @@ def _convert_probes():
     yield Probe("convert", "e4m3x4/e5m2x4", fp8, sig, SM89,
                 ("cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32"))
 
+    def fragments(out, f):
+        p = (f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7])
+        (a,) = cv.frag_pack_bf16x2(p)
+        (b,) = cv.frag_pack_f16x2(p)
+        out[0] = a[0] ^ a[3] ^ b[1] ^ b[2]
+
+    yield Probe("convert", "whole fragments: bf16x2 / f16x2 A fragments", fragments, sig, SM80,
+                ("cvt.rn.bf16x2.f32", "cvt.rn.f16x2.f32"))
+
 
 def _mbarrier_probes():
     import intrinsics.mbarrier as mb

@@ -8,6 +8,7 @@ intrinsics build and split such registers from float32 values::
     lo, hi = unpack_bf16x2(r)
     r = pack_e4m3x4(x0, x1, x2, x3)  # x0 in the lowest byte
     t = cvt_tf32(x)                  # cvt.rna.tf32.f32
+    pa = frag_pack_bf16x2(p)         # a float32 fragment's pairs packed: k A fragments of 4
     x = f32_from_bits(r)             # the same 32 bits seen as float32 (tcgen05.ld results)
 """
 
@@ -20,6 +21,8 @@ __all__ = [
     "bits_from_f32",
     "cvt_tf32",
     "f32_from_bits",
+    "frag_pack_bf16x2",
+    "frag_pack_f16x2",
     "pack_bf16x2",
     "pack_e4m3x4",
     "pack_e5m2x4",
@@ -69,6 +72,49 @@ def _pair_packer(ptx_type):
 
 pack_bf16x2 = _pair_packer("bf16")
 pack_f16x2 = _pair_packer("f16")
+
+
+def _fragment_packer(ptx_type):
+    name = f"cvt.rn.{ptx_type}x2.f32"
+
+    def typer(typingctx, p):
+        if not (isinstance(p, types.UniTuple) and p.dtype == types.float32 and p.count % 8 == 0):
+            from numba.cuda.core.errors import NumbaTypeError
+
+            raise NumbaTypeError(f"frag_pack_{ptx_type}x2 takes a UniTuple(float32, 8k) "
+                                 f"fragment, got {p}")
+        a_frag = types.UniTuple(types.uint32, 4)
+        sig = types.UniTuple(a_frag, p.count // 8)(p)
+
+        def codegen(context, builder, sig, args):
+            require_arch(name, SM80)
+            frags = []
+            for c in range(sig.args[0].count // 8):
+                regs = []
+                for q in range(4):
+                    lo = builder.extract_value(args[0], 8 * c + 2 * q)
+                    hi = builder.extract_value(args[0], 8 * c + 2 * q + 1)
+                    # The first source operand lands in the upper half (as pack_*x2).
+                    regs.append(asm(builder, f"{name} $0, $1, $2;", ["=r", "f", "f"], [I32],
+                                    [hi, lo], volatile=False)[0])
+                frags.append(context.make_tuple(builder, a_frag, regs))
+            return context.make_tuple(builder, sig.return_type, frags)
+
+        return sig, codegen
+
+    typer.__name__ = f"frag_pack_{ptx_type}x2"
+    typer.__doc__ = (
+        f"A float32 fragment ``p`` (8k registers) as k tensor-core A fragments of {ptx_type}: "
+        f"registers 2i, 2i + 1 packed as pack_{ptx_type}x2 does (``{name}``), four registers "
+        "per fragment -- a softmax's P (an m16n8 accumulator's k16 columns) as the A operand of "
+        "the next mma / register-sourced wgmma.  Returns UniTuple(UniTuple(uint32, 4), k).  "
+        "Needs sm_80 or newer."
+    )
+    return intrinsic(typer)
+
+
+frag_pack_bf16x2 = _fragment_packer("bf16")
+frag_pack_f16x2 = _fragment_packer("f16")
 
 
 @intrinsic

@@ -131,3 +131,23 @@ def test_tree_order_is_balanced():
 
     assert frag_tree_order([0, 1, 4, 5, 8, 9]) == (((0, 1), (4, 5)), (8, 9))
     assert frag_tree_order([3]) == 3
+
+
+@pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")
+def test_fragment_pack_is_one_cvt_per_pair():
+    """intrinsics.convert.frag_pack_bf16x2 of a 32-register fragment: 16 cvt.rn.bf16x2.f32, as
+    16 pack_bf16x2 calls, returned as 4 A fragments of 4 registers."""
+    load = cuda.jit(device=True, forceinline=True)(_load)
+
+    def kernel(out, x):
+        frags = nt.frag_pack_bf16x2(load(x))
+        for c in range(4):
+            for q in range(4):
+                out[4 * c + q] = frags[c][q]
+
+    ptx = compile_ptx(kernel, (types.uint32[:], types.float32[:]), "sm_90a")
+    assert ptx.count("cvt.rn.bf16x2.f32") == 16, ptx.count("cvt.rn.bf16x2.f32")
+    with pytest.raises(Exception, match="takes a UniTuple\\(float32, 8k\\)"):
+        compile_ptx(lambda out, x: nt.frag_pack_f16x2((x[0], x[1])), (types.uint32[:],
+                                                                          types.float32[:]),
+                    "sm_90a")

@@ -31,6 +31,16 @@ def _quad(fmt):
     return pack
 
 
+def _fragment(fmt):
+    pair = _pair(fmt)
+
+    def pack(p):
+        regs = [pair(p[2 * i], p[2 * i + 1]) for i in range(len(p) // 2)]
+        return tuple(tuple(regs[4 * c:4 * c + 4]) for c in range(len(regs) // 4))
+
+    return pack
+
+
 def cvt_tf32(x):
     return np.uint32(encode(np.array([x], dtype=np.float32), "tf32", rounding="rna")[0])
 
@@ -48,6 +58,8 @@ EMULATIONS = {
     "bits_from_f32": bits_from_f32,
     "pack_bf16x2": _pair("bf16"),
     "pack_f16x2": _pair("f16"),
+    "frag_pack_bf16x2": _fragment("bf16"),
+    "frag_pack_f16x2": _fragment("f16"),
     "unpack_bf16x2": _unpack("bf16"),
     "unpack_f16x2": _unpack("f16"),
     "pack_e4m3x4": _quad("e4m3"),

@@ -563,16 +563,12 @@ LN2 = np.float32({math.log(2.0)!r})
             out.append(pack_p_source(ind))
         return "\n".join(out)
 
-    def pack_p_source(ind, reg=lambda v: f"p[{v}]"):
-        """Source: P as RS A fragments (S registers 8c..8c+7 are keys 16c..16c+15); ``reg``
-        names P's register v (the tuple softmax_tile returns, by default)."""
-        out = []
-        for c in range(KK):
-            b = 8 * c
-            out.append(f"{ind}pa_{c} = ({pack}({reg(b)}, {reg(b + 1)}), "
-                       f"{pack}({reg(b + 2)}, {reg(b + 3)}), {pack}({reg(b + 4)}, {reg(b + 5)}), "
-                       f"{pack}({reg(b + 6)}, {reg(b + 7)}))")
-        return "\n".join(out)
+    def pack_p_source(ind):
+        """Source: P (the tuple ``p`` softmax_tile returns) as RS A fragments pa_0.. (S registers
+        8c..8c+7 are keys 16c..16c+15), packed by intrinsics.convert's frag_pack_*x2 in one call
+        (the same cvt's as a pack per register pair)."""
+        names = ", ".join(f"pa_{c}" for c in range(KK))
+        return f"{ind}{names}, = {pack.replace('nt.pack_', 'nt.frag_pack_')}(p)"
 
     def softmax_call(ind, masked_cond, pack_p=True):
         """Source: one tile's softmax through the device function softmax_tile (written once

@@ -62,3 +62,13 @@ def test_fragment_forms():
     assert l1 == add(frag_tree_order([v for v in range(32) if (v // 2) % 2 == 1]))
     assert l0 == np.float32(sum(np.float64(p[v]) for v in range(32) if (v // 2) % 2 == 0)) \
         or abs(l0 - sum(p[v] for v in range(32) if (v // 2) % 2 == 0)) < 1e-5
+
+
+def test_fragment_pack():
+    """frag_pack_bf16x2 / f16x2 in the emulation: register pairs packed as pack_*x2 packs
+    them, four to an A fragment."""
+    p = tuple(np.float32(x) for x in np.linspace(-3, 5, 16))
+    for frag, pair in ((nt.frag_pack_bf16x2, nt.pack_bf16x2), (nt.frag_pack_f16x2, nt.pack_f16x2)):
+        packed = frag(p)
+        assert len(packed) == 2 and all(len(a) == 4 for a in packed)
+        assert [r for a in packed for r in a] == [pair(p[2 * i], p[2 * i + 1]) for i in range(8)]
