@@ -36,7 +36,8 @@ import intrinsics as nt
 __all__ = ["GemmVariant", "variant_for", "Epilogue", "make_epilogue", "epilogue_for",
            "ACTIVATIONS", "bf16_to_f32", "f16_to_f32", "put_partial", "add_partial", "ZERO4",
            "CONVERSIONS", "QUAD_REDUCTIONS", "SPLIT_HELPERS", "BLOCK_FRAGS", "epilogue_source",
-           "stores_source", "full_tile_epilogue", "split_source", "split_epilogue_source",
+           "stores_source", "eargs_source", "full_tile_epilogue", "split_source",
+           "split_epilogue_source",
            "signature", "launch_gemm_kernel", "flat_epilogue_args", "with_epilogue_args",
            "to_f32_expr"]
 
@@ -189,7 +190,6 @@ class Epilogue:
     4.5 s for sm90_gemm's 128x256x64_3s_pt_tma_ts; LLVM inlines the blocks (forceinline), so
     the SASS is the same code."""
 
-    activation: object
     store_pair: object
     value_pair: object
     put_pair: object
@@ -281,7 +281,7 @@ def make_epilogue(out_dtype, c_dtype=None, bias_dtype=None, activation=None, out
     @cuda.jit(device=True, forceinline=True)
     def put_pair(out, r, col, v0, v1, ldo):
         if out_pairs:  # one 32-bit store (GemmVariant.out_pairs)
-            nt.st_global_b32(out, r * ldo + col, pack(v0, v1))
+            nt.st_global_b32(out, out_at(r, col, ldo), pack(v0, v1))  # (row-major)
         else:
             put(out, r, col, v0, v1, True, ldo)
 
@@ -339,16 +339,22 @@ def make_epilogue(out_dtype, c_dtype=None, bias_dtype=None, activation=None, out
         store_tile(out, c, bias, acc[24:28], r, col + 48, M, N, ldc, ldo, alpha, beta, eargs)
         store_tile(out, c, bias, acc[28:32], r, col + 56, M, N, ldc, ldo, alpha, beta, eargs)
 
-    return Epilogue(activation_fn, store_pair, value_pair, put_pair, value_tile, put_tile,
-                    store_tile, value_frags, put_frags, store_frags)
+    return Epilogue(store_pair, value_pair, put_pair, value_tile, put_tile, store_tile,
+                    value_frags, put_frags, store_frags)
 
 
 #: Fragments per epilogue block of a wgmma accumulator (Epilogue.value_frags ...): 64 columns,
 #: one 128B-swizzled TMA store box.
 BLOCK_FRAGS = 8
 
-_NAMES = ("activation", "store_pair", "value_pair", "put_pair", "value_tile", "put_tile",
+_NAMES = ("store_pair", "value_pair", "put_pair", "value_tile", "put_tile",
           "store_tile", "value_frags", "put_frags", "store_frags")
+
+
+def eargs_source(var: GemmVariant) -> str:
+    """Source of the epilogue functions' last argument in a generated kernel: ``eargs`` (its
+    parameter holding a user epilogue's arrays) or ``()``."""
+    return "eargs" if var.epilogue is not None else "()"
 
 
 def epilogue_source(var: GemmVariant) -> str:
@@ -381,7 +387,7 @@ def full_tile_epilogue(w, tiles, var, inside, indent="    "):
     move a load above a store: every fragment waited a full memory latency in turn (measured:
     a bias + GELU + residual user epilogue cost +32 % over the plain GEMM at 4096^3 on the
     H200).  Values first lets all the loads be in flight together."""
-    ea = ", eargs" if var.epilogue is not None else ", ()"  # (the functions' last argument)
+    ea = ", " + eargs_source(var)
     x = indent
     store, value, put = "store_tile", "value_tile", "put_tile"
     if var.epilogue is None and var.c_dtype is None and not var.out_pairs:
@@ -459,7 +465,7 @@ def split_epilogue_source(w, tiles, var, tile_id, sync, leader, indent="    "):
     tile's arrivals in ``counters[tile_id]``; the last block to arrive sums the slices in split
     order, runs store_tile and resets the counter for the next launch.  ``sync`` synchronises
     the threads that hold fragments, ``leader`` is the condition of the one that counts."""
-    ea = ", eargs" if var.epilogue is not None else ", ()"  # (the functions' last argument)
+    ea = ", " + eargs_source(var)
     x = indent
     w(f"{x}# split-K: this block's partial tile to its slice of the workspace")
     w(f"{x}sl = split * M")

@@ -341,15 +341,17 @@ def _tup(items):
 
 
 def _tree(op, terms):
-    """Source of a balanced reduction (shorter dependency chains than a left fold)."""
-    terms = list(terms)
-    while len(terms) > 1:
-        nxt = [f"{op}({terms[i]}, {terms[i + 1]})" if op != "+" else f"({terms[i]} + {terms[i + 1]})"
-               for i in range(0, len(terms) - 1, 2)]
-        if len(terms) % 2:
-            nxt.append(terms[-1])
-        terms = nxt
-    return terms[0]
+    """Source of a balanced reduction (shorter dependency chains than a left fold), in
+    intrinsics.fastmath.frag_tree_order's pairs -- the order the fragment intrinsics reduce in."""
+    from intrinsics.fastmath import frag_tree_order
+
+    def render(node):
+        if not isinstance(node, tuple):
+            return node
+        a, b = render(node[0]), render(node[1])
+        return f"({a} + {b})" if op == "+" else f"{op}({a}, {b})"
+
+    return render(frag_tree_order(terms))
 
 
 def div_bn(x, BN):

@@ -75,11 +75,12 @@ split-K reduction) close over the configuration's and variant's constants, with 
 make_epilogue) made the same way.  No source text is generated.  The accumulator (a tuple of
 BN / 2 float32) is only ever sliced with literal bounds -- a run-time index into a tuple goes
 through a stack copy (local memory) -- so the k tile's four wgmma are written out and the
-epilogue walks the tile's 64-column blocks by doubling (see the section's comment).  Against
-the generated kernel it replaced (the regression baseline), the PTX of eight configurations x
-variants has the same instructions but for 19-25 scalar integer ones in each block's prologue
-(where the tile's coordinates are computed), and ptxas reports the same registers and no
-spills.
+epilogue's calls over the tile's 64-column blocks are spelled out under pruned branches on
+their count (see the section's comment).  Against the generated kernel it replaced (the
+regression baseline), the PTX of eight configurations x variants has the same wgmma, TMA,
+barrier, stmatrix, load and store instructions, 15-34 more scalar integer ones (the tile's
+coordinates, computed in the consumer branch), and ptxas reports the same registers and no
+spills (docs/PERFORMANCE.md, ninth session).
 
 See a kernel as it is compiled: its constants, and with ``ptx=True`` the PTX::
 
@@ -270,25 +271,20 @@ def signature(var, tma_store=False):
 def _stage_frags(out_dtype):
     """``stage_frags(smem, box, sx, v)``: one block's 32 values (value_frags: 8 fragments, 64
     columns) into its staging box through 4 stmatrix.x4 (see :func:`make_kernel`'s TMA store):
-    call jj writes fragments 2jj and 2jj + 1; lane l gives the row address of matrix l // 8, and
-    register q holds the pair (v[4j + 2h], v[4j + 2h + 1]) of fragment j = 2jj + q // 2, half
-    h = q % 2 (rows + 8)."""
-    pack = nt.pack_bf16x2 if out_dtype == "bfloat16" else nt.pack_f16x2
+    call jj writes fragments 2jj and 2jj + 1 -- the jj-th group of four packed pairs that
+    intrinsics.convert's frag_pack gives (v[8jj] .. v[8jj + 7]); lane l gives the row address
+    of matrix l // 8, and register q holds the pair (v[4j + 2h], v[4j + 2h + 1]) of fragment
+    j = 2jj + q // 2, half h = q % 2 (rows + 8)."""
+    frag_pack = nt.frag_pack_bf16x2 if out_dtype == "bfloat16" else nt.frag_pack_f16x2
 
     @cuda.jit(device=True, forceinline=True)
     def stage_frags(smem, box, sx, v):
         # this lane's row address in the box: box + row * 128; sx = (sq // 2) ^ row % 8
-        nt.stmatrix_x4(smem, box + ((0 ^ sx) << 4),
-                       (pack(v[0], v[1]), pack(v[2], v[3]), pack(v[4], v[5]), pack(v[6], v[7])))
-        nt.stmatrix_x4(smem, box + ((2 ^ sx) << 4),
-                       (pack(v[8], v[9]), pack(v[10], v[11]), pack(v[12], v[13]),
-                        pack(v[14], v[15])))
-        nt.stmatrix_x4(smem, box + ((4 ^ sx) << 4),
-                       (pack(v[16], v[17]), pack(v[18], v[19]), pack(v[20], v[21]),
-                        pack(v[22], v[23])))
-        nt.stmatrix_x4(smem, box + ((6 ^ sx) << 4),
-                       (pack(v[24], v[25]), pack(v[26], v[27]), pack(v[28], v[29]),
-                        pack(v[30], v[31])))
+        q0, q1, q2, q3 = frag_pack(v)
+        nt.stmatrix_x4(smem, box + ((0 ^ sx) << 4), q0)
+        nt.stmatrix_x4(smem, box + ((2 ^ sx) << 4), q1)
+        nt.stmatrix_x4(smem, box + ((4 ^ sx) << 4), q2)
+        nt.stmatrix_x4(smem, box + ((6 ^ sx) << 4), q3)
     return stage_frags
 
 
@@ -421,7 +417,6 @@ def make_kernel(cfg, var):
     value_frags, put_frags, store_frags = ep.value_frags, ep.put_frags, ep.store_frags
     stage_frags = _stage_frags(var.out_dtype) if tma_store else None
     sum_frags = _sum_frags(ep.store_tile) if split_k else None
-    put_partials = _put_partial_frags
     promote = _promote64 if BN == 128 else _promote32
     first_scale_d = 0 if blockwise else 1  # 0: the k tile's first wgmma overwrites d
 
@@ -565,12 +560,12 @@ def make_kernel(cfg, var):
                 # the tile to arrive (thread 128, consumer warpgroup 0's first, counts) sums
                 # the slices in order and stores the tile
                 sl = cuda.blockIdx.y * M
-                put_partials(ws, sl, b[0], row, col, M, N)
+                _put_partial_frags(ws, sl, b[0], row, col, M, N)
                 if nb >= 2:
-                    put_partials(ws, sl, b[1], row, col + 64, M, N)
+                    _put_partial_frags(ws, sl, b[1], row, col + 64, M, N)
                 if nb == 4:
-                    put_partials(ws, sl, b[2], row, col + 128, M, N)
-                    put_partials(ws, sl, b[3], row, col + 192, M, N)
+                    _put_partial_frags(ws, sl, b[2], row, col + 128, M, N)
+                    _put_partial_frags(ws, sl, b[3], row, col + 192, M, N)
                 cuda.threadfence()
                 nt.named_barrier_sync(1, consumer_threads)  # (the producer has left)
                 last = cuda.shared.array(1, np.int32)
