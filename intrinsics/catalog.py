@@ -294,6 +294,16 @@ def _fastmath_probes():
                 (types.float32[:], types.int32[:]), SM75,
                 ("ex2.approx.ftz.f32", "fma.rn.f32", "selp.f32"))  # (mul + add: contracted)
 
+    def columns(x, lim):
+        s = fm.frag_mask_cols_from((x[0], x[1], x[2], x[3]), lim[0], lim[1])
+        p = fm.frag_exp2_fma_cols(s, x[4], (x[5], x[6]))
+        x[0], x[1], x[2], x[3] = fm.frag_mul_diff_cols(p, (x[7], x[8], x[9], x[10]),
+                                                       (x[11], x[12]))
+
+    yield Probe("fast math", "whole fragments by column: mask from, ex2(fma), p * (x - c)",
+                columns, (types.float32[:], types.int32[:]), SM75,
+                ("ex2.approx.ftz.f32", "fma.rn.f32", "selp.f32", "sub.f32", "mul.f32"))
+
 
 def _cluster_probes():
     import intrinsics.cluster as cl
@@ -362,6 +372,7 @@ def _tma_probe(rank):
 
 
 def _tma_probes():
+    import intrinsics.cluster as cl
     import intrinsics.tma as tma
     from intrinsics._core import SM90
 
@@ -387,6 +398,17 @@ def _tma_probes():
     yield Probe("tma", "bulk copies, prefetch, im2col", bulk, sig, SM90,
                 ("cp.async.bulk.shared::cluster.global", "cp.async.bulk.global.shared::cta",
                  "cp.async.bulk.shared::cluster.shared::cta", "prefetch.tensormap", ".im2col"))
+
+    def reduce(acc):
+        smem = cuda.shared.array(256, np.float32, alignment=16)
+        smem[cuda.threadIdx.x] = acc[cuda.threadIdx.x]
+        cl.fence_proxy_async_shared()
+        tma.bulk_reduce_add_f32(acc, 256, smem, 0, 1024)
+        tma.bulk_commit_group()
+        tma.bulk_wait_group(0)
+
+    yield Probe("tma", "bulk reduction (add.f32)", reduce, (types.float32[:],), SM90,
+                ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32",))
 
 
 def _wgmma_kernel(mma, regs, registers_a):

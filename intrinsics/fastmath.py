@@ -22,6 +22,14 @@ mma.sync's and wgmma's accumulators: register v holds row g + 8 * ((v // 2) % 2)
     l0, l1 = frag_row_sums(p)            # each half's registers added in a balanced tree
     m0, m1 = frag_row_maxes(s)           # ... and their max, as max(a, b), in the same tree
 
+and the column-wise forms, for a transposed score tile (attention's backward holds S^T: keys
+are the rows, queries the columns, and the per-query values vary along the columns).  ``c`` is
+a ``UniTuple(float32, n / 2)``: entry 2 * (v // 4) + v % 2 belongs to register v's column::
+
+    p = frag_exp2_fma_cols(s, scale, c)  # p[v] = ex2_approx(fma_f32(s[v], scale, c[col(v)]))
+    d = frag_mul_diff_cols(p, x, c)      # p[v] * (x[v] - c[col(v)])
+    s = frag_mask_cols_from(s, lo0, lo1) # s[v] where column(v) >= lo_h (int32), else -inf
+
 are the same instructions as the expressions written register by register (the same asm, the
 same fmul / fadd order, a select), in one call: a softmax over a 128-key tile was ~1000 numba
 statements each typed and lowered on its own (0.6 s of sm90 attention's 2.3 s compile on a
@@ -39,8 +47,8 @@ from numba import types
 
 from intrinsics._core import SM75, asm, intrinsic, require_arch
 
-__all__ = ["ex2_approx", "fma_f32", "frag_exp2_fma", "frag_mask_cols", "frag_row_maxes",
-           "frag_row_sums",
+__all__ = ["ex2_approx", "fma_f32", "frag_exp2_fma", "frag_exp2_fma_cols", "frag_mask_cols",
+           "frag_mask_cols_from", "frag_mul_diff_cols", "frag_row_maxes", "frag_row_sums",
            "frag_scale_rows", "frag_tree_order", "tanh_approx"]
 
 F32 = ir.FloatType()
@@ -180,6 +188,100 @@ def frag_mask_cols(typingctx, s, lim0, lim1):
         out = ir.Constant(args[0].type, ir.Undefined)
         for v in range(sig.args[0].count):
             keep = builder.icmp_signed("<", ir.Constant(i32, 8 * (v // 4) + v % 2),
+                                       lims[_half(v)])
+            out = builder.insert_value(
+                out, builder.select(keep, builder.extract_value(args[0], v), neg_inf), v)
+        return out
+
+    return sig, codegen
+
+
+def _col_type(name, frag, cols):
+    """``cols`` must be a UniTuple(float32, frag.count // 2): one value per column of ``frag``."""
+    if not (isinstance(cols, types.UniTuple) and cols.dtype == types.float32
+            and 2 * cols.count == frag.count):
+        from numba.cuda.core.errors import NumbaTypeError
+
+        raise NumbaTypeError(f"{name} takes one float32 per column of the fragment: a "
+                             f"UniTuple(float32, {frag.count // 2}), got {cols}")
+
+
+def _col(v):
+    """The entry of a column tuple that belongs to fragment register v."""
+    return 2 * (v // 4) + v % 2
+
+
+@intrinsic
+def frag_exp2_fma_cols(typingctx, s, scale, c):
+    """``p[v] = ex2.approx.ftz(fma.rn(s[v], scale, c[2 * (v // 4) + v % 2]))`` for every register
+    v of fragment ``s``: :func:`frag_exp2_fma` with one bias per column (``c``: a
+    UniTuple(float32, n / 2)) -- P^T of a transposed score tile, whose queries are columns."""
+    _frag_type("frag_exp2_fma_cols", s)
+    _check("frag_exp2_fma_cols", (scale,))
+    _col_type("frag_exp2_fma_cols", s, c)
+    sig = s(s, scale, c)
+
+    def codegen(context, builder, sig, args):
+        scale_v = context.cast(builder, args[1], sig.args[1], types.float32)
+        out = ir.Constant(args[0].type, ir.Undefined)
+        for v in range(sig.args[0].count):
+            x = builder.extract_value(args[0], v)
+            f = asm(builder, "fma.rn.f32 $0, $1, $2, $3;", ["=f", "f", "f", "f"], [F32],
+                    [x, scale_v, builder.extract_value(args[2], _col(v))], volatile=False)[0]
+            e = asm(builder, "ex2.approx.ftz.f32 $0, $1;", ["=f", "f"], [F32], [f],
+                    volatile=False)[0]
+            out = builder.insert_value(out, e, v)
+        return out
+
+    return sig, codegen
+
+
+@intrinsic
+def frag_mul_diff_cols(typingctx, p, x, c):
+    """``p[v] * (x[v] - c[2 * (v // 4) + v % 2])`` for every register v (``fsub`` then ``fmul``,
+    each rounded): attention's dS = P * (dP - D) on a transposed tile, D one value per query
+    column (``c``: a UniTuple(float32, n / 2))."""
+    _frag_type("frag_mul_diff_cols", p)
+    _frag_type("frag_mul_diff_cols", x)
+    if x.count != p.count:
+        from numba.cuda.core.errors import NumbaTypeError
+
+        raise NumbaTypeError(f"frag_mul_diff_cols: fragments of {p.count} and {x.count} registers")
+    _col_type("frag_mul_diff_cols", p, c)
+    sig = p(p, x, c)
+
+    def codegen(context, builder, sig, args):
+        out = ir.Constant(args[0].type, ir.Undefined)
+        for v in range(sig.args[0].count):
+            d = builder.fsub(builder.extract_value(args[1], v),
+                             builder.extract_value(args[2], _col(v)))
+            out = builder.insert_value(out, builder.fmul(builder.extract_value(args[0], v), d), v)
+        return out
+
+    return sig, codegen
+
+
+@intrinsic
+def frag_mask_cols_from(typingctx, s, lo0, lo1):
+    """``s[v]`` where the register's column 8 * (v // 4) + v % 2 is at least ``lo_h`` (int32; h
+    its row half), else -inf: the lower-bound twin of :func:`frag_mask_cols` (a causal mask on a
+    transposed score tile keeps the queries from the key's diagonal on; a limit above every
+    column masks the whole row)."""
+    _frag_type("frag_mask_cols_from", s)
+    for ty in (lo0, lo1):
+        if not isinstance(ty, types.Integer):
+            from numba.cuda.core.errors import NumbaTypeError
+
+            raise NumbaTypeError(f"frag_mask_cols_from takes int32 limits, got {ty}")
+    sig = s(s, types.int32, types.int32)
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        lims = [context.cast(builder, v, t, types.int32) for v, t in zip(args[1:], sig.args[1:])]
+        neg_inf = ir.Constant(F32, float("-inf"))
+        out = ir.Constant(args[0].type, ir.Undefined)
+        for v in range(sig.args[0].count):
+            keep = builder.icmp_signed(">=", ir.Constant(i32, 8 * (v // 4) + v % 2),
                                        lims[_half(v)])
             out = builder.insert_value(
                 out, builder.select(keep, builder.extract_value(args[0], v), neg_inf), v)

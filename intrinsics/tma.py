@@ -67,6 +67,7 @@ from intrinsics._core import (
     asm,
     as_i32,
     check_array,
+    check_global,
     check_index,
     check_integer,
     global_address,
@@ -86,6 +87,7 @@ __all__ = [
     "bulk_copy_g2s",
     "bulk_copy_s2g",
     "bulk_copy_s2s_cluster",
+    "bulk_reduce_add_f32",
     "bulk_wait_group",
     "bulk_wait_group_read",
     "tma_load",
@@ -482,6 +484,13 @@ BULK_COPIES = {
             ("l", "r", "r"),
             SM90,
         ),
+        BulkCopy(
+            "bulk_reduce_add_f32",
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32",
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+            ("l", "r", "r"),
+            SM90,
+        ),
     ]
 }
 
@@ -495,6 +504,7 @@ def _check_nbytes(name, ty):
 _G2S = BULK_COPIES["bulk_copy_g2s"]
 _S2S = BULK_COPIES["bulk_copy_s2s_cluster"]
 _S2G = BULK_COPIES["bulk_copy_s2g"]
+_RED = BULK_COPIES["bulk_reduce_add_f32"]
 
 
 @intrinsic
@@ -504,11 +514,11 @@ def bulk_copy_g2s(typingctx, dst, dst_index, src, src_index, nbytes, bars, bar_i
 
     Emits ``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2,
     [$3];`` (PTX ISA 9.7.9.25.4.1, cp.async.bulk).  Both addresses 16-byte aligned, ``nbytes``
-    a multiple of 16.  Needs sm_90 or newer.
+    a multiple of 16; ``src`` a 1-d array or a typed pointer.  Needs sm_90 or newer.
     """
     check_array(_G2S.name, dst, "a shared-memory destination array")
     check_index(_G2S.name, dst, dst_index)
-    check_array(_G2S.name, src, "a global source array")
+    check_global(_G2S.name, src, "a global source array or typed pointer")
     check_index(_G2S.name, src, src_index)
     _check_nbytes(_G2S.name, nbytes)
     _check_bars(_G2S.name, bars, bar_index)
@@ -583,7 +593,7 @@ def bulk_copy_s2g(typingctx, dst, dst_index, src, src_index, nbytes):
     9.7.9.25.4.1, cp.async.bulk).  Both addresses 16-byte aligned, ``nbytes`` a multiple of 16.
     Needs sm_90 or newer.
     """
-    check_array(_S2G.name, dst, "a global destination array")
+    check_global(_S2G.name, dst, "a global destination array or typed pointer")
     check_index(_S2G.name, dst, dst_index)
     check_array(_S2G.name, src, "a shared-memory source array")
     check_index(_S2G.name, src, src_index)
@@ -599,6 +609,43 @@ def bulk_copy_s2g(typingctx, dst, dst_index, src, src_index, nbytes):
             as_i32(context, builder, tys[4], args[4]),
         ]
         asm(builder, _S2G.template, _S2G.constraints, [], ops, memory=True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def bulk_reduce_add_f32(typingctx, dst, dst_index, src, src_index, nbytes):
+    """Add the ``nbytes / 4`` float32 values at shared ``src[src_index]`` into global
+    ``dst[dst_index]`` element by element (each add atomic at its address, float32 rounding);
+    completion joins the thread's bulk group (``bulk_commit_group``; ``bulk_wait_group_read``
+    frees the source, ``bulk_wait_group`` waits for the adds).  Two reductions into the same
+    addresses that are in flight together add in no fixed order.
+
+    Emits ``cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;`` (PTX
+    ISA 9.7.9.25.4.2, cp.reduce.async.bulk).  Both addresses 16-byte aligned, ``nbytes`` a
+    multiple of 16; ``dst`` a float32 pointer or array.  Needs sm_90 or newer.
+    """
+    from numba.cuda.core.errors import NumbaTypeError
+
+    check_global(_RED.name, dst, "a global float32 destination array or typed pointer")
+    if dst.dtype != types.float32:
+        raise NumbaTypeError(f"{_RED.name} adds into float32 memory, got {dst.dtype}")
+    check_index(_RED.name, dst, dst_index)
+    check_array(_RED.name, src, "a shared-memory source array")
+    check_index(_RED.name, src, src_index)
+    _check_nbytes(_RED.name, nbytes)
+    sig = types.void(dst, dst_index, src, src_index, nbytes)
+
+    def codegen(context, builder, sig, args):
+        require_arch(_RED.ptx, _RED.arch)
+        tys = sig.args
+        ops = [
+            global_address(context, builder, tys[0], args[0], tys[1], args[1]),
+            shared_address(context, builder, tys[2], args[2], tys[3], args[3]),
+            as_i32(context, builder, tys[4], args[4]),
+        ]
+        asm(builder, _RED.template, _RED.constraints, [], ops, memory=True)
         return context.get_dummy_value()
 
     return sig, codegen

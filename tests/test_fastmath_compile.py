@@ -92,7 +92,7 @@ def _opcodes(ptx):
 
     return collections.Counter(m.group(1) for m in re.finditer(
         r"^\s*(?:@%p\d+\s+)?([a-z][\w.]*)\s", ptx, re.M)
-        if m.group(1).split(".")[0] in ("fma", "ex2", "mul", "add", "selp", "setp"))
+        if m.group(1).split(".")[0] in ("fma", "ex2", "mul", "add", "sub", "selp", "setp"))
 
 
 @pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")
@@ -115,6 +115,37 @@ def test_fragment_forms_are_the_per_register_instructions():
                                "sm_90a"))
     for op in ("fma.rn.f32", "ex2.approx.ftz.f32", "mul.f32", "add.f32", "selp.f32"):
         assert got[op] == {"add.f32": _NS - 2}.get(op, _NS), (op, got)
+
+
+@pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")
+def test_column_forms_are_the_per_register_instructions():
+    """frag_mask_cols_from, frag_exp2_fma_cols and frag_mul_diff_cols on a 32-register
+    fragment (attention backward's transposed tile): one select, one fma.rn, one ex2.approx.ftz,
+    one sub and one mul per register."""
+    load = cuda.jit(device=True, forceinline=True)(_load)
+
+    def columns(out, x, lims):
+        c = (x[32], x[33], x[34], x[35], x[36], x[37], x[38], x[39], x[40], x[41], x[42], x[43],
+             x[44], x[45], x[46], x[47])
+        s = nt.frag_mask_cols_from(load(x), lims[0], lims[1])
+        p = nt.frag_exp2_fma_cols(s, x[48], c)
+        d = nt.frag_mul_diff_cols(p, load(out), c)
+        for v in range(_NS):
+            out[v] = d[v]
+
+    got = _opcodes(compile_ptx(columns, (types.float32[:], types.float32[:], types.int32[:]),
+                               "sm_90a"))
+    for op in ("fma.rn.f32", "ex2.approx.ftz.f32", "mul.f32", "sub.f32", "selp.f32"):
+        assert got[op] == _NS, (op, got)
+
+
+@pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")
+def test_column_forms_check_their_arguments():
+    def bad(out, x):
+        out[0] = nt.frag_exp2_fma_cols((x[0], x[1], x[2], x[3]), x[4], (x[5],))[0]
+
+    with pytest.raises(Exception, match="one float32 per column of the fragment"):
+        compile_ptx(bad, (types.float32[:], types.float32[:]), "sm_90a")
 
 
 @pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")

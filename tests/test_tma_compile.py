@@ -14,6 +14,7 @@ from intrinsics.tma import (
     bulk_commit_group,
     bulk_copy_g2s,
     bulk_copy_s2g,
+    bulk_reduce_add_f32,
     bulk_wait_group,
     bulk_wait_group_read,
     tma_load,
@@ -285,6 +286,32 @@ def test_wait_group_needs_a_literal():
         bulk_wait_group(x)
 
     _typing_error(kernel, TMAP_SIG, "wait_group")
+
+
+def _reduce_kernel(acc, x):
+    smem = cuda.shared.array(1024, np.float32, alignment=16)
+    bulk_reduce_add_f32(acc, 64, smem, 16, x)
+    bulk_commit_group()
+    bulk_wait_group(0)
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_bulk_reduction_assembles(arch):
+    """cp.reduce.async.bulk .add.f32 into global memory (an array or a typed pointer)."""
+    assert BULK_COPIES["bulk_reduce_add_f32"].template == (
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;")
+    check_on_arch(_reduce_kernel, (types.float32[::1], types.int32), arch, SM90,
+                  [BULK_COPIES["bulk_reduce_add_f32"].ptx + " [%rd"])
+    check_on_arch(_reduce_kernel, (types.CPointer(types.float32), types.int32), arch, SM90,
+                  [BULK_COPIES["bulk_reduce_add_f32"].ptx + " [%rd"])
+
+
+def test_bulk_reduction_adds_float32_only():
+    def kernel(g, x):
+        smem = cuda.shared.array(64, np.float32)
+        bulk_reduce_add_f32(g, 0, smem, 0, 32)
+
+    _typing_error(kernel, (types.int32[::1], types.int32), "adds into float32 memory")
 
 
 def test_wait_group_refuses_negative():

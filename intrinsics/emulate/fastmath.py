@@ -46,6 +46,25 @@ def frag_mask_cols(s, lim0, lim1):
                  for v, x in enumerate(s))
 
 
+def _col(v):
+    return 2 * (v // 4) + v % 2
+
+
+def frag_exp2_fma_cols(s, scale, c):
+    return tuple(ex2_approx(fma_f32(x, scale, c[_col(v)])) for v, x in enumerate(s))
+
+
+def frag_mul_diff_cols(p, x, c):
+    return tuple(np.float32(np.float32(a) * np.float32(np.float32(b) - np.float32(c[_col(v)])))
+                 for v, (a, b) in enumerate(zip(p, x)))
+
+
+def frag_mask_cols_from(s, lo0, lo1):
+    lims = (int(lo0), int(lo1))
+    return tuple(np.float32(x) if 8 * (v // 4) + v % 2 >= lims[_half(v)] else np.float32(-np.inf)
+                 for v, x in enumerate(s))
+
+
 def frag_row_sums(p):
     from intrinsics.fastmath import frag_tree_order
 
@@ -74,4 +93,5 @@ def frag_row_maxes(s):
 EMULATIONS = {"ex2_approx": ex2_approx, "fma_f32": fma_f32, "tanh_approx": tanh_approx,
               "frag_exp2_fma": frag_exp2_fma, "frag_scale_rows": frag_scale_rows,
               "frag_mask_cols": frag_mask_cols, "frag_row_sums": frag_row_sums,
-              "frag_row_maxes": frag_row_maxes}
+              "frag_row_maxes": frag_row_maxes, "frag_exp2_fma_cols": frag_exp2_fma_cols,
+              "frag_mul_diff_cols": frag_mul_diff_cols, "frag_mask_cols_from": frag_mask_cols_from}

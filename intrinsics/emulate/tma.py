@@ -436,6 +436,22 @@ def bulk_copy_s2g(dst, dst_index, src, src_index, nbytes):
     target[:] = _read_shared(thread, address, np.arange(nbytes, dtype=np.int64), op)
 
 
+def bulk_reduce_add_f32(dst, dst_index, src, src_index, nbytes):
+    """Performed at issue, as the stores: the shared float32 values are added into global
+    memory in float32 (round to nearest, each element once)."""
+    from intrinsics.tma import BULK_COPIES
+
+    thread = current()
+    op = BULK_COPIES["bulk_reduce_add_f32"].ptx
+    nbytes = int(nbytes)
+    address = memory.shared_address(src, src_index)
+    target = _global(thread, dst, dst_index, max(nbytes, 0), op)
+    _check_bulk(thread, op, nbytes, address, target)
+    data = _read_shared(thread, address, np.arange(nbytes, dtype=np.int64), op)
+    acc = target.view(np.float32)
+    acc[:] = acc + data.view(np.float32)
+
+
 def bulk_commit_group():
     queue = _bulk()
     queue["groups"].append(queue["pending"])
@@ -492,6 +508,7 @@ EMULATIONS = {
     "bulk_copy_g2s": bulk_copy_g2s,
     "bulk_copy_s2g": bulk_copy_s2g,
     "bulk_copy_s2s_cluster": bulk_copy_s2s_cluster,
+    "bulk_reduce_add_f32": bulk_reduce_add_f32,
     "bulk_wait_group": bulk_wait_group,
     "bulk_wait_group_read": bulk_wait_group_read,
     "tensormap_fence_acquire": tensormap_fence_acquire,

@@ -64,6 +64,27 @@ def test_fragment_forms():
         or abs(l0 - sum(p[v] for v in range(32) if (v // 2) % 2 == 0)) < 1e-5
 
 
+def test_column_forms():
+    """The column-wise fragment forms against the per-register expressions: the lower column
+    limits per row half, ex2(fma) with each column's bias, p * (x - c) per column."""
+    rng = np.random.default_rng(5)
+    s = tuple(np.float32(x) for x in rng.standard_normal(32))
+    x = tuple(np.float32(v) for v in rng.standard_normal(32))
+    c = tuple(np.float32(v) for v in rng.standard_normal(16))
+    lims = (np.int32(9), np.int32(-3))
+    masked = nt.frag_mask_cols_from(s, *lims)
+    for v, y in enumerate(masked):
+        col, h = 8 * (v // 4) + v % 2, (v // 2) % 2
+        assert y == (s[v] if col >= lims[h] else -np.inf)
+    assert sum(np.isinf(masked)) == 3  # row half 0's columns 0, 1 and 8
+    p = nt.frag_exp2_fma_cols(masked, np.float32(0.7), c)
+    for v, y in enumerate(p):
+        assert y == nt.ex2_approx(nt.fma_f32(masked[v], np.float32(0.7), c[2 * (v // 4) + v % 2]))
+    d = nt.frag_mul_diff_cols(p, x, c)
+    for v, y in enumerate(d):
+        assert y == np.float32(p[v] * np.float32(x[v] - c[2 * (v // 4) + v % 2]))
+
+
 def test_fragment_pack():
     """frag_pack_bf16x2 / f16x2 in the emulation: register pairs packed as pack_*x2 packs
     them, four to an A fragment."""

@@ -42,6 +42,8 @@ from intrinsics.tensormap import TensorMap  # noqa: E402
 from intrinsics.tma import (  # noqa: E402
     bulk_commit_group,
     bulk_copy_s2g,
+    bulk_reduce_add_f32,
+    bulk_wait_group,
     bulk_wait_group_read,
     tma_load,
     tma_load_im2col,
@@ -387,6 +389,35 @@ def test_bulk_store_source_overwritten_before_its_read_wait():
                              r"wait"):
         run(_overwrite_before_read_wait, out, True, shared_bytes=2048)
     run(_overwrite_before_read_wait, out, False, shared_bytes=2048)
+
+
+@cuda.jit
+def _reduce_case(acc, x, fence):
+    # 32 threads write x[t] + block into shared memory; thread 0 adds the 32 values into acc
+    f = cuda.shared.array(32, np.float32, alignment=16)
+    t = cuda.threadIdx.x
+    f[t] = x[t] + np.float32(cuda.blockIdx.x)
+    if fence:
+        fence_proxy_async_shared()
+    cuda.syncthreads()
+    if t == 0:
+        bulk_reduce_add_f32(acc, 0, f, 0, 128)
+        bulk_commit_group()
+        bulk_wait_group(0)
+
+
+def test_bulk_reduction_adds_float32_and_reads_fenced_stores():
+    x = np.linspace(-1, 1, 32).astype(np.float32)
+    acc = np.full(32, 0.5, np.float32)
+    run(_reduce_case, acc, x, True, grid=3)  # three blocks, each adding its values
+    want = np.float32(0.5)
+    for blk in range(3):
+        want = want + (x + np.float32(blk))
+    np.testing.assert_array_equal(acc, want)
+    with pytest.raises(EmulationError,
+                       match=rf"{WHERE0}: cp.reduce.async.bulk.global.shared::cta.bulk_group."
+                             r"add.f32 reads shared address \d+, which thread \d+"):
+        run(_reduce_case, acc, x, False)
 
 
 @cuda.jit
