@@ -55,6 +55,11 @@ class AttentionBackwardProblem:
     device: int | None
     cc: tuple | None
     stream_handle: int
+    #: dQ's adds in a fixed order (sm90_attention_backward; sm80's has no atomics at all)
+    deterministic: bool = True
+    #: sm90_attention_backward's float32 dQ workspace and int32 counters (None for sm80's)
+    ws: CudaArray | None = None
+    counters: CudaArray | None = None
 
     @property
     def group(self) -> int:
@@ -103,7 +108,7 @@ def _result(name, x, shape, dtype, inputs):
 
 
 def attention_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, dq=None, dk=None,
-                       dv=None, dlse=None):
+                       dv=None, dlse=None, deterministic=True):
     """The gradients ``(dq, dk, dv)`` of ``out = numbatc.attention(q, k, v, causal=causal,
     scale=scale)`` for the output gradient ``dout``.
 
@@ -118,9 +123,11 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, dq=
     dk and dv are summed over the query heads that share a key/value head (GQA / MQA).
     Accumulation is float32, the results are in the inputs' dtype and library (or written into
     ``dq`` / ``dk`` / ``dv``: shapes of q, k, v, their dtype, contiguous last dimension, not
-    overlapping an input), on the caller's current stream.  Deterministic: no atomics, the
-    same inputs give the same bits.  Empty batch or heads give empty results; seqlen_q == 0
-    gives dk = dv = 0 and seqlen_k == 0 dq = 0."""
+    overlapping an input), on the caller's current stream.  Deterministic: the same inputs give
+    the same bits (the portable kernels use no atomics; the Hopper kernel, opt-in with
+    ``NUMBATC_ATTN_BWD_KERNEL=sm90``, adds dQ's parts in a fixed order unless
+    ``deterministic=False``).  Empty batch or heads give empty results; seqlen_q == 0 gives
+    dk = dv = 0 and seqlen_k == 0 dq = 0."""
     Q, K, V = _operands(q, k, v, _SHAPES)
     batch, seqlen_q, heads_q, head_dim = Q.shape
     kb, seqlen_k, heads_kv, kd = K.shape
@@ -167,9 +174,9 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, dq=
     if batch == 0 or heads_q == 0 or (seqlen_q == 0 and seqlen_k == 0):
         return done
 
-    from numbatc.kernels import sm80_attention_backward as kernels
+    from numbatc.kernels import sm80_attention_backward
 
-    pad_q = -(-seqlen_q // kernels.PAD_Q) * kernels.PAD_Q
+    pad_q = -(-seqlen_q // sm80_attention_backward.PAD_Q) * sm80_attention_backward.PAD_Q
     scratch = max(batch * heads_q * pad_q, 1)
     dd = arrays.as_cuda_array(alloc.allocate_like(q, (scratch,), "float32"), "dd")
     lse2 = arrays.as_cuda_array(alloc.allocate_like(q, (scratch,), "float32"), "lse2")
@@ -178,9 +185,45 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, dq=
         lse2=lse2, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q,
         heads_kv=heads_kv, head_dim=head_dim, causal=bool(causal), scale=scale, dtype=Q.dtype,
         device=device if device is not None else OUT.device, cc=cc,
-        stream_handle=streams.stream_handle(q))
+        stream_handle=streams.stream_handle(q), deterministic=bool(deterministic))
+    kernels, name = _kernels(p)
+    if kernels is not sm80_attention_backward:
+        import dataclasses
+
+        n_ws, n_count = kernels.workspace_floats(batch, heads_q, seqlen_q, head_dim)
+        ws = arrays.as_cuda_array(alloc.allocate_like(q, (n_ws,), "float32"), "ws")
+        counters = arrays.as_cuda_array(alloc.allocate_like(q, (n_count,), "int32"), "counters")
+        p = dataclasses.replace(p, ws=ws, counters=counters)
     reason = kernels.unsupported(p)
     if reason is not None:
         raise ValueError(f"numbatc.attention_backward: {reason}")
-    kernels.launch(p, kernels.choose(p))
+    kernels.launch(p, kernels.choose(p, name))
     return done
+
+
+#: whether numbatc.attention_backward runs the Hopper kernel (sm90_attention_backward) where it
+#: applies without being asked.  NOTE: False until the H200 has run its GPU tests and benchmark
+#: (written in a session without a GPU: verified by the CPU emulation and ptxas only).
+SM90_BY_DEFAULT = False
+
+
+def _kernels(p):
+    """(kernel module, configuration name or None) for problem ``p``:
+    ``NUMBATC_ATTN_BWD_KERNEL=sm80[:<config>]`` / ``sm90[:<config>]`` forces one (an error
+    where it does not apply); else the Hopper kernel where it applies and SM90_BY_DEFAULT,
+    the portable one otherwise."""
+    import os
+
+    from numbatc.kernels import sm80_attention_backward, sm90_attention_backward
+
+    forced = os.environ.get("NUMBATC_ATTN_BWD_KERNEL", "").strip()
+    if forced:
+        family, _, name = forced.partition(":")
+        mods = {"sm80": sm80_attention_backward, "sm90": sm90_attention_backward}
+        if family not in mods:
+            raise ValueError(f"NUMBATC_ATTN_BWD_KERNEL={forced!r}: the family must be sm80 or "
+                             "sm90")
+        return mods[family], name or None
+    if SM90_BY_DEFAULT and sm90_attention_backward.applies(p):
+        return sm90_attention_backward, None
+    return sm80_attention_backward, None

@@ -23,7 +23,8 @@ memory-efficient backends on each shape, measured in the same run), head_dim 64,
 seqlen 512..16384 with batch * seqlen = 16384 tokens and heads * head_dim = 2048, causal and not;
 TFLOP/s count 4 * B * H * S^2 * D, halved when causal.
 
-``python -m numbatc.bench attention-backward [--shapes quick] [--csv F] [--configs]``:
+``python -m numbatc.bench attention-backward [--shapes quick] [--csv F] [--configs]
+[--kernel sm80|sm90|both]``:
 numbatc.attention_backward (dQ, dK, dV from out, lse and dO) against the backward of torch's
 ``scaled_dot_product_attention`` (``torch.autograd.grad`` of its output; the fastest of its
 flash, cuDNN and memory-efficient backends on each shape, same run), on the forward benchmark's
@@ -654,11 +655,22 @@ def bench_attention_backward(shapes, dtype="bfloat16", reps=20, causal_modes=(Fa
 
 
 def main_attention_backward(args):
-    """``python -m numbatc.bench attention-backward``: the sweep, then the table (and --csv)."""
+    """``python -m numbatc.bench attention-backward``: the sweep, then the table (and --csv).
+    ``--kernel sm80 | sm90 | both`` forces the kernel family (NUMBATC_ATTN_BWD_KERNEL) for the
+    sweep; ``both`` runs the sweep once per family, each row naming its family, SDPA timed in
+    each."""
     import os
 
     shapes = ATTENTION_BACKWARD_SHAPES.get(args.shapes, ATTENTION_BACKWARD_SHAPES["all"])
-    rows = bench_attention_backward(shapes, args.dtype, args.reps)
+    families = {"default": (None,), "both": ("sm80", "sm90")}.get(args.kernel, (args.kernel,))
+    rows = []
+    for family in families:
+        if family is not None:
+            os.environ["NUMBATC_ATTN_BWD_KERNEL"] = family
+        for row in bench_attention_backward(shapes, args.dtype, args.reps):
+            row["kernel"] = family or "default"
+            rows.append(row)
+        os.environ.pop("NUMBATC_ATTN_BWD_KERNEL", None)
     if args.configs:
         from numbatc.kernels.sm80_attention_backward import CONFIGS
 
@@ -913,7 +925,8 @@ def print_attention_table(rows):
         print(f"{r['batch']:>4} {r['seqlen']:>6} {r['heads']:>4} {r['head_dim']:>4} "
               f"{str(r['causal']):>6}  {r['numbatc_tflops']:>12.1f} {r['ref_tflops']:>9.1f} "
               f"{r['ratio']:>6.2f}  {r['ref_backend']:>19} {r['first_call_s']:>12.2f} "
-              f"{r['max_abs_err']:>11.2e}  {r.get('config', '')}")
+              f"{r['max_abs_err']:>11.2e}  {r.get('config', '')}"
+              f"{' ' + r['kernel'] if r.get('kernel', 'default') != 'default' else ''}")
 
 
 def write_attention_png(rows, path):
@@ -1265,6 +1278,11 @@ def _parser():
     backward.add_argument("--configs", action="store_true",
                           help="also time every sm80_attention_backward configuration "
                                "(NUMBATC_ATTN_BWD_CONFIG)")
+    backward.add_argument("--kernel", default="default",
+                          choices=("default", "sm80", "sm90", "both"),
+                          help="force the kernel family (NUMBATC_ATTN_BWD_KERNEL): sm80 (the "
+                               "portable kernels), sm90 (the Hopper wgmma kernel, head_dim 64 / "
+                               "128), both (one sweep each)")
     varlen = sub.add_parser("varlen", parents=[common], help=_SUBCOMMANDS["varlen"],
                             description=_SUBCOMMANDS["varlen"])
     varlen.add_argument("--shapes", default="all", choices=sorted(VARLEN_SHAPES),

@@ -79,6 +79,10 @@
 #              the whole-fragment intrinsics (intrinsics.fastmath.frag_*): the attention suites
 #              in shards beside memcheck / racecheck of attention_sm90, then bench attention
 #              quick of both trees (bench.txt)
+#   bwd90      the Hopper attention backward (sm90_attention_backward, opt-in): its GPU suite
+#              and the portable backward's in shards (tests.txt, testlogs.txt) beside memcheck,
+#              racecheck and synccheck of attention_backward_sm90 (sanitize.txt), then bench
+#              attention-backward quick with --kernel both (bench.txt: SDPA timed in each sweep)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -523,4 +527,20 @@ if [[ $what == code90 ]]; then
       echo "[bench done at $((SECONDS - start)) s]"
     } > "$out/bench.txt" 2>&1
   fi
+fi
+
+if [[ $what == bwd90 ]]; then
+  $py scripts/pytest_shards.py --shards ${BWD90_SHARDS:-10} --timeout ${BWD90_TIMEOUT:-300} \
+    --out /tmp/shards_bwd90 tests/gpu/test_sm90_attention_backward_gpu.py \
+    tests/gpu/test_attention_backward_gpu.py -- --tb=short > /tmp/bwd90_tests.txt 2>&1 &
+  { for tool in memcheck racecheck synccheck; do
+      echo "== $tool attention_backward_sm90"
+      t 150 compute-sanitizer --tool $tool --report-api-errors no --print-limit 5 \
+        $py scripts/sanitize_cases.py attention_backward_sm90 | grep -vE "^\s*$" | tail -6
+    done; } > "$out/sanitize.txt" 2>&1 &
+  wait
+  { cat /tmp/bwd90_tests.txt; echo "[tests done at $((SECONDS - start)) s]"; } > "$out/tests.txt"
+  for f in /tmp/shards_bwd90/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  t ${BWD90_BENCH_LIMIT:-240} $py -m numbatc.bench attention-backward --shapes quick --kernel both \
+    > "$out/bench.txt" 2>&1
 fi

@@ -101,11 +101,11 @@ def decode():
     os.environ.pop("NUMBATC_DECODE_SPLITS")
 
 
-def attention_backward():
+def attention_backward(cases=((1, 113, 203, 4, 2, 64, True), (2, 77, 40, 2, 1, 128, True),
+                              (1, 65, 65, 2, 2, 256, False))):
     # the three backward kernels (D, dK/dV, dQ) against torch autograd of a float32 reference;
     # ragged tiles, GQA, causal both ways, and head_dim 256 (dK and dV as two launches)
-    for b, sq, sk, hq, hkv, d, causal in ((1, 113, 203, 4, 2, 64, True), (2, 77, 40, 2, 1, 128, True),
-                                          (1, 65, 65, 2, 2, 256, False)):
+    for b, sq, sk, hq, hkv, d, causal in cases:
         q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         do = torch.randn_like(q)
@@ -124,6 +124,15 @@ def attention_backward():
         for name, got, want in (("dq", dq, qf.grad), ("dk", dk, kf.grad), ("dv", dv, vf.grad)):
             check(f"attention_backward {name} {b}x{sq}x{sk} h{hq}/{hkv} d={d} causal={causal}",
                   got, want, 3e-2)
+
+
+def attention_backward_sm90():
+    # the Hopper backward (sm90_attention_backward, forced): ragged both ways, GQA, 3 key
+    # blocks whose dQ adds take turns, seqlen_q > seqlen_k
+    os.environ["NUMBATC_ATTN_BWD_KERNEL"] = "sm90"
+    attention_backward(((1, 113, 300, 4, 2, 64, True), (2, 77, 40, 2, 1, 128, True),
+                        (1, 200, 260, 2, 2, 128, False)))
+    os.environ.pop("NUMBATC_ATTN_BWD_KERNEL")
 
 
 def kvcache():
@@ -279,6 +288,7 @@ KINDS = {
     "attention_sm90_large": lambda: attention("sm90", ATTN_LARGE),
     "attention_warm": lambda: attention(None, ATTN, repeat=3), "decode": decode,
     "kvcache": kvcache, "attention_backward": attention_backward, "varlen": varlen,
+    "attention_backward_sm90": attention_backward_sm90,
     "softmax": softmax, "gemm_softmax": gemm_softmax,
 }
 

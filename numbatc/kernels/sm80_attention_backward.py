@@ -56,7 +56,8 @@ from numbatc.kernels.build import load_generated
 
 __all__ = ["BwdConfig", "BwdVariant", "CONFIGS", "PAD_Q", "unsupported", "choose", "compiled",
            "launch", "choose_config", "shared_bytes", "dkdv_source", "dq_source",
-           "preprocess_source", "kernels_for", "signatures", "launch_flat"]
+           "preprocess_source", "preprocess_kernel", "kernels_for", "signatures", "launch_flat",
+           "launch_preprocess", "flat_operands"]
 
 LOG2E = sm80_attention.LOG2E
 #: the scratch rows (D, lse2) per (batch, head) are seqlen_q rounded up to this (a multiple of
@@ -633,11 +634,17 @@ def _parts(cfg):
 
 
 @functools.cache
+def preprocess_kernel(var: BwdVariant):
+    """The preprocess (D, lse2; :func:`preprocess_source`), compiled on demand, cached on disk;
+    sm90_attention_backward runs it too."""
+    return load_generated("sm80_attention_bwd", preprocess_source(var), entry="preprocess_kernel")
+
+
+@functools.cache
 def kernels_for(cfg: BwdConfig, var: BwdVariant):
     """{'pre': preprocess, 'dq': dQ, 'both' | 'dk', 'dv': dK/dV} compiled on demand, cached on
     disk (build.load_generated)."""
-    out = {"pre": load_generated("sm80_attention_bwd", preprocess_source(var),
-                                 entry="preprocess_kernel"),
+    out = {"pre": preprocess_kernel(var),
            "dq": load_generated("sm80_attention_bwd", dq_source(cfg, var), entry="dq_kernel")}
     for part in _parts(cfg):
         out[part] = load_generated("sm80_attention_bwd", dkdv_source(cfg, var, part),
@@ -657,6 +664,58 @@ def signatures():
             "dkdv": (u16,) * 6 + (f32p, f32p) + (i64,) * 24 + (f32, f32)}
 
 
+def launch_preprocess(var: BwdVariant, out, do, lse, dlse, dd, lse2, batch, seqlen_q, heads_q,
+                      strides, stream=0):
+    """Launch the preprocess (dd = D - dlse, lse2; padding rows 0 and +inf) over batch * heads_q
+    * pad_q rows; arguments as :func:`launch_flat`'s.  Returns pad_q."""
+    from numba import config
+
+    from intrinsics.launch import launch as launch_kernel
+
+    pad_q = -(-seqlen_q // PAD_Q) * PAD_Q
+    rows = batch * heads_q * pad_q
+    if rows:
+        s = strides
+        has_dlse = dlse is not None
+        if not has_dlse:
+            dlse = lse  # never read
+        launch_kernel(preprocess_kernel(var), -(-rows // 4), 128,
+                      (out, do, lse, dlse, dd, lse2, seqlen_q, heads_q, pad_q, rows, *s["out"],
+                       *s["do"], *s["lse"], *s.get("dlse", (0, 0, 0)), int(has_dlse)),
+                      stream=stream,
+                      signature=None if config.ENABLE_CUDASIM else signatures()["pre"])
+    return pad_q
+
+
+def flat_operands(p, keep):
+    """(flat, strides, dlse) of AttentionBackwardProblem ``p`` as the kernels take them: q, k,
+    v, do (sm80_attention.operand: packed copies where not 16-byte aligned) and out, dq, dk, dv,
+    lse, dd, lse2 (device pointers on the GPU, flat arrays in the emulation; ``keep`` holds what
+    must live until the launch), their strides ((batch, seq, head); lse / dlse (batch, head,
+    seq)), dlse's pointer or None."""
+    from numba import config
+
+    from numbatc.interop.views import kernel_view
+
+    emulated = bool(config.ENABLE_CUDASIM)
+    flat, strides = {}, {}
+    for name in ("q", "k", "v", "do"):
+        flat[name], strides[name] = sm80_attention.operand(getattr(p, name), p.stream, keep)
+    for name in ("out", "dq", "dk", "dv", "lse", "dd", "lse2"):
+        ca = getattr(p, name)
+        flat[name] = operands.flat(kernel_view(ca), keep) if emulated else ca.ptr
+        if name in ("out", "dq", "dk", "dv"):
+            strides[name] = sm80_attention.strides3(ca)
+    for name in ("lse", "dlse"):
+        ca = getattr(p, name)
+        if ca is not None:
+            strides[name] = tuple(st if n > 1 else 0 for n, st in zip(ca.shape, ca.strides))
+    dlse = None
+    if p.dlse is not None:
+        dlse = operands.flat(kernel_view(p.dlse), keep) if emulated else p.dlse.ptr
+    return flat, strides, dlse
+
+
 def launch_flat(cfg: BwdConfig, var: BwdVariant, q, k, v, out, do, lse, dlse, dq, dk, dv, dd,
                 lse2, batch, seqlen_q, seqlen_k, heads_q, group, strides, scale, stream=0):
     """Launch the three kernels.  q, k, v, out, do (inputs), dq, dk, dv (outputs), lse (float32
@@ -672,17 +731,9 @@ def launch_flat(cfg: BwdConfig, var: BwdVariant, q, k, v, out, do, lse, dlse, dq
     kernels = kernels_for(cfg, var)
     sigs = None if config.ENABLE_CUDASIM else signatures()
     sig = (lambda name: None) if sigs is None else sigs.__getitem__
-    pad_q = -(-seqlen_q // PAD_Q) * PAD_Q
-    rows = batch * heads_q * pad_q
+    pad_q = launch_preprocess(var, out, do, lse, dlse, dd, lse2, batch, seqlen_q, heads_q,
+                              strides, stream)
     s = strides
-    if rows:
-        has_dlse = dlse is not None
-        if not has_dlse:
-            dlse = lse  # never read
-        launch_kernel(kernels["pre"], -(-rows // 4), 128,
-                      (out, do, lse, dlse, dd, lse2, seqlen_q, heads_q, pad_q, rows, *s["out"],
-                       *s["do"], *s["lse"], *s.get("dlse", (0, 0, 0)), int(has_dlse)),
-                      stream=stream, signature=sig("pre"))
     scale_log2 = np.float32(scale * LOG2E)
     common = (seqlen_q, seqlen_k, heads_q, group)
     in_strides = (*s["q"], *s["k"], *s["v"], *s["do"])
@@ -746,8 +797,6 @@ def launch(p, cfg: BwdConfig):
 
     from numba import config
 
-    from numbatc.interop.views import kernel_view
-
     _, var = compiled(p, cfg)
     _check_fits(cfg, var, p.cc)
     if os.environ.get("NUMBATC_PRINT_CONFIG"):
@@ -757,21 +806,7 @@ def launch(p, cfg: BwdConfig):
     emulated = bool(config.ENABLE_CUDASIM)
     stream = p.stream
     keep = []
-    flat, strides = {}, {}
-    for name in ("q", "k", "v", "do"):
-        flat[name], strides[name] = sm80_attention.operand(getattr(p, name), stream, keep)
-    for name in ("out", "dq", "dk", "dv", "lse", "dd", "lse2"):
-        ca = getattr(p, name)
-        flat[name] = operands.flat(kernel_view(ca), keep) if emulated else ca.ptr
-        if name in ("out", "dq", "dk", "dv"):
-            strides[name] = sm80_attention.strides3(ca)
-    for name in ("lse", "dlse"):
-        ca = getattr(p, name)
-        if ca is not None:
-            strides[name] = tuple(st if n > 1 else 0 for n, st in zip(ca.shape, ca.strides))
-    dlse = None
-    if p.dlse is not None:
-        dlse = operands.flat(kernel_view(p.dlse), keep) if emulated else p.dlse.ptr
+    flat, strides, dlse = flat_operands(p, keep)
     launch_flat(cfg, var, flat["q"], flat["k"], flat["v"], flat["out"], flat["do"], flat["lse"],
                 dlse, flat["dq"], flat["dk"], flat["dv"], flat["dd"], flat["lse2"], p.batch,
                 p.seqlen_q, p.seqlen_k, p.heads_q, p.group, strides, p.scale,
