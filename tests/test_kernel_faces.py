@@ -14,6 +14,7 @@ import numbatc.kernels
 from numbatc.gemm_api import BLOCK_SCALED
 from numbatc.kernels import dispatch
 from tests.helpers.problems import (
+    attention_backward_problem,
     attention_problem,
     gemm_problem,
     gemm_softmax_problem,
@@ -43,6 +44,11 @@ def _problems(name):
                 gemm_softmax_problem(5, 7, 20, dtype="bfloat16", a_layout="col", b_layout="col"),
                 gemm_softmax_problem(64, 64, 0), gemm_softmax_problem(10, 257, 64),
                 gemm_softmax_problem(8, 16, 16, dtype="float32")]
+    if "backward" in name:
+        return [attention_backward_problem(), attention_backward_problem(head_dim=128, causal=True),
+                attention_backward_problem(head_dim=96, seqlen_k=300, heads_kv=2),
+                attention_backward_problem(head_dim=12), attention_backward_problem(dtype="float32"),
+                attention_backward_problem(cc=(8, 0))]
     if "attention" in name:
         return [attention_problem(), attention_problem(head_dim=128, causal=True),
                 attention_problem(head_dim=32, seqlen_k=0), attention_problem(head_dim=256),

@@ -439,6 +439,25 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
             cuda.threadfence()
             nt.atomic_add_global(counters, tile, np.int32(1))
 
+    @cuda.jit(device=True, forceinline=True)
+    def block_coords(n_blocks, Hq, group, Sq, Sk):
+        # (key block j, batch b, kv head hk, query blocks, the first one with a query that
+        # sees key block j) of this block, blockIdx.x = (b * Hkv + hk) * n_blocks + j.
+        # NOTE: each role computes them after its setmaxnreg: values computed before the roles
+        # branch and live into the consumers are held under the producer's register count too
+        # (ptxas spilled ~100 bytes at 32 registers); 32-bit unsigned divisions (a 64-bit one
+        # is a call, C7509)
+        blk = np.uint32(cuda.blockIdx.x)
+        nb32 = np.uint32(n_blocks)
+        j = np.int64(blk % nb32)
+        bhk = np.uint32(blk // nb32)
+        Hk = np.uint32(np.uint32(Hq) // np.uint32(group))
+        m_blocks = (Sq + (BLOCK_M - 1)) // BLOCK_M
+        m_first = np.int64(0)
+        if causal:
+            m_first = _first_block(j * BLOCK_N, Sk - Sq)
+        return j, np.int64(bhk // Hk), np.int64(bhk % Hk), m_blocks, m_first
+
     @cuda.jit(cache=False, launch_bounds=(384, 1))
     def bwd_kernel(tma_q, tma_k, tma_v, tma_do, dk, dv, lse2, dd, dq_ws, counters, Sq, Sk, Hq,
                    group, n_blocks, pad_q, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh,
@@ -449,22 +468,6 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
         kv_bar = cuda.shared.array(1, np.uint64, alignment=8)
         t = cuda.threadIdx.x
         wg = t // 128
-        # NOTE: 32-bit unsigned division: a 64-bit one is a call (C7509), whose stack frame and
-        # registers the 24-register producer warpgroup cannot hold
-        blk = np.uint32(cuda.blockIdx.x)
-        nb32 = np.uint32(n_blocks)
-        j = np.int64(blk % nb32)
-        bhk = np.uint32(blk // nb32)
-        Hk = np.uint32(np.uint32(Hq) // np.uint32(group))
-        b = np.int64(bhk // Hk)
-        hk = np.int64(bhk % Hk)
-        n0 = j * BLOCK_N
-        off = Sk - Sq  # causal: query i sees keys <= i + off
-        m_blocks = (Sq + (BLOCK_M - 1)) // BLOCK_M
-        m_first = np.int64(0)
-        if causal:
-            m_first = _first_block(n0, off)
-        mq = pad_q // BLOCK_M
 
         if t == 0:
             ring_init(bars, 1, 8)
@@ -474,16 +477,17 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
 
         if wg == 0:
             nt.setmaxnreg_dec(producer_regs)
+            j, b, hk, m_blocks, m_first = block_coords(n_blocks, Hq, group, Sq, Sk)
             if t == 0:
                 # ---- the producer thread -------------------------------------------------------
                 nt.tma_prefetch_descriptor(tma_q)
                 nt.tma_prefetch_descriptor(tma_do)
                 nt.mbarrier_arrive_expect_tx(kv_bar, 0, kv_bytes)
                 for jj in range(boxes):
-                    nt.tma_load(smem, K_OFF + jj * BLOCK_N * 128, tma_k, (64 * jj, hk, n0, b),
-                                kv_bar, 0)
-                    nt.tma_load(smem, V_OFF + jj * BLOCK_N * 128, tma_v, (64 * jj, hk, n0, b),
-                                kv_bar, 0)
+                    nt.tma_load(smem, K_OFF + jj * BLOCK_N * 128, tma_k,
+                                (64 * jj, hk, j * BLOCK_N, b), kv_bar, 0)
+                    nt.tma_load(smem, V_OFF + jj * BLOCK_N * 128, tma_v,
+                                (64 * jj, hk, j * BLOCK_N, b), kv_bar, 0)
                 index = np.int64(0)
                 phase = np.int64(0)
                 for g in range(group):
@@ -510,6 +514,7 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
                 staging_free(1)
                 # workspace tiles (bh * mq + i) * 2 + piece, walked incrementally (the warpgroup
                 # has 24 registers)
+                mq = pad_q // BLOCK_M
                 tile = ((b * Hq + hk * group) * mq + m_first) * 2
                 skip = (mq - m_blocks + m_first) * 2  # from a head's last block to the next's
                 for g in range(group):
@@ -524,6 +529,9 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
 
         # ---- consumer warpgroups ---------------------------------------------------------------
         nt.setmaxnreg_inc(consumer_regs)
+        j, b, hk, m_blocks, m_first = block_coords(n_blocks, Hq, group, Sq, Sk)
+        n0 = j * BLOCK_N
+        off = Sk - Sq  # causal: query i sees keys <= i + off
         cw = wg - 1
         lt = t % 128
         lane = t % 32
