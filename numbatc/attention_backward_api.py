@@ -18,7 +18,7 @@ from numbatc.attention_api import (_SHAPES, _check_4d, _check_flags, _check_head
 from numbatc.interop import alloc, arrays, streams
 from numbatc.interop.arrays import CudaArray
 
-__all__ = ["attention_backward", "AttentionBackwardProblem"]
+__all__ = ["attention_backward", "AttentionBackwardProblem", "kernel_module", "SM90_BY_DEFAULT"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,34 @@ class AttentionBackwardProblem:
     @property
     def group(self) -> int:
         return self.heads_q // self.heads_kv
+
+    @classmethod
+    def contiguous(cls, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, *, causal=False,
+                   dtype="bfloat16", cc=(9, 0), deterministic=True, ptr=4096):
+        """The problem of contiguous operands and results (one stand-in pointer ``ptr``, with
+        sm90_attention_backward's workspace) on no device: what the kernel modules read
+        (shapes, strides, alignments, dtypes), never the arrays.  numbatc.precompile plans with
+        it, the tests describe problems with it."""
+        from types import SimpleNamespace
+
+        from numbatc.kernels.sm90_attention_backward import workspace_floats
+
+        def array(*shape):
+            strides, step = [], 1
+            for n in reversed(shape):
+                strides.insert(0, step)
+                step *= n
+            return SimpleNamespace(ptr=ptr, shape=shape, strides=tuple(strides))
+
+        q = array(batch, seqlen_q, heads_q, head_dim)
+        kv = array(batch, seqlen_k, heads_kv, head_dim)
+        n_ws, n_count = workspace_floats(batch, heads_q, seqlen_q, head_dim)
+        return cls(q=q, k=kv, v=kv, out=q, do=q, lse=array(batch, heads_q, seqlen_q), dlse=None,
+                   dq=q, dk=kv, dv=kv, dd=array(1), lse2=array(1), batch=batch,
+                   seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
+                   head_dim=head_dim, causal=causal, scale=head_dim ** -0.5, dtype=dtype,
+                   device=None, cc=cc, stream_handle=0, deterministic=deterministic,
+                   ws=array(n_ws), counters=array(n_count))
 
     @cached_property
     def stream(self):
@@ -186,7 +214,7 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, dq=
         heads_kv=heads_kv, head_dim=head_dim, causal=bool(causal), scale=scale, dtype=Q.dtype,
         device=device if device is not None else OUT.device, cc=cc,
         stream_handle=streams.stream_handle(q), deterministic=bool(deterministic))
-    kernels, name = _kernels(p)
+    kernels, name = kernel_module(p)
     if kernels is not sm80_attention_backward:
         import dataclasses
 
@@ -207,7 +235,7 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, dq=
 SM90_BY_DEFAULT = False
 
 
-def _kernels(p):
+def kernel_module(p):
     """(kernel module, configuration name or None) for problem ``p``:
     ``NUMBATC_ATTN_BWD_KERNEL=sm80[:<config>]`` / ``sm90[:<config>]`` forces one (an error
     where it does not apply); else the Hopper kernel where it applies and SM90_BY_DEFAULT,

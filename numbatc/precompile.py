@@ -27,7 +27,9 @@ heads, head_dim) -- what ``numbatc.attention(q, k, v, causal=...)`` compiles for
 ``dtype`` operands (bfloat16 or float16), through numbatc.kernels.dispatch.choose_attention: the
 Hopper kernel, the portable one, or flash-decoding's two kernels for a few queries against many
 keys.  ``attention_lse=True`` compiles the variants that also write the log-sum-exp
-(``return_lse=True``, and torch autograd's forward).  An attention kernel's first compile is
+(``return_lse=True``, and torch autograd's forward); ``attention_backward=True``
+(``--attention-backward``) those numbatc.attention_backward runs on the same shapes (its
+family as ``NUMBATC_ATTN_BWD_KERNEL`` picks it).  An attention kernel's first compile is
 the slowest of numbatc's (4-5 s on the H200's host for the Hopper kernel at head_dim 128).
 """
 
@@ -208,9 +210,10 @@ class _Job:
 
 
 def plan(shapes, dtype="bfloat16", *, a_layout="row", b_layout="col", out_dtype=None, bias=False,
-         activation=None, cc=None, attention=None, attention_lse=False):
+         activation=None, cc=None, attention=None, attention_lse=False, attention_backward=False):
     """{job: [shapes]}: the distinct kernel configurations (and variants) numbatc.gemm would
-    launch for ``shapes`` and numbatc.attention for ``attention`` (see :func:`precompile`), each
+    launch for ``shapes`` and numbatc.attention for ``attention`` (with
+    ``attention_backward``, numbatc.attention_backward's too), see :func:`precompile`, each
     with the shapes that use it, in the order first met.  Raises ValueError for a bad
     argument."""
     dtype = _DTYPES.get(str(dtype).lower())
@@ -245,6 +248,19 @@ def plan(shapes, dtype="bfloat16", *, a_layout="row", b_layout="col", out_dtype=
         family, cfg = dispatch.choose_attention(p)
         cfg, var = family.compiled(p, cfg)
         jobs.setdefault(_Job(family.__name__, cfg, var, cc), []).append(_attention_name(shape))
+        if attention_backward:  # the kernels numbatc.attention_backward's walk runs
+            from numbatc.attention_backward_api import AttentionBackwardProblem, kernel_module
+
+            b, sq, sk, hq, hkv, d, causal = shape
+            bp = AttentionBackwardProblem.contiguous(b, sq, sk, hq, hkv, d, causal=causal,
+                                                     dtype=dtype, cc=cc, ptr=1 << 20)
+            family, name = kernel_module(bp)
+            reason = family.unsupported(bp)
+            if reason is not None:
+                raise ValueError(f"attention backward shape {_attention_name(shape)}: {reason}")
+            cfg, var = family.compiled(bp, family.choose(bp, name))
+            jobs.setdefault(_Job(family.__name__, cfg, var, cc), []).append(
+                _attention_name(shape) + " backward")
     return jobs
 
 
@@ -297,8 +313,11 @@ def _kernel_and_signature(family, cfg, var):
 
 
 def _kernels_and_signatures(family, cfg, var):
-    """[(kernel, argument types)] that a launch of (cfg, var) compiles: one, or flash-decoding's
-    two (its split and combine kernels)."""
+    """[(kernel, argument types)] that a launch of (cfg, var) compiles: one, flash-decoding's
+    two (its split and combine kernels), or what a module lists (``precompile_kernels``: the
+    attention backward's)."""
+    if hasattr(family, "precompile_kernels"):
+        return [(k, tuple(sig)) for k, sig in family.precompile_kernels(cfg, var)]
     kernel = family.kernel_for(cfg, var)
     if hasattr(family, "kernel_signature"):  # sm90_gemm: tensor maps under the TMA producer
         sig = family.kernel_signature(cfg, var)
@@ -397,7 +416,7 @@ def _worker_init():
 
 def precompile(shapes, dtype="bfloat16", *, a_layout="row", b_layout="col", out_dtype=None,
                bias=False, activation=None, cc=None, jobs=None, progress=True, attention=None,
-               attention_lse=False):
+               attention_lse=False, attention_backward=False):
     """Fill the disk cache with the GEMM kernels ``numbatc.gemm`` would compile for ``shapes``
     and the attention kernels ``numbatc.attention`` would compile for ``attention``.
 
@@ -409,14 +428,15 @@ def precompile(shapes, dtype="bfloat16", *, a_layout="row", b_layout="col", out_
     current device's, else 9.0a).  ``jobs``: worker processes (default os.cpu_count(); 0
     compiles in this process).  ``progress``: a progress bar on stderr.  ``attention``:
     "2x1024x1024x16x4x128c,..." (``BxSQxSKxHQxHKVxD``, ``c`` for causal; ``shapes`` may then be
-    None), in ``dtype``; ``attention_lse``: the calls return the log-sum-exp too.
+    None), in ``dtype``; ``attention_lse``: the calls return the log-sum-exp too;
+    ``attention_backward``: numbatc.attention_backward runs on them too (training).
 
     Returns a :class:`PrecompileResult` (its ``summary()`` is the line the command prints); a
     configuration that fails to compile is reported there (``failed``), not raised."""
     start = time.perf_counter()
     planned = plan(shapes, dtype, a_layout=a_layout, b_layout=b_layout, out_dtype=out_dtype,
                    bias=bias, activation=activation, cc=cc, attention=attention,
-                   attention_lse=attention_lse)
+                   attention_lse=attention_lse, attention_backward=attention_backward)
     jobs = (os.cpu_count() or 1) if jobs is None else int(jobs)
     if jobs < 0:
         raise ValueError(f"jobs={jobs}: a number of processes >= 0")
@@ -481,6 +501,9 @@ def main(argv=None):
     parser.add_argument("--attention-lse", action="store_true",
                         help="the attention calls return the log-sum-exp too (return_lse=True, "
                              "torch autograd)")
+    parser.add_argument("--attention-backward", action="store_true",
+                        help="numbatc.attention_backward runs on the attention shapes too "
+                             "(training; its kernel family as NUMBATC_ATTN_BWD_KERNEL chooses)")
     parser.add_argument("--dtype", default="bfloat16",
                         help="a's and b's dtype: bfloat16 (default), float16, float8_e4m3fn, "
                              "float8_e5m2 (FP8 with per-tensor scales)")
@@ -508,7 +531,8 @@ def main(argv=None):
         parser.error("give --shapes (GEMM) and/or --attention")
     options = dict(a_layout=args.a_layout, b_layout=args.b_layout, out_dtype=args.out_dtype,
                    bias=args.bias, activation=args.activation, cc=args.cc,
-                   attention=args.attention, attention_lse=args.attention_lse)
+                   attention=args.attention, attention_lse=args.attention_lse,
+                   attention_backward=args.attention_backward)
     try:
         if args.dry_run:
             planned = plan(args.shapes, args.dtype, **options)

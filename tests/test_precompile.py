@@ -165,6 +165,33 @@ def test_attention_shapes_plan_the_kernels_the_call_chooses():
     assert len(both) == 2
 
 
+def test_attention_backward_plans_the_family_the_call_runs(monkeypatch):
+    """attention_backward=True adds numbatc.attention_backward's kernels for the same shapes: the
+    portable ones by default, the Hopper one where NUMBATC_ATTN_BWD_KERNEL=sm90 forces it (an
+    error naming the reason where it cannot run the shape); each job lists the kernels a launch
+    compiles (precompile_kernels)."""
+    monkeypatch.delenv("NUMBATC_ATTN_BWD_KERNEL", raising=False)
+    planned = pc.plan(None, cc="9.0a", attention="2x1024x1024x16x4x128c,1x300x700x8x2x64",
+                      attention_backward=True)
+    labels = {job.label: shapes for job, shapes in planned.items()}
+    assert labels["sm80_attention_backward d128 d128 causal"] == ["2x1024x1024x16x4x128c backward"]
+    assert labels["sm80_attention_backward d64 d64"] == ["1x300x700x8x2x64 backward"]
+    assert len(labels) == 4
+    for job in planned:
+        if "backward" in job.family:
+            family = importlib.import_module(job.family)
+            assert len(pc._kernels_and_signatures(family, job.config, job.variant)) == 3
+    monkeypatch.setenv("NUMBATC_ATTN_BWD_KERNEL", "sm90")
+    planned = pc.plan(None, cc="9.0a", attention="1x300x700x8x2x64", attention_backward=True)
+    [job] = [j for j in planned if "backward" in j.family]
+    assert job.label == "sm90_attention_backward d64 d64" and job.variant.deterministic
+    family = importlib.import_module(job.family)
+    kernels = pc._kernels_and_signatures(family, job.config, job.variant)
+    assert len(kernels) == 4 and all(isinstance(sig, tuple) for _, sig in kernels)
+    with pytest.raises(ValueError, match="head_dim"):
+        pc.plan(None, cc="9.0a", attention="1x300x700x8x2x96", attention_backward=True)
+
+
 @pytest.mark.parametrize("spec, message", [
     ("2x1024x1024x16x128", "BxSQxSKxHQxHKVxD"),
     ("2x64x64x6x4x64", "multiple of heads_kv"),

@@ -57,7 +57,7 @@ from numbatc.kernels.build import load_generated
 __all__ = ["BwdConfig", "BwdVariant", "CONFIGS", "PAD_Q", "unsupported", "choose", "compiled",
            "launch", "choose_config", "shared_bytes", "dkdv_source", "dq_source",
            "preprocess_source", "preprocess_kernel", "kernels_for", "signatures", "launch_flat",
-           "launch_preprocess", "flat_operands"]
+           "launch_preprocess", "flat_operands", "precompile_kernels"]
 
 LOG2E = sm80_attention.LOG2E
 #: the scratch rows (D, lse2) per (batch, head) are seqlen_q rounded up to this (a multiple of
@@ -662,6 +662,13 @@ def signatures():
     return {"pre": (u16, u16, f32p, f32p, f32p, f32p) + (i64,) * 17,
             "dq": (u16,) * 5 + (f32p, f32p) + (i64,) * 21 + (f32, f32),
             "dkdv": (u16,) * 6 + (f32p, f32p) + (i64,) * 24 + (f32, f32)}
+
+
+def precompile_kernels(cfg: BwdConfig, var: BwdVariant):
+    """[(kernel, argument types)] a launch of (cfg, var) compiles (numbatc.precompile)."""
+    sigs = signatures()
+    return [(kernel, sigs["dkdv" if part in ("both", "dk", "dv") else part])
+            for part, kernel in kernels_for(cfg, var).items()]
 
 
 def launch_preprocess(var: BwdVariant, out, do, lse, dlse, dd, lse2, batch, seqlen_q, heads_q,

@@ -87,7 +87,8 @@ from numbatc.kernels.sm90_gemm_tma import MnKFirstLayout
 
 __all__ = ["Sm90BwdConfig", "Sm90BwdVariant", "CONFIGS", "HEAD_DIMS", "TILES", "unsupported",
            "applies", "choose", "compiled", "launch", "kernel_signature", "make_kernel",
-           "make_postprocess", "make_clear", "shared_bytes", "workspace_floats"]
+           "make_postprocess", "make_clear", "shared_bytes", "workspace_floats",
+           "precompile_kernels", "clear_signature", "postprocess_signature"]
 
 LOG2E = sm80_attention.LOG2E
 #: head dims this kernel implements (others run sm80_attention_backward)
@@ -789,6 +790,30 @@ def kernel_signature(var):
     return (tmap,) * 4 + (u16, u16, f32p, f32p, f32p, i32p) + (i64,) * 12 + (f32, f32)
 
 
+def clear_signature():
+    from numba import types
+
+    return (types.CPointer(types.float32), types.int64, types.CPointer(types.int32), types.int64)
+
+
+def postprocess_signature():
+    from numba import types
+
+    return (types.CPointer(types.float32), types.CPointer(types.uint16), *(types.int64,) * 6,
+            types.float32, types.int64)
+
+
+def precompile_kernels(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
+    """[(kernel, argument types)] a launch of (cfg, var) compiles (numbatc.precompile): the
+    main kernel, the workspace's clear and dq kernels, and sm80_attention_backward's
+    preprocess."""
+    pre = sm80_attention_backward.BwdVariant(var.head_dim, var.dtype, var.causal)
+    return [(make_kernel(cfg, var), kernel_signature(var)), (make_clear(), clear_signature()),
+            (make_postprocess(var.dtype, var.head_dim), postprocess_signature()),
+            (sm80_attention_backward.preprocess_kernel(pre),
+             sm80_attention_backward.signatures()["pre"])]
+
+
 def launch(p, cfg: Sm90BwdConfig):
     """Launch the four kernels for an AttentionBackwardProblem on its stream: the workspace
     cleared, sm80_attention_backward's preprocess (D, lse2), the main kernel, dq from the
@@ -796,7 +821,7 @@ def launch(p, cfg: Sm90BwdConfig):
     import os
     import sys
 
-    from numba import config, types
+    from numba import config
 
     from intrinsics.launch import launch as launch_kernel
     from numbatc.interop.views import kernel_view
@@ -829,8 +854,7 @@ def launch(p, cfg: Sm90BwdConfig):
     n_ws, n_count = p.ws.shape[0], p.counters.shape[0]
     launch_kernel(make_clear(), min(-(-n_ws // 1024), 4096), 256, (ws, n_ws, counters, n_count),
                   stream=stream,
-                  signature=None if emulated else (types.CPointer(types.float32), types.int64,
-                                                   types.CPointer(types.int32), types.int64))
+                  signature=None if emulated else clear_signature())
     # the main kernel
     maps = []
     for name, rows_box in (("q", BLOCK_M), ("k", BLOCK_N), ("v", BLOCK_N), ("do", BLOCK_M)):
@@ -850,7 +874,4 @@ def launch(p, cfg: Sm90BwdConfig):
     launch_kernel(make_postprocess(p.dtype, D), -(-n_pairs // 256), 256,
                   (ws, flat["dq"], Sq, Hq, pad_q, *s["dq"], np.float32(p.scale), n_pairs),
                   stream=stream,
-                  signature=None if emulated else (types.CPointer(types.float32),
-                                                   types.CPointer(types.uint16),
-                                                   *(types.int64,) * 6, types.float32,
-                                                   types.int64))
+                  signature=None if emulated else postprocess_signature())

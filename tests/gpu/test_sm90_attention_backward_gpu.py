@@ -5,7 +5,7 @@ GQA and MQA, causal and not (seqlen_q above and below seqlen_k), bf16 and f16, h
 128, dq / dk / dv poisoned (NaN) before every call, fresh random data every run; the fixed
 order of dQ's adds (two runs bitwise equal), also with more blocks than the GPU holds at once
 (a key block waits only for lower ones, launched before it); deterministic=False; torch
-tensors and numbatc's own forward.  That the sm90 kernel ran: NUMBATC_PRINT_CONFIG's line."""
+tensors, strided views (operands and results) and numbatc's own forward.  That the sm90 kernel ran: NUMBATC_PRINT_CONFIG's line."""
 
 import numpy as np
 import pytest
@@ -65,7 +65,19 @@ def test_sm90_backward_any_order(monkeypatch):
     check_backward(1, 333, 777, 4, 4, 64, False, "float16")
 
 
-def test_sm90_backward_torch():
-    pytest.importorskip("torch")
+def test_sm90_backward_torch_and_strided_views():
+    torch = pytest.importorskip("torch")
     check_backward(3, 113, 203, 8, 2, 128, True, "bfloat16", lib="torch")
-    check_backward(1, 200, 300, 4, 2, 64, False, "float16", lib="torch")
+
+    def packed(x, dtype):  # a (b, s, h, d) slice of a (b, s, 2h, d) buffer: tensor maps with
+        from tests.helpers.attention import NP_DTYPE  # strides of their own, strided results
+
+        b, s, h, d = x.shape
+        buf = np.concatenate([x, np.zeros_like(x)], axis=2).astype(NP_DTYPE[dtype])
+        t = torch.from_numpy(buf.view(np.uint16) if dtype == "bfloat16" else buf).cuda()
+        t = t.view(torch.bfloat16) if dtype == "bfloat16" else t
+        return t[:, :, :h]
+
+    check_backward(1, 200, 300, 4, 2, 64, False, "float16", lib="torch", views=packed,
+                   view_results=True)
+    check_backward(2, 77, 130, 2, 1, 128, True, "bfloat16", lib="torch", views=packed)

@@ -5,8 +5,6 @@ shapes, layouts, alignments and dtypes, never the data)."""
 
 from types import SimpleNamespace
 
-import numpy as np
-
 
 def operand(name, layout, ld, alignment=16):
     from numbatc.gemm_api import Operand
@@ -51,25 +49,13 @@ def attention_problem(batch=2, seqlen_q=100, seqlen_k=100, heads_q=4, heads_kv=4
 
 
 def attention_backward_problem(batch=2, seqlen_q=100, seqlen_k=100, heads_q=4, heads_kv=4,
-                               head_dim=64, dtype="bfloat16", causal=False, cc=(9, 0), ptr=4096):
-    """A numbatc.attention_backward_api.AttentionBackwardProblem over contiguous operands (one
-    stand-in pointer), with sm90_attention_backward's workspace."""
+                               head_dim=64, dtype="bfloat16", causal=False, cc=(9, 0)):
+    """A numbatc.attention_backward_api.AttentionBackwardProblem over contiguous operands, with
+    sm90_attention_backward's workspace."""
     from numbatc.attention_backward_api import AttentionBackwardProblem
-    from numbatc.kernels.sm90_attention_backward import workspace_floats
 
-    def array(*shape):
-        strides = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
-        return SimpleNamespace(ptr=ptr, shape=shape, strides=strides)
-
-    q = array(batch, seqlen_q, heads_q, head_dim)
-    kv = array(batch, seqlen_k, heads_kv, head_dim)
-    lse = array(batch, heads_q, seqlen_q)
-    n_ws, n_count = workspace_floats(batch, heads_q, seqlen_q, head_dim)
-    return AttentionBackwardProblem(
-        q=q, k=kv, v=kv, out=q, do=q, lse=lse, dlse=None, dq=q, dk=kv, dv=kv, dd=array(1),
-        lse2=array(1), batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q,
-        heads_kv=heads_kv, head_dim=head_dim, causal=causal, scale=head_dim ** -0.5, dtype=dtype,
-        device=None, cc=cc, stream_handle=0, ws=array(n_ws), counters=array(n_count))
+    return AttentionBackwardProblem.contiguous(batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+                                               head_dim, causal=causal, dtype=dtype, cc=cc)
 
 
 def softmax_problem(rows, n, dtype="bfloat16", out_dtype=None, *, ptr=4096, ld=None, cc=(9, 0)):
