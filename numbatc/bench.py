@@ -24,7 +24,7 @@ seqlen 512..16384 with batch * seqlen = 16384 tokens and heads * head_dim = 2048
 TFLOP/s count 4 * B * H * S^2 * D, halved when causal.
 
 ``python -m numbatc.bench attention-backward [--shapes quick] [--csv F] [--configs]
-[--kernel sm80|sm90|both]``:
+[--kernel sm80|sm90|sm90-any|both|all]``:
 numbatc.attention_backward (dQ, dK, dV from out, lse and dO) against the backward of torch's
 ``scaled_dot_product_attention`` (``torch.autograd.grad`` of its output; the fastest of its
 flash, cuDNN and memory-efficient backends on each shape, same run), on the forward benchmark's
@@ -598,7 +598,8 @@ ATTENTION_BACKWARD_SHAPES = {
 }
 
 
-def bench_attention_backward(shapes, dtype="bfloat16", reps=20, causal_modes=(False, True)):
+def bench_attention_backward(shapes, dtype="bfloat16", reps=20, causal_modes=(False, True),
+                             deterministic=True):
     """numbatc.attention_backward and the backward of torch SDPA (its fastest backend) on
     (batch, seqlen, heads, head_dim) inputs: the same q, k, v, and dO; ours from numbatc's
     forward's out and lse, SDPA's through autograd (``torch.autograd.grad`` with retain_graph:
@@ -620,7 +621,7 @@ def bench_attention_backward(shapes, dtype="bfloat16", reps=20, causal_modes=(Fa
 
         def ours_call():
             numbatc.attention_backward(q, k, v, out, lse, do, causal=causal, dq=grads[0],
-                                       dk=grads[1], dv=grads[2])
+                                       dk=grads[1], dv=grads[2], deterministic=deterministic)
 
         first = _first_call_s(ours_call, torch)
         flops = 10.0 * b * h * s * s * d / (2 if causal else 1)
@@ -656,19 +657,22 @@ def bench_attention_backward(shapes, dtype="bfloat16", reps=20, causal_modes=(Fa
 
 def main_attention_backward(args):
     """``python -m numbatc.bench attention-backward``: the sweep, then the table (and --csv).
-    ``--kernel sm80 | sm90 | both`` forces the kernel family (NUMBATC_ATTN_BWD_KERNEL) for the
-    sweep; ``both`` runs the sweep once per family, each row naming its family, SDPA timed in
-    each."""
+    ``--kernel sm80 | sm90 | sm90-any | both | all`` forces the kernel family
+    (NUMBATC_ATTN_BWD_KERNEL) for the sweep (sm90-any: the Hopper kernel with
+    deterministic=False); ``both`` runs sm80 and sm90, ``all`` those and sm90-any, one sweep
+    each, each row naming its kernel, SDPA timed in each."""
     import os
 
     shapes = ATTENTION_BACKWARD_SHAPES.get(args.shapes, ATTENTION_BACKWARD_SHAPES["all"])
-    families = {"default": (None,), "both": ("sm80", "sm90")}.get(args.kernel, (args.kernel,))
+    kernels = {"default": (None,), "both": ("sm80", "sm90"),
+               "all": ("sm80", "sm90", "sm90-any")}.get(args.kernel, (args.kernel,))
     rows = []
-    for family in families:
-        if family is not None:
-            os.environ["NUMBATC_ATTN_BWD_KERNEL"] = family
-        for row in bench_attention_backward(shapes, args.dtype, args.reps):
-            row["kernel"] = family or "default"
+    for kernel in kernels:
+        if kernel is not None:
+            os.environ["NUMBATC_ATTN_BWD_KERNEL"] = kernel.split("-")[0]
+        for row in bench_attention_backward(shapes, args.dtype, args.reps,
+                                            deterministic=kernel != "sm90-any"):
+            row["kernel"] = kernel or "default"
             rows.append(row)
         os.environ.pop("NUMBATC_ATTN_BWD_KERNEL", None)
     if args.configs:
@@ -1279,10 +1283,11 @@ def _parser():
                           help="also time every sm80_attention_backward configuration "
                                "(NUMBATC_ATTN_BWD_CONFIG)")
     backward.add_argument("--kernel", default="default",
-                          choices=("default", "sm80", "sm90", "both"),
+                          choices=("default", "sm80", "sm90", "sm90-any", "both", "all"),
                           help="force the kernel family (NUMBATC_ATTN_BWD_KERNEL): sm80 (the "
                                "portable kernels), sm90 (the Hopper wgmma kernel, head_dim 64 / "
-                               "128), both (one sweep each)")
+                               "128), sm90-any (it with deterministic=False), both (sm80 and "
+                               "sm90), all (the three; one sweep each)")
     varlen = sub.add_parser("varlen", parents=[common], help=_SUBCOMMANDS["varlen"],
                             description=_SUBCOMMANDS["varlen"])
     varlen.add_argument("--shapes", default="all", choices=sorted(VARLEN_SHAPES),

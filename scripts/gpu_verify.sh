@@ -82,7 +82,8 @@
 #   bwd90      the Hopper attention backward (sm90_attention_backward, opt-in): its GPU suite
 #              and the portable backward's in shards (tests.txt, testlogs.txt) beside memcheck,
 #              racecheck and synccheck of attention_backward_sm90 (sanitize.txt), then bench
-#              attention-backward quick with --kernel both (bench.txt: SDPA timed in each sweep)
+#              attention-backward quick with --kernel all (bench.txt: sm80, sm90, sm90 with
+#              deterministic=False; SDPA timed in each sweep)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -541,6 +542,6 @@ if [[ $what == bwd90 ]]; then
   wait
   { cat /tmp/bwd90_tests.txt; echo "[tests done at $((SECONDS - start)) s]"; } > "$out/tests.txt"
   for f in /tmp/shards_bwd90/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
-  t ${BWD90_BENCH_LIMIT:-240} $py -m numbatc.bench attention-backward --shapes quick --kernel both \
+  t ${BWD90_BENCH_LIMIT:-360} $py -m numbatc.bench attention-backward --shapes quick --kernel all \
     > "$out/bench.txt" 2>&1
 fi

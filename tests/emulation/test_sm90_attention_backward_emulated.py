@@ -3,7 +3,8 @@ numbatc.attention_backward with ``NUMBATC_ATTN_BWD_KERNEL=sm90``: the producer's
 (K and V once, Q and dO per query block through the ring, lse2 and D by bulk copies), the
 consumers' wgmma (S^T and dP^T SS, dV and dK RS from the packed P^T and dS^T, dQ from dS^T in
 shared memory, MN-major operands), the column-wise fragment intrinsics and masks, the dQ
-writer's bulk reductions in key-block order, and the last kernel's dq.  Each case: fresh
+writer's bulk reductions in key-block order, the last kernel's dq, and heads-major operands
+read in place.  Each case: fresh
 random data, dq / dk / dv poisoned with NaN, checked against the float64 reference gradient of
 tests/helpers/attention_backward.py; that the sm90 kernel ran (NUMBATC_PRINT_CONFIG).  384
 threads per block are 384 Python threads here: one to four blocks per case."""
@@ -59,3 +60,19 @@ def test_sm90_backward_refuses_what_it_does_not_do(sm90):
     """A head_dim outside (64, 128) forced onto the kernel is an error naming the reason."""
     with pytest.raises(ValueError, match="head_dim"):
         check_backward(1, 10, 10, 1, 1, 96, False, "bfloat16")
+
+
+def _heads_major(x, dtype):
+    """A (B, H, S, D) float16 array seen as (B, S, H, D): strides out of order, read in place by
+    the tensor maps."""
+    import numpy as np
+    from numba import cuda
+
+    assert dtype == "float16"
+    return cuda.to_device(np.ascontiguousarray(x.transpose(0, 2, 1, 3)).astype(np.float16)) \
+        .transpose((0, 2, 1, 3))
+
+
+def test_sm90_backward_reads_strided_views(sm90):
+    check_backward(1, 70, 130, 2, 1, 64, True, "float16", views=_heads_major)
+    sm90()
