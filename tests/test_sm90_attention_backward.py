@@ -2,7 +2,8 @@
 runs (the portable one unless ``NUMBATC_ATTN_BWD_KERNEL`` forces another; the workspace the
 Hopper one gets), what the Hopper kernel refuses and why, its configurations, and its assembly
 for sm_90a: the wgmma forms and the bulk reduction in the PTX, no local memory, ptxas's
-whole-program report (no serialised wgmma, spills held to what is known).
+whole-program report (no serialised wgmma, spills held to what is known) and the SASS (HGMMA,
+TMA, the bulk reduction, setmaxnreg; no local memory where nothing spills).
 
 Arrays are the fakes of tests/helpers/fake_arrays.py (made-up device pointers, never
 dereferenced); its autouse fixture ``no_gpu`` answers the device queries (an sm_90 GPU)."""
@@ -147,6 +148,14 @@ def test_kernel_assembles_for_sm90a(tmp_path, d, dtype, causal, det, max_spill):
         assert code not in log, log
     spills = int(re.search(r"(\d+) bytes spill stores", log).group(1))
     assert spills <= max_spill, log
+    from tests.helpers.assemblers import disassemble
+
+    sass = disassemble(tmp_path / "kernel.cubin")
+    assert len(re.findall(r"\bHGMMA\.", sass)) == (32 if d == 128 else 20)
+    for op in ("UTMALDG", "UBLKRED", "UBLKCP", "USETMAXREG", "STSM"):
+        assert op in sass, op
+    if max_spill == 0:
+        assert not re.search(r"\b(LDL|STL)\b", sass)
 
 
 def test_postprocess_and_clear_compile():

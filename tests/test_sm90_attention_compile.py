@@ -14,7 +14,6 @@ named."""
 
 import functools
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -22,7 +21,7 @@ import pytest
 from intrinsics._core import ArchitectureError
 from intrinsics.toolchain import compile_ptx
 from numbatc.kernels import sm90_attention as attn
-from tests.helpers.assemblers import whole_program_ptxas
+from tests.helpers.assemblers import nvdisasm_path, whole_program_ptxas
 
 
 @functools.cache
@@ -105,7 +104,7 @@ def test_assembles_without_spills_or_serialised_wgmma(name, d, dtype, causal, wi
     for code in ("C7504", "C7508", "C7509", "C7513", "C7517", "C7519"):
         assert code not in log, log
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log
-    disasm = shutil.which("nvdisasm")
+    disasm = nvdisasm_path()
     if disasm is None:
         return
     sass = subprocess.run([disasm, str(tmp_path / "kernel.cubin")], capture_output=True,

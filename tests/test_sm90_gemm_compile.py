@@ -6,7 +6,6 @@ and configurations are named."""
 
 import functools
 import re
-import shutil
 import subprocess
 from dataclasses import replace
 
@@ -15,7 +14,7 @@ import pytest
 from intrinsics._core import ArchitectureError
 from intrinsics.toolchain import assemble, compile_ptx
 from numbatc.kernels import sm90_gemm
-from tests.helpers.assemblers import nvjitlink_info_log, whole_program_ptxas
+from tests.helpers.assemblers import nvdisasm_path, nvjitlink_info_log, whole_program_ptxas
 
 PLAIN = sm90_gemm.Sm90Variant("row", "row", "bfloat16", "float32", None, None, None)
 FUSED = sm90_gemm.Sm90Variant("row", "col", "float16", "bfloat16", "bfloat16", "float16", "gelu",
@@ -88,7 +87,7 @@ def test_whole_program_keeps_setmaxnreg_without_spills(name, tmp_path):
     log = whole_program_ptxas(_ptx(name, PLAIN), tmp_path)
     assert "C7504" not in log and "C7508" not in log and "C7509" not in log, log
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log
-    disasm = shutil.which("nvdisasm")
+    disasm = nvdisasm_path()
     if disasm is None:
         return
     sass = subprocess.run([disasm, str(tmp_path / "kernel.cubin")], capture_output=True,
@@ -186,7 +185,7 @@ def test_fp8_assembles_for_sm90a_without_spills(name, var, tmp_path):
     whole = whole_program_ptxas(ptx, tmp_path)
     assert "C7504" not in whole and "C7508" not in whole and "C7509" not in whole, whole
     assert "0 bytes spill stores, 0 bytes spill loads" in whole, whole
-    disasm = shutil.which("nvdisasm")
+    disasm = nvdisasm_path()
     if disasm is not None:
         sass = subprocess.run([disasm, str(tmp_path / "kernel.cubin")], capture_output=True,
                               text=True, check=True).stdout
@@ -310,7 +309,7 @@ def test_tma_producer_assembles_without_spills(name, var, tmp_path):
     log = whole_program_ptxas(ptx, tmp_path)
     assert "C7504" not in log and "C7508" not in log and "C7509" not in log, log
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log
-    disasm = shutil.which("nvdisasm")
+    disasm = nvdisasm_path()
     if disasm is None:
         return
     sass = subprocess.run([disasm, str(tmp_path / "kernel.cubin")], capture_output=True,
@@ -351,7 +350,7 @@ def test_tma_store_epilogue_assembles(name, var, tmp_path):
     log = whole_program_ptxas(ptx, tmp_path)
     assert "C7504" not in log and "C7508" not in log and "C7509" not in log, log
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log
-    disasm = shutil.which("nvdisasm")
+    disasm = nvdisasm_path()
     if disasm is None:
         return
     sass = subprocess.run([disasm, str(tmp_path / "kernel.cubin")], capture_output=True,
@@ -462,7 +461,7 @@ def test_fp8_blockwise_assembles_without_spills(name, var, tmp_path):
     log = whole_program_ptxas(ptx, tmp_path)
     assert "C7504" not in log and "C7508" not in log and "C7509" not in log, log
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log
-    disasm = shutil.which("nvdisasm")
+    disasm = nvdisasm_path()
     if disasm is None:
         return
     sass = subprocess.run([disasm, str(tmp_path / "kernel.cubin")], capture_output=True,

@@ -53,11 +53,29 @@ def whole_program_ptxas(ptx, tmp_path, arch="sm_90a"):
     pytest.fail(f"ptxas failed:\n{log}")
 
 
-def disassemble(cubin):
-    """The SASS text of ``cubin`` (a path) from ``nvdisasm``; skips without one on PATH."""
+def nvdisasm_path():
+    """The ``nvdisasm`` binary: the one on PATH, else the one the ``nvidia-cuda-nvdisasm`` wheel
+    (the test extra) installs under site-packages' nvidia/cu*/bin; None without either."""
     exe = shutil.which("nvdisasm")
+    if exe is not None:
+        return exe
+    import importlib.util
+    import os
+    import pathlib
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        for candidate in sorted(pathlib.Path(root).glob("cu*/bin/nvdisasm"), reverse=True):
+            if os.access(candidate, os.X_OK):
+                return str(candidate)
+    return None
+
+
+def disassemble(cubin):
+    """The SASS text of ``cubin`` (a path) from ``nvdisasm``; skips without one."""
+    exe = nvdisasm_path()
     if exe is None:
-        pytest.skip("no nvdisasm binary on PATH")
+        pytest.skip("no nvdisasm binary (PATH or the nvidia-cuda-nvdisasm wheel)")
     return subprocess.run([exe, str(cubin)], capture_output=True, text=True, check=True).stdout
 
 
