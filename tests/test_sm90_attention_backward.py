@@ -93,6 +93,7 @@ def test_refuses_misaligned_operands_and_other_gpus(launched, monkeypatch):
     assert bwd90.unsupported(p) is None and bwd90.applies(p)
     assert "sm_90" in bwd90.unsupported(dataclasses.replace(p, cc=(8, 0)))
     assert "sm_90" in bwd90.unsupported(dataclasses.replace(p, cc=(10, 0)))
+    assert "unknown" in bwd90.unsupported(dataclasses.replace(p, cc=None))
     odd = dataclasses.replace(p.q, ptr=p.q.ptr + 2)
     assert "16-byte" in bwd90.unsupported(dataclasses.replace(p, q=odd))
     assert "workspace" in bwd90.unsupported(dataclasses.replace(p, ws=None))

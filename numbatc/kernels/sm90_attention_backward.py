@@ -730,7 +730,8 @@ def unsupported(p):
     from numba import config
 
     if not config.ENABLE_CUDASIM and (p.cc is None or tuple(p.cc[:2]) != (9, 0)):
-        return f"sm90_attention_backward needs sm_90 (this GPU is sm_{p.cc[0]}{p.cc[1]})"
+        gpu = "unknown" if p.cc is None else f"sm_{p.cc[0]}{p.cc[1]}"
+        return f"sm90_attention_backward needs sm_90 (this GPU: {gpu})"
     if p.dtype not in ("bfloat16", "float16"):
         return f"sm90_attention_backward takes bfloat16 or float16, not {p.dtype}"
     if p.head_dim not in HEAD_DIMS:
