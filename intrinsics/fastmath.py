@@ -127,6 +127,14 @@ def _f32_args(context, builder, sig, args, first=1):
             for v, t in zip(args[first:], sig.args[first:])]
 
 
+def _exp2_fma(builder, x, scale, bias):
+    """ex2.approx.ftz(fma.rn(x, scale, bias)) of three float32 IR values: the two instructions
+    the fragment forms emit per register."""
+    f = asm(builder, "fma.rn.f32 $0, $1, $2, $3;", ["=f", "f", "f", "f"], [F32],
+            [x, scale, bias], volatile=False)[0]
+    return asm(builder, "ex2.approx.ftz.f32 $0, $1;", ["=f", "f"], [F32], [f], volatile=False)[0]
+
+
 @intrinsic
 def frag_exp2_fma(typingctx, s, scale, b0, b1):
     """``p[v] = ex2.approx.ftz(fma.rn(s[v], scale, b_h))`` for every register v of fragment
@@ -139,11 +147,7 @@ def frag_exp2_fma(typingctx, s, scale, b0, b1):
         scale_v, *bases = _f32_args(context, builder, sig, args)
         out = ir.Constant(args[0].type, ir.Undefined)
         for v in range(sig.args[0].count):
-            x = builder.extract_value(args[0], v)
-            f = asm(builder, "fma.rn.f32 $0, $1, $2, $3;", ["=f", "f", "f", "f"], [F32],
-                    [x, scale_v, bases[_half(v)]], volatile=False)[0]
-            e = asm(builder, "ex2.approx.ftz.f32 $0, $1;", ["=f", "f"], [F32], [f],
-                    volatile=False)[0]
+            e = _exp2_fma(builder, builder.extract_value(args[0], v), scale_v, bases[_half(v)])
             out = builder.insert_value(out, e, v)
         return out
 
@@ -169,31 +173,50 @@ def frag_scale_rows(typingctx, o, a0, a1):
     return sig, codegen
 
 
-@intrinsic
-def frag_mask_cols(typingctx, s, lim0, lim1):
+def _column_mask(name, keep_op, doc):
+    """The intrinsic ``name(s, lim0, lim1)``: ``s[v]`` where ``column(v) keep_op lim_h`` (int32
+    limits, h the register's row half), else -inf."""
+
+    def typer(typingctx, s, lim0, lim1):
+        _frag_type(name, s)
+        for ty in (lim0, lim1):
+            if not isinstance(ty, types.Integer):
+                from numba.cuda.core.errors import NumbaTypeError
+
+                raise NumbaTypeError(f"{name} takes int32 limits, got {ty}")
+        sig = s(s, types.int32, types.int32)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            lims = [context.cast(builder, v, t, types.int32)
+                    for v, t in zip(args[1:], sig.args[1:])]
+            neg_inf = ir.Constant(F32, float("-inf"))
+            out = ir.Constant(args[0].type, ir.Undefined)
+            for v in range(sig.args[0].count):
+                keep = builder.icmp_signed(keep_op, ir.Constant(i32, 8 * (v // 4) + v % 2),
+                                           lims[_half(v)])
+                out = builder.insert_value(
+                    out, builder.select(keep, builder.extract_value(args[0], v), neg_inf), v)
+            return out
+
+        return sig, codegen
+
+    typer.__name__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+frag_mask_cols = _column_mask(
+    "frag_mask_cols", "<",
     """``s[v]`` where the register's column 8 * (v // 4) + v % 2 is below ``lim_h`` (int32; h
-    its row half), else -inf: a score tile masked from a per-row column limit on."""
-    _frag_type("frag_mask_cols", s)
-    for ty in (lim0, lim1):
-        if not isinstance(ty, types.Integer):
-            from numba.cuda.core.errors import NumbaTypeError
+    its row half), else -inf: a score tile masked from a per-row column limit on.""")
 
-            raise NumbaTypeError(f"frag_mask_cols takes int32 limits, got {ty}")
-    sig = s(s, types.int32, types.int32)
-
-    def codegen(context, builder, sig, args):
-        i32 = ir.IntType(32)
-        lims = [context.cast(builder, v, t, types.int32) for v, t in zip(args[1:], sig.args[1:])]
-        neg_inf = ir.Constant(F32, float("-inf"))
-        out = ir.Constant(args[0].type, ir.Undefined)
-        for v in range(sig.args[0].count):
-            keep = builder.icmp_signed("<", ir.Constant(i32, 8 * (v // 4) + v % 2),
-                                       lims[_half(v)])
-            out = builder.insert_value(
-                out, builder.select(keep, builder.extract_value(args[0], v), neg_inf), v)
-        return out
-
-    return sig, codegen
+frag_mask_cols_from = _column_mask(
+    "frag_mask_cols_from", ">=",
+    """``s[v]`` where the register's column 8 * (v // 4) + v % 2 is at least ``lo_h`` (int32; h
+    its row half), else -inf: the lower-bound twin of :func:`frag_mask_cols` (a causal mask on a
+    transposed score tile keeps the queries from the key's diagonal on; a limit above every
+    column masks the whole row).""")
 
 
 def _col_type(name, frag, cols):
@@ -225,11 +248,8 @@ def frag_exp2_fma_cols(typingctx, s, scale, c):
         scale_v = context.cast(builder, args[1], sig.args[1], types.float32)
         out = ir.Constant(args[0].type, ir.Undefined)
         for v in range(sig.args[0].count):
-            x = builder.extract_value(args[0], v)
-            f = asm(builder, "fma.rn.f32 $0, $1, $2, $3;", ["=f", "f", "f", "f"], [F32],
-                    [x, scale_v, builder.extract_value(args[2], _col(v))], volatile=False)[0]
-            e = asm(builder, "ex2.approx.ftz.f32 $0, $1;", ["=f", "f"], [F32], [f],
-                    volatile=False)[0]
+            e = _exp2_fma(builder, builder.extract_value(args[0], v), scale_v,
+                          builder.extract_value(args[2], _col(v)))
             out = builder.insert_value(out, e, v)
         return out
 
@@ -256,35 +276,6 @@ def frag_mul_diff_cols(typingctx, p, x, c):
             d = builder.fsub(builder.extract_value(args[1], v),
                              builder.extract_value(args[2], _col(v)))
             out = builder.insert_value(out, builder.fmul(builder.extract_value(args[0], v), d), v)
-        return out
-
-    return sig, codegen
-
-
-@intrinsic
-def frag_mask_cols_from(typingctx, s, lo0, lo1):
-    """``s[v]`` where the register's column 8 * (v // 4) + v % 2 is at least ``lo_h`` (int32; h
-    its row half), else -inf: the lower-bound twin of :func:`frag_mask_cols` (a causal mask on a
-    transposed score tile keeps the queries from the key's diagonal on; a limit above every
-    column masks the whole row)."""
-    _frag_type("frag_mask_cols_from", s)
-    for ty in (lo0, lo1):
-        if not isinstance(ty, types.Integer):
-            from numba.cuda.core.errors import NumbaTypeError
-
-            raise NumbaTypeError(f"frag_mask_cols_from takes int32 limits, got {ty}")
-    sig = s(s, types.int32, types.int32)
-
-    def codegen(context, builder, sig, args):
-        i32 = ir.IntType(32)
-        lims = [context.cast(builder, v, t, types.int32) for v, t in zip(args[1:], sig.args[1:])]
-        neg_inf = ir.Constant(F32, float("-inf"))
-        out = ir.Constant(args[0].type, ir.Undefined)
-        for v in range(sig.args[0].count):
-            keep = builder.icmp_signed(">=", ir.Constant(i32, 8 * (v // 4) + v % 2),
-                                       lims[_half(v)])
-            out = builder.insert_value(
-                out, builder.select(keep, builder.extract_value(args[0], v), neg_inf), v)
         return out
 
     return sig, codegen

@@ -593,22 +593,29 @@ def bulk_copy_s2g(typingctx, dst, dst_index, src, src_index, nbytes):
     9.7.9.25.4.1, cp.async.bulk).  Both addresses 16-byte aligned, ``nbytes`` a multiple of 16.
     Needs sm_90 or newer.
     """
-    check_global(_S2G.name, dst, "a global destination array or typed pointer")
-    check_index(_S2G.name, dst, dst_index)
-    check_array(_S2G.name, src, "a shared-memory source array")
-    check_index(_S2G.name, src, src_index)
-    _check_nbytes(_S2G.name, nbytes)
+    return _shared_to_global(_S2G, dst, dst_index, src, src_index, nbytes)
+
+
+def _shared_to_global(copy, dst, dst_index, src, src_index, nbytes):
+    """The typing and codegen of a bulk operation from shared ``src[src_index]`` to global
+    ``dst[dst_index]`` of ``nbytes`` bytes in the thread's bulk group (``copy``: BULK_COPIES'
+    store or reduction)."""
+    check_global(copy.name, dst, "a global destination array or typed pointer")
+    check_index(copy.name, dst, dst_index)
+    check_array(copy.name, src, "a shared-memory source array")
+    check_index(copy.name, src, src_index)
+    _check_nbytes(copy.name, nbytes)
     sig = types.void(dst, dst_index, src, src_index, nbytes)
 
     def codegen(context, builder, sig, args):
-        require_arch(_S2G.ptx, _S2G.arch)
+        require_arch(copy.ptx, copy.arch)
         tys = sig.args
         ops = [
             global_address(context, builder, tys[0], args[0], tys[1], args[1]),
             shared_address(context, builder, tys[2], args[2], tys[3], args[3]),
             as_i32(context, builder, tys[4], args[4]),
         ]
-        asm(builder, _S2G.template, _S2G.constraints, [], ops, memory=True)
+        asm(builder, copy.template, copy.constraints, [], ops, memory=True)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -628,27 +635,9 @@ def bulk_reduce_add_f32(typingctx, dst, dst_index, src, src_index, nbytes):
     """
     from numba.cuda.core.errors import NumbaTypeError
 
-    check_global(_RED.name, dst, "a global float32 destination array or typed pointer")
-    if dst.dtype != types.float32:
+    if isinstance(dst, (types.Array, types.CPointer)) and dst.dtype != types.float32:
         raise NumbaTypeError(f"{_RED.name} adds into float32 memory, got {dst.dtype}")
-    check_index(_RED.name, dst, dst_index)
-    check_array(_RED.name, src, "a shared-memory source array")
-    check_index(_RED.name, src, src_index)
-    _check_nbytes(_RED.name, nbytes)
-    sig = types.void(dst, dst_index, src, src_index, nbytes)
-
-    def codegen(context, builder, sig, args):
-        require_arch(_RED.ptx, _RED.arch)
-        tys = sig.args
-        ops = [
-            global_address(context, builder, tys[0], args[0], tys[1], args[1]),
-            shared_address(context, builder, tys[2], args[2], tys[3], args[3]),
-            as_i32(context, builder, tys[4], args[4]),
-        ]
-        asm(builder, _RED.template, _RED.constraints, [], ops, memory=True)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    return _shared_to_global(_RED, dst, dst_index, src, src_index, nbytes)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -215,16 +215,16 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, scale=None, dq=
         device=device if device is not None else OUT.device, cc=cc,
         stream_handle=streams.stream_handle(q), deterministic=bool(deterministic))
     kernels, name = kernel_module(p)
-    if kernels is not sm80_attention_backward:
+    reason = kernels.unsupported(p)
+    if reason is not None:
+        raise ValueError(f"numbatc.attention_backward: {reason}")
+    if kernels is not sm80_attention_backward:  # the Hopper kernel's dQ workspace
         import dataclasses
 
         n_ws, n_count = kernels.workspace_floats(batch, heads_q, seqlen_q, head_dim)
         ws = arrays.as_cuda_array(alloc.allocate_like(q, (n_ws,), "float32"), "ws")
         counters = arrays.as_cuda_array(alloc.allocate_like(q, (n_count,), "int32"), "counters")
         p = dataclasses.replace(p, ws=ws, counters=counters)
-    reason = kernels.unsupported(p)
-    if reason is not None:
-        raise ValueError(f"numbatc.attention_backward: {reason}")
     kernels.launch(p, kernels.choose(p, name))
     return done
 

@@ -40,10 +40,13 @@ def frag_scale_rows(o, a0, a1):
     return tuple(np.float32(np.float32(x) * factors[_half(v)]) for v, x in enumerate(o))
 
 
+def _mask(s, lims, keep):
+    return tuple(np.float32(x) if keep(8 * (v // 4) + v % 2, int(lims[_half(v)]))
+                 else np.float32(-np.inf) for v, x in enumerate(s))
+
+
 def frag_mask_cols(s, lim0, lim1):
-    lims = (int(lim0), int(lim1))
-    return tuple(np.float32(x) if 8 * (v // 4) + v % 2 < lims[_half(v)] else np.float32(-np.inf)
-                 for v, x in enumerate(s))
+    return _mask(s, (lim0, lim1), lambda col, lim: col < lim)
 
 
 def _col(v):
@@ -60,9 +63,7 @@ def frag_mul_diff_cols(p, x, c):
 
 
 def frag_mask_cols_from(s, lo0, lo1):
-    lims = (int(lo0), int(lo1))
-    return tuple(np.float32(x) if 8 * (v // 4) + v % 2 >= lims[_half(v)] else np.float32(-np.inf)
-                 for v, x in enumerate(s))
+    return _mask(s, (lo0, lo1), lambda col, lim: col >= lim)
 
 
 def frag_row_sums(p):

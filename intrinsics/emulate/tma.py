@@ -47,6 +47,8 @@ emulated (NotImplementedError naming the reason): interleaved maps, the packed
 sub-byte types and the tf32 / ftz types (whose conversions the hardware applies).
 """
 
+import threading
+
 import numpy as np
 
 from intrinsics.emulate import memory
@@ -424,32 +426,38 @@ def bulk_copy_s2s_cluster(dst, dst_index, src, src_index, nbytes, bars, bar_inde
     complete_tx(thread, peer, bar, nbytes, op)
 
 
-def bulk_copy_s2g(dst, dst_index, src, src_index, nbytes):
+def _shared_to_global(name, dst, dst_index, src, src_index, nbytes):
+    """(global bytes, the shared bytes read) of a bulk store or reduction: the checks, and the
+    async-proxy read that its group's wait checks again."""
     from intrinsics.tma import BULK_COPIES
 
     thread = current()
-    op = BULK_COPIES["bulk_copy_s2g"].ptx
+    op = BULK_COPIES[name].ptx
     nbytes = int(nbytes)
     address = memory.shared_address(src, src_index)
     target = _global(thread, dst, dst_index, max(nbytes, 0), op)
     _check_bulk(thread, op, nbytes, address, target)
-    target[:] = _read_shared(thread, address, np.arange(nbytes, dtype=np.int64), op)
+    return target, _read_shared(thread, address, np.arange(nbytes, dtype=np.int64), op)
+
+
+def bulk_copy_s2g(dst, dst_index, src, src_index, nbytes):
+    target, data = _shared_to_global("bulk_copy_s2g", dst, dst_index, src, src_index, nbytes)
+    target[:] = data
+
+
+#: the reductions' read-modify-write: the threads of a block (and the blocks of a cluster) run
+#: together, and the hardware adds each element atomically
+_REDUCE_LOCK = threading.Lock()
 
 
 def bulk_reduce_add_f32(dst, dst_index, src, src_index, nbytes):
     """Performed at issue, as the stores: the shared float32 values are added into global
-    memory in float32 (round to nearest, each element once)."""
-    from intrinsics.tma import BULK_COPIES
-
-    thread = current()
-    op = BULK_COPIES["bulk_reduce_add_f32"].ptx
-    nbytes = int(nbytes)
-    address = memory.shared_address(src, src_index)
-    target = _global(thread, dst, dst_index, max(nbytes, 0), op)
-    _check_bulk(thread, op, nbytes, address, target)
-    data = _read_shared(thread, address, np.arange(nbytes, dtype=np.int64), op)
+    memory in float32 (round to nearest, each element once, under a lock)."""
+    target, data = _shared_to_global("bulk_reduce_add_f32", dst, dst_index, src, src_index,
+                                     nbytes)
     acc = target.view(np.float32)
-    acc[:] = acc + data.view(np.float32)
+    with _REDUCE_LOCK:
+        acc[:] = acc + data.view(np.float32)
 
 
 def bulk_commit_group():

@@ -44,7 +44,7 @@ from numba import cuda
 
 import intrinsics as nt
 
-__all__ = ["Ring", "tma_pipeline"]
+__all__ = ["Ring", "named_barrier_of", "tma_pipeline"]
 
 #: The device functions of one stage count (see the module docstring).
 Ring = namedtuple("Ring", "stages init advance producer_acquire producer_commit consumer_wait "
@@ -101,3 +101,22 @@ def tma_pipeline(stages):
 
     return Ring(S, init, advance, producer_acquire, producer_commit, consumer_wait,
                 consumer_release)
+
+
+@functools.cache
+def named_barrier_of(ids, nthreads, arrive=False):
+    """``bar(i)``: named barrier ``ids[i]`` (``ids`` a pair) over ``nthreads`` threads -- a
+    sync, or with ``arrive`` an arrival -- for a warpgroup index ``i`` (0 or 1) known only at
+    run time: the barrier id is an immediate of the instruction, so the function branches on
+    ``i`` (a warp-uniform branch) to one of two literal ids."""
+    first, second = ids
+    op = nt.named_barrier_arrive if arrive else nt.named_barrier_sync
+
+    @cuda.jit(device=True, forceinline=True)
+    def bar(i):
+        if i == 0:
+            op(first, nthreads)
+        else:
+            op(second, nthreads)
+    return bar
+

@@ -82,7 +82,7 @@ import intrinsics as nt
 from intrinsics.layout import SmemLayout
 from intrinsics.layout.smem import encode_wgmma_smem_desc
 from numbatc.kernels import build, sm80_attention, sm80_attention_backward
-from numbatc.kernels.pipeline import tma_pipeline
+from numbatc.kernels.pipeline import named_barrier_of, tma_pipeline
 from numbatc.kernels.sm90_gemm_tma import MnKFirstLayout
 
 __all__ = ["Sm90BwdConfig", "Sm90BwdVariant", "CONFIGS", "HEAD_DIMS", "TILES", "unsupported",
@@ -278,6 +278,29 @@ def _first_block(n0, off):
     return q // BLOCK_M
 
 
+def _mma_chain(mma, a_steps, b_steps, zeros):
+    """``chain(a0, b0)``: the SS wgmma ``mma`` over 4 or 8 k16 steps (``a_steps`` /
+    ``b_steps``: each step's descriptor offset in 16-byte units), the first overwriting the
+    accumulator (scale-d 0).  The steps are written out (a closure tuple indexed in a loop
+    goes through memory); the branch on their count is pruned before typing."""
+    n = len(a_steps)
+    assert n in (4, 8) and len(b_steps) == n
+
+    @cuda.jit(device=True, forceinline=True)
+    def chain(a0, b0):
+        acc = mma(zeros, a0 + np.uint64(a_steps[0]), b0 + np.uint64(b_steps[0]), 0)
+        acc = mma(acc, a0 + np.uint64(a_steps[1]), b0 + np.uint64(b_steps[1]), 1)
+        acc = mma(acc, a0 + np.uint64(a_steps[2]), b0 + np.uint64(b_steps[2]), 1)
+        acc = mma(acc, a0 + np.uint64(a_steps[3]), b0 + np.uint64(b_steps[3]), 1)
+        if n == 8:
+            acc = mma(acc, a0 + np.uint64(a_steps[4]), b0 + np.uint64(b_steps[4]), 1)
+            acc = mma(acc, a0 + np.uint64(a_steps[5]), b0 + np.uint64(b_steps[5]), 1)
+            acc = mma(acc, a0 + np.uint64(a_steps[6]), b0 + np.uint64(b_steps[6]), 1)
+            acc = mma(acc, a0 + np.uint64(a_steps[7]), b0 + np.uint64(b_steps[7]), 1)
+        return acc
+    return chain
+
+
 # ---------------------------------------------------------------------------------------------
 # The kernel, factory-made
 # ---------------------------------------------------------------------------------------------
@@ -331,20 +354,7 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
     # (ptxas); the other consumer's wgmma fill the tensor core meanwhile
     overlap_sdp = D == 64
 
-    @cuda.jit(device=True, forceinline=True)
-    def mma_s_all(a0, b0):
-        # S^T (or dP^T) over head_dim: D / 16 wgmma, the first overwriting the accumulator
-        acc = mma_s(zeros32, a0 + np.uint64(ka[0]), b0 + np.uint64(qb[0]), 0)
-        acc = mma_s(acc, a0 + np.uint64(ka[1]), b0 + np.uint64(qb[1]), 1)
-        acc = mma_s(acc, a0 + np.uint64(ka[2]), b0 + np.uint64(qb[2]), 1)
-        acc = mma_s(acc, a0 + np.uint64(ka[3]), b0 + np.uint64(qb[3]), 1)
-        if ksteps == 8:
-            acc = mma_s(acc, a0 + np.uint64(ka[4]), b0 + np.uint64(qb[4]), 1)
-            acc = mma_s(acc, a0 + np.uint64(ka[5]), b0 + np.uint64(qb[5]), 1)
-            acc = mma_s(acc, a0 + np.uint64(ka[6]), b0 + np.uint64(qb[6]), 1)
-            acc = mma_s(acc, a0 + np.uint64(ka[7]), b0 + np.uint64(qb[7]), 1)
-        return acc
-
+    mma_s_all = _mma_chain(mma_s, ka, qb, zeros32)  # S^T (or dP^T) over head_dim
     @cuda.jit(device=True, forceinline=True)
     def mma_rs_all(acc, a, b0):
         # acc += A B over the block's 64 queries: four k16 steps, A from registers
@@ -354,20 +364,9 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
         acc = mma_kv(acc, a[3], b0 + np.uint64(qm[3]), 1)
         return acc
 
-    @cuda.jit(device=True, forceinline=True)
-    def mma_dq(a0, b0):
-        # a dQ piece: dS (64 queries x its keys, read MN-major from dS^T) times K's rows of
-        # those keys and 64 columns
-        acc = mma_q(zeros32, a0 + np.uint64(dm[0]), b0 + np.uint64(dm[0]), 0)
-        acc = mma_q(acc, a0 + np.uint64(dm[1]), b0 + np.uint64(dm[1]), 1)
-        acc = mma_q(acc, a0 + np.uint64(dm[2]), b0 + np.uint64(dm[2]), 1)
-        acc = mma_q(acc, a0 + np.uint64(dm[3]), b0 + np.uint64(dm[3]), 1)
-        if dq_steps == 8:
-            acc = mma_q(acc, a0 + np.uint64(dm[4]), b0 + np.uint64(dm[4]), 1)
-            acc = mma_q(acc, a0 + np.uint64(dm[5]), b0 + np.uint64(dm[5]), 1)
-            acc = mma_q(acc, a0 + np.uint64(dm[6]), b0 + np.uint64(dm[6]), 1)
-            acc = mma_q(acc, a0 + np.uint64(dm[7]), b0 + np.uint64(dm[7]), 1)
-        return acc
+    # a dQ piece: dS (64 queries x its keys, read MN-major from dS^T) times K's rows of those
+    # keys and 64 columns
+    mma_dq = _mma_chain(mma_q, dm, dm, zeros32)
 
     @cuda.jit(device=True, forceinline=True)
     def ds_stored(cw):
@@ -375,10 +374,8 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
         # 1, 256 threads) at head_dim 128, this consumer's own (6 + cw, 128) at 64
         if dq_steps == 8:
             nt.named_barrier_sync(1, 256)
-        elif cw == 0:
-            nt.named_barrier_sync(6, 128)
         else:
-            nt.named_barrier_sync(7, 128)
+            own_ds_stored(cw)
 
     @cuda.jit(device=True, forceinline=True)
     def stage_ds(smem, row_addr, sx, qd):
@@ -389,33 +386,14 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
         nt.stmatrix_x4(smem, row_addr + ((4 ^ sx) << 4), qd[2])
         nt.stmatrix_x4(smem, row_addr + ((6 ^ sx) << 4), qd[3])
 
-    @cuda.jit(device=True, forceinline=True)
-    def piece_sync(cw):  # the writer waits for consumer cw's piece (named barriers 2, 3)
-        if cw == 0:
-            nt.named_barrier_sync(2, 160)
-        else:
-            nt.named_barrier_sync(3, 160)
-
-    @cuda.jit(device=True, forceinline=True)
-    def piece_ready(cw):
-        if cw == 0:
-            nt.named_barrier_arrive(2, 160)
-        else:
-            nt.named_barrier_arrive(3, 160)
-
-    @cuda.jit(device=True, forceinline=True)
-    def staging_sync(cw):  # consumer cw waits for its staging tile to be free (4, 5)
-        if cw == 0:
-            nt.named_barrier_sync(4, 160)
-        else:
-            nt.named_barrier_sync(5, 160)
-
-    @cuda.jit(device=True, forceinline=True)
-    def staging_free(cw):
-        if cw == 0:
-            nt.named_barrier_arrive(4, 160)
-        else:
-            nt.named_barrier_arrive(5, 160)
+    # the dQ handshake, per consumer cw: the writer waits for its piece (named barriers 2, 3:
+    # its 128 threads arrive, the writer warp's 32 sync), the consumer waits for its staging
+    # tile to be free (4, 5: the writer arrives)
+    piece_sync = named_barrier_of((2, 3), 160)
+    piece_ready = named_barrier_of((2, 3), 160, arrive=True)
+    staging_sync = named_barrier_of((4, 5), 160)
+    staging_free = named_barrier_of((4, 5), 160, arrive=True)
+    own_ds_stored = named_barrier_of((6, 7), 128)  # a consumer's own 128 threads
 
     @cuda.jit(device=True, forceinline=True)
     def write_piece(smem, dq_ws, counters, cw, tile, j, lane):
@@ -745,17 +723,13 @@ def unsupported(p):
     for name in ("dq", "dk", "dv"):
         if not _pairs_fit(getattr(p, name)):
             return f"{name}'s column pairs are not 4-byte aligned"
-    if p.ws is None or p.counters is None:
-        return "no dQ workspace (numbatc.attention_backward allocates it)"
     return None
 
 
 def applies(p):
-    """True when this kernel computes ``p`` (:func:`unsupported` without the workspace, which
-    numbatc.attention_backward allocates once this says yes)."""
-    import dataclasses
-
-    return unsupported(dataclasses.replace(p, ws=0, counters=0)) is None
+    """True when this kernel computes ``p`` (numbatc.attention_backward then allocates its
+    workspace, :func:`workspace_floats`)."""
+    return unsupported(p) is None
 
 
 def choose(p, name=None):
@@ -830,6 +804,9 @@ def launch(p, cfg: Sm90BwdConfig):
     from numbatc.kernels.sm90_attention_tma import operand_map
 
     _, var = compiled(p, cfg)
+    if p.ws is None or p.counters is None:
+        raise ValueError("sm90_attention_backward.launch: the problem has no dQ workspace "
+                         "(numbatc.attention_backward allocates it: workspace_floats)")
     if os.environ.get("NUMBATC_PRINT_CONFIG"):
         print(f"numbatc.attention_backward B={p.batch} Sq={p.seqlen_q} Sk={p.seqlen_k} "
               f"Hq={p.heads_q} Hkv={p.heads_kv} D={p.head_dim}{' causal' if p.causal else ''}: "

@@ -108,7 +108,7 @@ from intrinsics.layout.smem import encode_wgmma_smem_desc
 from numbatc.kernels import build
 from numbatc.kernels import tensor_maps as tensor_maps_cache
 from numbatc.kernels.epilogue import ZERO4, add_partial, epilogue_for, put_partial
-from numbatc.kernels.pipeline import tma_pipeline
+from numbatc.kernels.pipeline import named_barrier_of, tma_pipeline
 from numbatc.kernels.tiles import make_tile_coords
 
 __all__ = ["MnKFirstLayout", "describe", "make_kernel", "launch", "make_producer", "out_map",
@@ -420,13 +420,7 @@ def make_kernel(cfg, var):
     promote = _promote64 if BN == 128 else _promote32
     first_scale_d = 0 if blockwise else 1  # 0: the k tile's first wgmma overwrites d
 
-    @cuda.jit(device=True, forceinline=True)
-    def wg_sync(cw):
-        # consumer warpgroup cw's 128 threads (named barriers 2 and 3: the id is an immediate)
-        if cw == 0:
-            nt.named_barrier_sync(2, 128)
-        else:
-            nt.named_barrier_sync(3, 128)
+    wg_sync = named_barrier_of((2, 3), 128)  # consumer warpgroup cw's 128 threads
 
     @cuda.jit(cache=False, launch_bounds=(cfg.threads, 1))
     def gemm_kernel(tma_a, tma_b, tma_out, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha,

@@ -154,3 +154,14 @@ def test_sm90_gemm_tma_code_kernel_under_stress(thread_switch_stress):
         ref = a.astype(np.float64) @ b.astype(np.float64)
         scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + 1
         assert np.all(np.abs(got - ref) <= 2.0**-8 * np.abs(ref) + 1e-5 * scale), f"run {run}"
+
+
+def test_sm90_attention_backward_under_stress(thread_switch_stress, monkeypatch):
+    """The Hopper attention backward (sm90_attention_backward) under a 1 us thread-switch
+    interval: the producer's tensor and bulk copies, the consumers' named barriers with the dQ
+    writer warp, the bulk reductions and their counters (2 key blocks take turns), checked
+    against the float64 reference gradient."""
+    from tests.helpers.attention_backward import check_backward
+
+    monkeypatch.setenv("NUMBATC_ATTN_BWD_KERNEL", "sm90")
+    check_backward(1, 40, 150, 1, 1, 64, True, "bfloat16")
