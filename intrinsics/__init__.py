@@ -44,6 +44,7 @@ from intrinsics.fastmath import (
     tanh_approx,
 )
 from intrinsics.gmem import st_global_b32
+from intrinsics.hints import opaque
 from intrinsics.cp_async import (
     cp_async_op,
     cp_async_4,

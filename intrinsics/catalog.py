@@ -500,8 +500,21 @@ def _tcgen05_probes():
 
 _TC_MMA = _TC_LD = _TC_ST = _TC_CP = None
 
+def _opaque_probes():
+    import intrinsics.hints as hn
+
+    def kernel(x, y):
+        t = hn.opaque(np.int64(cuda.threadIdx.x))
+        x[t] = hn.opaque(x[t]) + hn.opaque((x[0], x[1]))[1]
+        y[t] = hn.opaque(y[t] + np.uint64(2))
+
+    yield Probe("optimiser barrier", "opaque (empty volatile asm)", kernel,
+                (types.float32[:], types.uint64[:]), SM75, ("// begin inline asm",))
+
+
 _FAMILIES = [_mma_probes, _mma_block_scale_probes, _ldmatrix_probes, _cp_async_probes, _cp_async_mbarrier_probes,
              _convert_probes, _mbarrier_probes, _barrier_probes, _global_memory_probes, _fastmath_probes,
+             _opaque_probes,
              _cluster_probes, _setmaxnreg_probes, _tma_probes, _wgmma_probes, _tcgen05_probes]
 
 

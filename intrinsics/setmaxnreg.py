@@ -31,7 +31,7 @@ from numba.cuda.core.errors import NumbaTypeError
 
 from intrinsics._core import Arch, asm, intrinsic, require_arch
 
-__all__ = ["REGISTER_COUNTS", "SETMAXNREG_ARCH", "setmaxnreg_dec", "setmaxnreg_inc"]
+__all__ = ["REGISTER_COUNTS", "SETMAXNREG_ARCH", "register_pool", "setmaxnreg_dec", "setmaxnreg_inc"]
 
 # The architecture-specific (and family-specific) targets that have setmaxnreg; sm_101a was
 # renamed sm_110a in PTX ISA 9.0.
@@ -42,6 +42,18 @@ SETMAXNREG_ARCH = Arch(
 
 # Valid per-thread register counts.
 REGISTER_COUNTS = range(24, 257, 8)
+
+
+def register_pool(threads, registers_per_sm=65536):
+    """Registers a block of ``threads`` launched with ``launch_bounds=(threads, 1)`` holds, all
+    that its warps' ``setmaxnreg`` can move: the per-thread share rounded down to a multiple of
+    8, times ``threads`` -- 64512 for 384 threads (168 each), not 65536.  A split whose
+    ``.inc`` asks for more than the ``.dec`` warps gave back waits forever (so 24 / 240 is the
+    largest consumer share of a 128 + 256 split, FlashAttention-3's).  Blocks of 256 threads or
+    more (below that the 255-register limit of a thread caps the share instead)."""
+    if threads < 256 or threads % 128:
+        raise ValueError(f"register_pool: whole warpgroups, at least 256 threads, got {threads}")
+    return registers_per_sm // threads // 8 * 8 * threads
 
 # action -> asm template (the count is formatted in: it is an immediate).
 _ACTIONS = {

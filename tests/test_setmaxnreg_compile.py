@@ -154,3 +154,15 @@ def test_bad_register_count_is_a_typing_error(kernel, message):
 def test_register_counts():
     assert list(REGISTER_COUNTS)[0] == 24 and list(REGISTER_COUNTS)[-1] == 256
     assert all(n % 8 == 0 for n in REGISTER_COUNTS) and len(REGISTER_COUNTS) == 30
+
+
+def test_register_pool():
+    from intrinsics.setmaxnreg import register_pool
+
+    assert register_pool(384) == 168 * 384 == 64512  # not 65536
+    assert register_pool(256) == 256 * 256
+    assert register_pool(512) == 128 * 512
+    assert 24 * 128 + 240 * 256 == register_pool(384)  # FlashAttention-3's split, the whole pool
+    for bad in (128, 200):
+        with pytest.raises(ValueError, match="warpgroups"):
+            register_pool(bad)

@@ -26,6 +26,7 @@ FAMILIES = {
     "intrinsics.atomic": "intrinsics.emulate.atomic",
     "intrinsics.gmem": "intrinsics.emulate.gmem",
     "intrinsics.fastmath": "intrinsics.emulate.fastmath",
+    "intrinsics.hints": "intrinsics.emulate.hints",
     "intrinsics.convert": "intrinsics.emulate.convert",
     "intrinsics.mma": "intrinsics.emulate.mma",
     "intrinsics.ldmatrix": "intrinsics.emulate.ldmatrix",

@@ -73,6 +73,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from intrinsics.setmaxnreg import register_pool
 from numbatc.kernels import sm80_attention
 from numbatc.kernels.build import load_generated
 
@@ -104,7 +105,7 @@ _THREADS_PER_WG = 128
 BLOCK_M = 128  # query rows per block: 64 per consumer warpgroup
 # NOTE: ptxas puts the 1024-aligned dynamic window after the static mbarriers, at 1024.
 _STATIC_SHARED = 1024
-_POOL = 65536 // 384 // 8 * 8 * 384  # registers a (384, 1)-bounded block is launched with
+_POOL = register_pool(384)  # registers a (384, 1)-bounded block is launched with
 _SHARED_MAX = 227 * 1024  # shared memory an sm_90 block may have
 
 

@@ -64,6 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from intrinsics.setmaxnreg import register_pool
 from numbatc.kernels import build, epilogue, operands, split_k
 
 __all__ = ["Sm90Config", "Sm90Variant", "Sm90Fp8Variant", "CONFIGS", "FP8_CONFIGS",
@@ -212,7 +213,7 @@ class Sm90Config:
         # NOTE: setmaxnreg redistributes what the block was given at launch: with launch_bounds
         # (threads, 1) that is 65536 / threads per thread, rounded down to a multiple of 8 (168
         # for 384 threads: 64512, not 65536); asking for more makes setmaxnreg.inc wait forever.
-        pool = (65536 // self.threads) // 8 * 8 * self.threads
+        pool = register_pool(self.threads)
         if regs > pool:
             problems.append(f"setmaxnreg {self.producer_regs}/{self.consumer_regs} needs {regs} "
                             f"registers, more than the {pool} a block of {self.threads} threads "
