@@ -81,6 +81,7 @@ from numba import cuda  # a module global: the simulator swaps it in device func
 import intrinsics as nt
 from intrinsics.layout import SmemLayout
 from intrinsics.layout.smem import encode_wgmma_smem_desc
+from intrinsics.setmaxnreg import register_pool
 from numbatc.kernels import build, sm80_attention, sm80_attention_backward
 from numbatc.kernels.pipeline import named_barrier_of, tma_pipeline
 from numbatc.kernels.sm90_gemm_tma import MnKFirstLayout
@@ -93,6 +94,8 @@ __all__ = ["Sm90BwdConfig", "Sm90BwdVariant", "CONFIGS", "HEAD_DIMS", "TILES", "
 LOG2E = sm80_attention.LOG2E
 #: head dims this kernel implements (others run sm80_attention_backward)
 HEAD_DIMS = (64, 128)
+#: the registers setmaxnreg moves between the warpgroups (168 a thread: 64512, not 65536)
+_POOL = register_pool(384)
 BLOCK_N = 128  # keys per block, 64 per consumer warpgroup
 BLOCK_M = 64  # queries per step
 _SWIZZLE = 128
@@ -114,9 +117,9 @@ class Sm90BwdConfig:
     consumer_regs: int = 224
 
     def __post_init__(self):
-        if self.stages < 2 or 128 * self.producer_regs + 256 * self.consumer_regs > 65536:
+        if self.stages < 2 or 128 * self.producer_regs + 256 * self.consumer_regs > _POOL:
             raise ValueError(f"invalid sm90 attention backward config {self.name}: stages >= 2 "
-                             "and 128 * producer_regs + 256 * consumer_regs <= 65536")
+                             f"and 128 * producer_regs + 256 * consumer_regs <= {_POOL}")
 
     @property
     def threads(self):
@@ -137,12 +140,14 @@ class Sm90BwdVariant:
 CONFIGS = {
     c.name: c
     for c in (
-        # head_dim 64: 56 / 224 registers (the producer and the dQ writer spill at 24 or 32;
-        # the consumers need ~200); head_dim 128: 32 / 240, the most the consumers can get
-        # (128 * 32 + 256 * 240 = 65536), where ptxas still spills 140-220 bytes (measured
-        # with ptxas -v; the main loop's reloads are L1 hits, their cost not yet measured)
+        # head_dim 64: 56 / 224 registers (the consumers need ~200); head_dim 128: 24 / 240,
+        # FlashAttention-3's split and the most the consumers can get (128 * 24 + 256 * 240 =
+        # 64512, the whole pool; 32 / 240 asked for 1024 more, and .inc would wait forever).
+        # ptxas -v (whole program): no spills at head_dim 64, 0 / 8 bytes at 128 (not causal /
+        # causal; outside the main loop) -- with nt.opaque keeping K's and V's k-step
+        # descriptors in the loop and the producer's loop rolled (140-220 bytes without)
         Sm90BwdConfig("d64", 2, 56, 224),
-        Sm90BwdConfig("d128", 2, 32, 240),
+        Sm90BwdConfig("d128", 2, 24, 240),
         Sm90BwdConfig("d64_3s", 3, 56, 224),  # an alternative (not measured yet)
     )
 }
@@ -472,8 +477,12 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
                 for g in range(group):
                     h = hk * group + g
                     row = (b * Hq + h) * pad_q
-                    for i in range(m_first, m_blocks):
+                    # a while loop counted through nt.opaque: LLVM unrolled the for loop 4x, each
+                    # copy's coordinates precomputed, past the producer's 24 registers
+                    i = m_first
+                    while i < m_blocks:
                         m0 = i * BLOCK_M
+                        i = nt.opaque(i + 1)
                         acquire(bars, index, phase)
                         commit(bars, index, stage_bytes)
                         for jj in range(boxes):
@@ -550,6 +559,11 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
             for i in range(m_first, m_blocks):
                 m0 = i * BLOCK_M
                 wait(bars, index, phase)
+                # the block's own K / V tiles: their k-step sums stay next to their wgmma
+                # instead of 48 hoisted registers (ptxas spilled 140-220 bytes; intrinsics.hints)
+                da_k = nt.opaque(da_k)
+                da_v = nt.opaque(da_v)
+                db_k = nt.opaque(db_k)
                 st = np.uint64(index * (QS // 16))
                 nt.wgmma_fence()
                 s = mma_s_all(da_k, db_q + st)
