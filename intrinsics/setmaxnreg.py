@@ -49,8 +49,9 @@ def register_pool(threads, registers_per_sm=65536):
     that its warps' ``setmaxnreg`` can move: the per-thread share rounded down to a multiple of
     8, times ``threads`` -- 64512 for 384 threads (168 each), not 65536.  A split whose
     ``.inc`` asks for more than the ``.dec`` warps gave back waits forever (so 24 / 240 is the
-    largest consumer share of a 128 + 256 split, FlashAttention-3's).  Blocks of 256 threads or
-    more (below that the 255-register limit of a thread caps the share instead)."""
+    largest consumer share of a 128 + 256 split, FlashAttention-3's).  Blocks of whole
+    warpgroups, at least 256 threads; at 256 the share (256) is one more than a thread can
+    address, so the bound holds but what a warp starts with there is ptxas's choice."""
     if threads < 256 or threads % 128:
         raise ValueError(f"register_pool: whole warpgroups, at least 256 threads, got {threads}")
     return registers_per_sm // threads // 8 * 8 * threads

@@ -160,9 +160,9 @@ def test_register_pool():
     from intrinsics.setmaxnreg import register_pool
 
     assert register_pool(384) == 168 * 384 == 64512  # not 65536
-    assert register_pool(256) == 256 * 256
     assert register_pool(512) == 128 * 512
     assert 24 * 128 + 240 * 256 == register_pool(384)  # FlashAttention-3's split, the whole pool
+    assert register_pool(256) == 65536
     for bad in (128, 200):
         with pytest.raises(ValueError, match="warpgroups"):
             register_pool(bad)

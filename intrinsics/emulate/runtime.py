@@ -406,8 +406,15 @@ class Launch:
 
     def _deadlock(self, thread):
         waiting = [t for t in thread.block.cluster_threads() if not t.finished]
-        lines = "\n".join(f"  {t.where()}: waits on {t.waiting}" for t in waiting[:32])
-        more = f"\n  ... and {len(waiting) - 32} more" if len(waiting) > 32 else ""
+        # every distinct wait first (one thread each), then the others, up to 32 lines
+        firsts = {}
+        for t in waiting:
+            firsts.setdefault(t.waiting, t)
+        shown = list(firsts.values())
+        shown += [t for t in waiting if firsts[t.waiting] is not t][:max(0, 32 - len(shown))]
+        shown = shown[:32]
+        lines = "\n".join(f"  {t.where()}: waits on {t.waiting}" for t in shown)
+        more = f"\n  ... and {len(waiting) - len(shown)} more" if len(waiting) > len(shown) else ""
         raise EmulationError(f"deadlock: no thread can make progress\n{lines}{more}")
 
     def wait_until(self, thread, ready, what):

@@ -37,7 +37,7 @@ from intrinsics.mbarrier import (  # noqa: E402
     mbarrier_test_wait_parity,
     mbarrier_wait_parity,
 )
-from intrinsics.setmaxnreg import setmaxnreg_dec  # noqa: E402
+from intrinsics.setmaxnreg import setmaxnreg_dec, setmaxnreg_inc  # noqa: E402
 from intrinsics.tensormap import TensorMap  # noqa: E402
 from intrinsics.tma import (  # noqa: E402
     bulk_commit_group,
@@ -250,6 +250,35 @@ def test_setmaxnreg_counts_differ_in_a_warpgroup():
                              r"\[0, 1, 2\] of the warpgroup with 40; warp\(s\) \[3\] of the "
                              r"warpgroup with 56"):
         run(_setmaxnreg_mismatch, np.zeros(1), block=128)
+
+
+def _split(producer, consumer):
+    @cuda.jit
+    def kernel(out):
+        t = cuda.threadIdx.x
+        if t < 128:
+            setmaxnreg_dec(producer)
+        else:
+            setmaxnreg_inc(consumer)
+        cuda.syncthreads()
+        out[t] = 1
+    return kernel
+
+
+def test_setmaxnreg_split_within_the_pool_runs():
+    # 384 threads start with 168 registers each: 24 / 240 gives back exactly what is taken, and
+    # the consumers' .inc waits for the producer's .dec wherever it comes first
+    out = np.zeros(384)
+    run(_split(24, 240), out, block=384)
+    assert (out == 1).all()
+
+
+def test_setmaxnreg_split_beyond_the_pool_deadlocks(quick_deadlock):
+    # 32 / 240: the producer gives 128 x 136 = 17408 registers back, the consumers ask for
+    # 256 x 72 = 18432 -- on the GPU some consumer warps would wait forever
+    with pytest.raises(EmulationError, match=r"deadlock(.|\n)*setmaxnreg.inc.sync.aligned.u32 240: "
+                                             r"72 registers a thread from the block's pool"):
+        run(_split(32, 240), np.zeros(384), block=384)
 
 
 # ---------------------------------------------------------------------------------------------
