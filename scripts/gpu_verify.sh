@@ -79,6 +79,14 @@
 #              the whole-fragment intrinsics (intrinsics.fastmath.frag_*): the attention suites
 #              in shards beside memcheck / racecheck of attention_sm90, then bench attention
 #              quick of both trees (bench.txt)
+#   hopper     the three Hopper paths no H200 has run yet, in one call: sm90_gemm_tma as code
+#              (the GEMM default), sm90 attention's softmax through the fragment intrinsics (the
+#              attention default) and the opt-in Hopper backward -- their GPU suites in one set of
+#              shards (tests.txt, testlogs.txt) beside compute-sanitizer on their cases
+#              (sanitize.txt); HOPPER_SANITIZE: tool:kind words
+#   hopperbench  the same three against the generated kernels they replaced (.gpu/base, as
+#              code90): bench attention-backward quick --kernel all, then gemm quick (b col) and
+#              attention quick for both trees back to back (bench.txt)
 #   bwd90      the Hopper attention backward (sm90_attention_backward, opt-in): its GPU suite
 #              and the portable backward's in shards (tests.txt, testlogs.txt) beside memcheck,
 #              racecheck and synccheck of attention_backward_sm90 (sanitize.txt), then bench
@@ -528,6 +536,43 @@ if [[ $what == code90 ]]; then
       echo "[bench done at $((SECONDS - start)) s]"
     } > "$out/bench.txt" 2>&1
   fi
+fi
+
+if [[ $what == hopper ]]; then
+  $py scripts/pytest_shards.py --shards ${HOPPER_SHARDS:-14} --timeout ${HOPPER_TIMEOUT:-420} \
+    --out /tmp/shards_hopper tests/gpu/test_sm90_gemm_gpu.py tests/gpu/test_gemm_gpu.py \
+    tests/gpu/test_gemm_fp8_gpu.py tests/gpu/test_graphs_gpu.py tests/gpu/test_sm90_attention_gpu.py \
+    tests/gpu/test_attention_gpu.py tests/gpu/test_sm90_attention_backward_gpu.py \
+    tests/gpu/test_attention_backward_gpu.py -- --tb=short > /tmp/hopper_tests.txt 2>&1 &
+  { for case in ${HOPPER_SANITIZE:-memcheck:gemm_sm90 racecheck:gemm_sm90 synccheck:gemm_sm90 \
+        memcheck:gemm_sm90_split memcheck:attention_sm90 racecheck:attention_sm90 \
+        memcheck:attention_backward_sm90 racecheck:attention_backward_sm90 \
+        synccheck:attention_backward_sm90}; do
+      set -- ${case/:/ }
+      echo "== $1 $2"
+      t 90 compute-sanitizer --tool $1 --report-api-errors no --print-limit 5 \
+        $py scripts/sanitize_cases.py $2 | grep -vE "^\s*$" | tail -6
+    done; } > "$out/sanitize.txt" 2>&1 &
+  wait
+  { cat /tmp/hopper_tests.txt; echo "[tests done at $((SECONDS - start)) s]"; } > "$out/tests.txt"
+  for f in /tmp/shards_hopper/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+fi
+
+if [[ $what == hopperbench ]]; then
+  { echo "(base: $(cat .gpu/base/COMMIT 2>/dev/null || echo '?'))"
+    echo "== attention-backward quick, --kernel all"
+    t 180 $py -m numbatc.bench attention-backward --shapes quick --kernel all
+    for tree in base new; do
+      echo "== $tree: gemm quick, b col"
+      pre=; [[ $tree == base ]] && pre="env PYTHONPATH=$PWD/.gpu/base:${PYTHONPATH:-}"
+      t 80 $pre $py -m numbatc.bench gemm --shapes quick --b-layout col | grep -E "^ +[0-9]|rror| M +N"
+    done
+    for tree in base new; do
+      echo "== $tree: attention quick"
+      pre=; [[ $tree == base ]] && pre="env PYTHONPATH=$PWD/.gpu/base:${PYTHONPATH:-}"
+      t 100 $pre $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]|rror| B +S"
+    done
+    echo "[bench done at $((SECONDS - start)) s]"; } > "$out/bench.txt" 2>&1
 fi
 
 if [[ $what == bwd90 ]]; then
