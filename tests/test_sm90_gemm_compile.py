@@ -298,7 +298,12 @@ def test_tma_producer_assembles_without_spills(name, var, tmp_path):
     assert "cp.async.cg" not in ptx and "cp.async.ca" not in ptx and "cp.async.mbarrier" not in ptx
     assert "fence.proxy.async" not in ptx
     mma = [line for line in ptx.splitlines() if "wgmma.mma_async" in line]
-    assert len(mma) == 4
+    halves = 2 if cfg.pingpong else 1  # ping-pong: a warpgroup's tile is both 64-row halves
+    assert len(mma) == 4 * halves
+    if cfg.pingpong:  # the turns at the main loop: named barriers 4 and 5
+        for text in ("barrier.sync.aligned 4, ", "barrier.sync.aligned 5, ",
+                     "barrier.arrive.aligned 4, ", "barrier.arrive.aligned 5, "):
+            assert text in ptx, text
     for text in (f"setmaxnreg.dec.sync.aligned.u32 {cfg.producer_regs};",
                  f"setmaxnreg.inc.sync.aligned.u32 {cfg.consumer_regs};",
                  f"wgmma.wait_group.sync.aligned {cfg.inflight};",
@@ -315,7 +320,7 @@ def test_tma_producer_assembles_without_spills(name, var, tmp_path):
     sass = subprocess.run([disasm, str(tmp_path / "kernel.cubin")], capture_output=True,
                           text=True, check=True).stdout
     assert "UTMALDG" in sass and "LDGSTS" not in sass
-    assert len(re.findall(rf"[HQ]GMMA\.64x{cfg.bn}x", sass)) == 4
+    assert len(re.findall(rf"[HQ]GMMA\.64x{cfg.bn}x", sass)) == 4 * halves
     assert not re.search(r"\b(LDL|STL)\b", sass)
 
 
@@ -340,8 +345,12 @@ def test_tma_store_epilogue_assembles(name, var, tmp_path):
     ptx = _ptx(name, var)
     lines = ptx.splitlines()
     stores = [x for x in lines if "cp.async.bulk.tensor" in x and ".global.shared::cta" in x]
-    assert len(stores) == cfg.bn // 64, stores
-    assert sum("stmatrix.sync.aligned.m8n8.x4.shared.b16" in x for x in lines) == cfg.bn // 16
+    # ping-pong: each 64-row half of a warpgroup's tile, LLVM keeping the halves' loop rolled
+    # (one copy of the stores, run twice) or not
+    halves = {1, 2} if cfg.pingpong else {1}
+    assert len(stores) in {h * cfg.bn // 64 for h in halves}, stores
+    assert (sum("stmatrix.sync.aligned.m8n8.x4.shared.b16" in x for x in lines)
+            in {h * cfg.bn // 16 for h in halves})
     for text in ("fence.proxy.async.shared::cta", "cp.async.bulk.commit_group",
                  "cp.async.bulk.wait_group.read 0", "cp.async.bulk.wait_group 0",
                  "barrier.sync.aligned 2, ", "barrier.sync.aligned 3, "):
@@ -355,8 +364,8 @@ def test_tma_store_epilogue_assembles(name, var, tmp_path):
         return
     sass = subprocess.run([disasm, str(tmp_path / "kernel.cubin")], capture_output=True,
                           text=True, check=True).stdout
-    assert len(re.findall(r"\bUTMASTG\b", sass)) == cfg.bn // 64
-    assert len(re.findall(r"\bSTSM\b", sass)) == cfg.bn // 16
+    assert len(re.findall(r"\bUTMASTG\b", sass)) in {h * cfg.bn // 64 for h in halves}
+    assert len(re.findall(r"\bSTSM\b", sass)) in {h * cfg.bn // 16 for h in halves}
     assert not re.search(r"\b(LDL|STL)\b", sass)
 
 
@@ -375,7 +384,9 @@ def test_tma_store_configs_and_twins():
         # twin's (a one-tile-per-block twin splits as itself)
         assert name in sm90_gemm.SPLIT_TWIN
         assert twin.name in sm90_gemm.SPLIT_TWIN or not twin.persistent
-        assert cfg.shared_bytes == cfg.stages * cfg.stage_bytes + cfg.bm * cfg.bn * 2
+        # (ping-pong: a staging tile per consumer warpgroup)
+        assert cfg.shared_bytes == cfg.stages * cfg.stage_bytes + cfg.bm * cfg.bn * 2 * (
+            2 if cfg.pingpong else 1)
         assert cfg.stages * cfg.stage_bytes % 1024 == 0
     with pytest.raises(ValueError, match="TMA store epilogue is implemented with the TMA"):
         sm90_gemm.Sm90Config("ts", 128, 3, store="tma")
@@ -423,7 +434,9 @@ def test_tma_twins_and_the_default_switch():
     tma_only = {"64x128x64_6s_w1_tma", "64x256x64_4s_w1_tma",
                 *(name for name, _ in sm90_gemm.FP8_SMALL_TILES), sm90_gemm.FP8_MID_TILE,
                 "128x256x64_3s_pt_tma", "128x256x64_3s_w1_pt_tma", "128x128x64_4s_w1_pt_tma",
-                "fp8_128x256x128_3s_pt_tma", *sm90_gemm.BLOCKWISE_CONFIGS}
+                "fp8_128x256x128_3s_pt_tma", *sm90_gemm.BLOCKWISE_CONFIGS,
+                *(name for name in TMA_NAMES if sm90_gemm.CONFIGS.get(name, None) is not None
+                  and sm90_gemm.CONFIGS[name].pingpong)}  # ping-pong: TMA only
     for name in TMA_NAMES:
         cfg = sm90_gemm.CONFIGS.get(name) or sm90_gemm.FP8_CONFIGS[name]
         twin = sm90_gemm.with_producer(cfg, "cp.async")

@@ -164,9 +164,19 @@ class Sm90Config:
     # stores, which drain while the consumers run the next tile's main loop (see
     # sm90_gemm_tma's docstring); edge tiles store directly.
     store: str = "direct"
+    # CUTLASS's ping-pong schedule (the ``_pp`` names; TMA producer, persistent): each consumer
+    # warpgroup takes whole tiles of its own, the block's tiles alternating between the two,
+    # and the warpgroups take turns at the main loop (named barriers 4 and 5), so that one's
+    # epilogue runs under the other's wgmma (sm90_gemm_tma's docstring).
+    pingpong: bool = False
 
     def __post_init__(self):
         problems = []
+        if self.pingpong and not (self.producer == "tma" and self.persistent
+                                  and self.consumers == 2 and self.bn <= 128):
+            # a warpgroup holds the whole tile: 2 x BN / 2 accumulator registers a thread
+            problems.append("pingpong needs the TMA producer, persistent tiles, 2 consumer "
+                            "warpgroups and bn <= 128")
         if self.producer not in ("cp.async", "tma"):
             problems.append(f"producer must be 'cp.async' or 'tma', got {self.producer!r}")
         if self.store not in ("direct", "tma"):
@@ -243,8 +253,10 @@ class Sm90Config:
 
     @property
     def staging_bytes(self):
-        """The TMA store's staging tile (BM x BN two-byte values), 0 for direct stores."""
-        return self.bm * self.bn * 2 if self.store == "tma" else 0
+        """The TMA store's staging tile (BM x BN two-byte values; one per consumer warpgroup
+        under pingpong), 0 for direct stores."""
+        tiles = 2 if self.pingpong else 1
+        return tiles * self.bm * self.bn * 2 if self.store == "tma" else 0
 
     @property
     def shared_bytes(self):
@@ -316,6 +328,18 @@ CONFIGS = {
                    producer="tma", store="tma", **_TMA_REGS),
         Sm90Config("128x128x64_4s_w1_pt_tma", 128, 4, inflight=1, persistent=True,
                    producer="tma", **_TMA_REGS),
+        # CUTLASS's ping-pong schedule (issue 21: the epilogue under the other warpgroup's
+        # main loop): 128 x 128 tiles, one per consumer warpgroup at a time; opt-in (forced by
+        # name) until the H200 has measured it.  32 KB stages: 5 of them, or 4 beside the TMA
+        # store's two 32 KB staging tiles (4 x 32 + 64 + 1 static = 193 KB)
+        Sm90Config("128x128x64_5s_pp_tma", 128, 5, persistent=True, producer="tma",
+                   pingpong=True, **_TMA_REGS),
+        Sm90Config("128x128x64_5s_w1_pp_tma", 128, 5, inflight=1, persistent=True,
+                   producer="tma", pingpong=True, **_TMA_REGS),
+        Sm90Config("128x128x64_4s_w1_pp_tma", 128, 4, inflight=1, persistent=True,
+                   producer="tma", pingpong=True, **_TMA_REGS),
+        Sm90Config("128x128x64_4s_w1_pp_tma_ts", 128, 4, inflight=1, persistent=True,
+                   producer="tma", store="tma", pingpong=True, **_TMA_REGS),
         # ... and the small tiles' TMA store forms (sm90_gemm.small_split splits them as their
         # direct-store twins, whose split form runs: SPLIT_TWIN)
         Sm90Config("64x128x64_6s_w1_tma_ts", 128, 6, bm=64, consumers=1, inflight=1,
@@ -1014,6 +1038,11 @@ SPLIT_TWIN = {"128x256x64_4s_pt": "128x256x64_4s_w1", "128x256x64_4s_w1_pt": "12
               "128x256x64_3s_w1_pt_tma": "128x256x64_4s_w1_tma",
               "128x256x64_3s_w1_pt_tma_ts": "128x256x64_4s_w1_tma",
               "128x128x64_4s_w1_pt_tma": "128x128x64_4s_w1_tma",
+              # ping-pong's tiles are whole K: a K slice runs one block per tile
+              "128x128x64_5s_pp_tma": "128x128x64_4s_w1_tma",
+              "128x128x64_5s_w1_pp_tma": "128x128x64_4s_w1_tma",
+              "128x128x64_4s_w1_pp_tma": "128x128x64_4s_w1_tma",
+              "128x128x64_4s_w1_pp_tma_ts": "128x128x64_4s_w1_tma",
               "128x128x64_4s_w1_pt_tma_ts": "128x128x64_4s_w1_tma",
               "64x128x64_6s_w1_tma_ts": "64x128x64_6s_w1_tma",
               "64x256x64_4s_w1_tma_ts": "64x256x64_4s_w1_tma",

@@ -67,6 +67,21 @@ tiles store directly (c and bias must not be read past the matrix); thread 0 wai
 last stores before the block exits.  The 64 KB staging tile leaves room for three 48 KB stages
 (209 KB of 227).  Out's tensor map is the kernel's third argument, cached like a and b's.
 
+Ping-pong (``pingpong``, the ``_pp`` names: CUTLASS's KernelTmaWarpSpecializedPingpong; opt-in
+until measured).  Each consumer warpgroup holds a whole 128 x BN tile (BN <= 128: two m64 row
+halves, 2 x BN / 2 accumulator registers, eight wgmma per k tile), and the block's persistent
+tiles alternate between the two: warpgroup cw takes the block's tiles 2i + cw.  The producer
+is unchanged -- it fills the one ring tile after tile -- so a warpgroup's k tiles start at ring
+position (2i + cw) * k_tiles (index and phase from that count), and each stage is read and
+released by one warpgroup (4 arrivals).  The warpgroups take turns at the main loop on named
+barriers 4 and 5 (256 threads: one warpgroup's sync, the other's arrival): a turn is the sync
+on its own barrier before the tile's first wait, and the arrival on the other's once its last
+k tile is issued, so that the tensor core runs one warpgroup's main loop while the other runs
+its epilogue.  Warpgroup 1 hands warpgroup 0 the first turn; the warpgroup that did not take
+the block's last turn takes the last hand-over at the end (no named barrier is left part-full).
+The epilogue runs once per 64-row half (TMA store: a staging tile per half and warpgroup, so
+4 x 64 x BN x 2 bytes).  Split-K runs its SPLIT_TWIN; blockwise FP8 is not implemented.
+
 The kernel is Python code: :func:`make_kernel` is a factory whose ``gemm_kernel`` and device
 functions (the main loop, the blockwise FP8 main loop, the TMA store and direct epilogues, the
 split-K reduction) close over the configuration's and variant's constants, with the ring
@@ -419,8 +434,17 @@ def make_kernel(cfg, var):
     sum_frags = _sum_frags(ep.store_tile) if split_k else None
     promote = _promote64 if BN == 128 else _promote32
     first_scale_d = 0 if blockwise else 1  # 0: the k tile's first wgmma overwrites d
+    # ping-pong (cfg.pingpong): each consumer warpgroup holds a whole tile (its two 64-row
+    # halves: d and d1), the block's tiles alternating between the warpgroups, and each stage
+    # is read by one warpgroup (4 warps release it)
+    pingpong = cfg.pingpong
+    assert not pingpong or not (split_k or blockwise), (cfg, var)
+    if pingpong:
+        consumer_arrivals = 4
 
     wg_sync = named_barrier_of((2, 3), 128)  # consumer warpgroup cw's 128 threads
+    turn_sync = named_barrier_of((4, 5), 256)  # ping-pong: warpgroup cw's turn at the main loop
+    turn_pass = named_barrier_of((5, 4), 256, arrive=True)  # ... handed to the other
 
     @cuda.jit(cache=False, launch_bounds=(cfg.threads, 1))
     def gemm_kernel(tma_a, tma_b, tma_out, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha,
@@ -455,7 +479,10 @@ def make_kernel(cfg, var):
         cw = wg - 1
         # (64, BK) part of A for this warpgroup, (BN, BK) of B; the stage and the k step move the
         # descriptors' start address (bits 0-13 hold address >> 4; no carry leaves the field)
-        da0 = smem_desc(nt.shared_address(smem, cw * a_part), a_lbo, a_sbo, _SWIZZLE)
+        # (ping-pong: both 64-row parts of A, da0 and da1, for the warpgroup's whole tile)
+        da0 = smem_desc(nt.shared_address(smem, 0 if pingpong else cw * a_part), a_lbo, a_sbo,
+                        _SWIZZLE)
+        da1 = da0 + np.uint64(a_part // 16)
         db0 = smem_desc(nt.shared_address(smem, a_bytes), b_lbo, b_sbo, _SWIZZLE)
         # NOTE: int64, not the literal 0: numba would type the ring's functions for
         # Literal[int](0) first and again for int64 once the loop unifies them, and propagate
@@ -467,15 +494,33 @@ def make_kernel(cfg, var):
         lane = t % 32
         lt = t % 128
         tile = np.int64(cuda.blockIdx.x)
+        step = np.int64(cuda.gridDim.x)
         n_tiles = tile + 1  # this block's tile; persistent: every gridDim.x-th from it
         if pers:
             n_tiles = np.int64((M + (BM - 1)) // BM) * np.int64((N + (BN - 1)) // BN)
+        if pingpong:
+            # the block's tiles alternate: warpgroup cw takes its (2i + cw)-th; the producer
+            # fills the ring in tile order, so a warpgroup's k tiles start k_tiles further on
+            # for each of the other's tiles before them (the ring position ``pos``)
+            n_block = (n_tiles - tile + step - 1) // step  # the block's tiles
+            tile += cw * step
+            step *= 2
+            pos = cw * k_tiles
+            # turns: warpgroup 1 hands warpgroup 0 the first one
+            if cw == 1:
+                turn_pass(1)
         while tile < n_tiles:
             tm, tn = tile_coords(np.uint32(tile), M, N, group_m)
             m0 = np.int64(tm) * BM
             n0 = np.int64(tn) * BN
-            row = m0 + cw * 64 + (lt // 32) * 16 + lane // 4
+            wrow = 0 if pingpong else cw * 64  # the warpgroup's first row of the tile
+            row = m0 + wrow + (lt // 32) * 16 + lane // 4
             col = n0 + (lane % 4) * 2
+            if pingpong:
+                index = pos % S
+                phase = (pos // S) % 2
+                pos += 2 * k_tiles
+                turn_sync(cw)  # this warpgroup's turn at the tensor core
             # ---- main loop: TMA wrote each stage through the async proxy, which wgmma reads,
             # so no proxy fence follows the wait.
             # Blockwise FP8 (DeepGEMM's recipe): each k tile's product d goes into a wgmma
@@ -490,6 +535,9 @@ def make_kernel(cfg, var):
             # at BN = 128) were tried: ptxas serialised the wgmma (C7514 / C7518) and the
             # 128-row form spilled.
             d = nt.wgmma_fence_operand(zeros)  # written by ordinary code: pin before wgmma
+            d1 = zeros
+            if pingpong:
+                d1 = nt.wgmma_fence_operand(zeros)
             acc = zeros
             prev = index
             if blockwise:
@@ -511,12 +559,21 @@ def make_kernel(cfg, var):
                 d = mma(d, da0 + st + np.uint64(ak1), db0 + st + np.uint64(bk1), 1)
                 d = mma(d, da0 + st + np.uint64(ak2), db0 + st + np.uint64(bk2), 1)
                 d = mma(d, da0 + st + np.uint64(ak3), db0 + st + np.uint64(bk3), 1)
+                if pingpong:  # the tile's second 64 rows
+                    d1 = mma(d1, da1 + st + np.uint64(ak0), db0 + st + np.uint64(bk0), 1)
+                    d1 = mma(d1, da1 + st + np.uint64(ak1), db0 + st + np.uint64(bk1), 1)
+                    d1 = mma(d1, da1 + st + np.uint64(ak2), db0 + st + np.uint64(bk2), 1)
+                    d1 = mma(d1, da1 + st + np.uint64(ak3), db0 + st + np.uint64(bk3), 1)
                 nt.wgmma_commit_group()
+                if pingpong and kt == k_tiles - 1:
+                    turn_pass(cw)  # the last k tile is issued: the other warpgroup's turn
                 if inflight:
                     # keep this tile's group in flight over the next wait; the previous
                     # tile's group has retired, so its stage goes back to the producer
                     nt.wgmma_wait_group(1)
                     d = nt.wgmma_fence_operand(d)
+                    if pingpong:
+                        d1 = nt.wgmma_fence_operand(d1)
                     if kt > 0 and t % 32 == 0:
                         release(bars, prev)
                     prev = index
@@ -524,112 +581,148 @@ def make_kernel(cfg, var):
                     # this tile's group retired: its stage goes back to the producer
                     nt.wgmma_wait_group(0)
                     d = nt.wgmma_fence_operand(d)
+                    if pingpong:
+                        d1 = nt.wgmma_fence_operand(d1)
                     if t % 32 == 0:
                         release(bars, index)
                 index, phase = advance(index, phase)
                 if blockwise:
                     acc = promote(acc, d, p0 * pq, p1 * pq)
+            if pingpong and k_tiles == 0:
+                turn_pass(cw)  # (no k tile: the turn passes at once)
             if inflight:
                 nt.wgmma_wait_group(0)
                 d = nt.wgmma_fence_operand(d)
+                if pingpong:
+                    d1 = nt.wgmma_fence_operand(d1)
                 # the next tile's fills wait for this tile's last stage (without persistent
                 # tiles it is never released: nobody waits for it)
                 if pers and k_tiles > 0 and t % 32 == 0:
                     release(bars, prev)
             if not blockwise:
                 acc = d
-            # ---- epilogue, by 64-column blocks: b[i] is block i's 32 values (sliced here, and
-            # each block's call written out under a branch on the count, pruned before typing:
-            # a 128-value tuple passed to a device function, or a function per step over the
-            # blocks, costs numba 0.05-0.1 s of compile each; scripts/diag/compile_time.py)
-            if nb == 1:
-                b = (acc,)
-            elif nb == 2:
-                b = (acc[0:32], acc[32:64])
-            else:
-                b = (acc[0:32], acc[32:64], acc[64:96], acc[96:128])
-            inside = m0 + cw * 64 + 64 <= M and n0 + BN <= N
-            if split_k:
-                # this block's partial tile to its slice of the workspace; the last block of
-                # the tile to arrive (thread 128, consumer warpgroup 0's first, counts) sums
-                # the slices in order and stores the tile
-                sl = cuda.blockIdx.y * M
-                _put_partial_frags(ws, sl, b[0], row, col, M, N)
-                if nb >= 2:
-                    _put_partial_frags(ws, sl, b[1], row, col + 64, M, N)
-                if nb == 4:
-                    _put_partial_frags(ws, sl, b[2], row, col + 128, M, N)
-                    _put_partial_frags(ws, sl, b[3], row, col + 192, M, N)
-                cuda.threadfence()
-                nt.named_barrier_sync(1, consumer_threads)  # (the producer has left)
-                last = cuda.shared.array(1, np.int32)
-                if t == 128:
-                    last[0] = np.int32(nt.atomic_add_global(counters, cuda.blockIdx.x,
-                                                            np.int32(1)) == splits - 1)
-                nt.named_barrier_sync(1, consumer_threads)
-                if last[0] != 0:
-                    cuda.threadfence()
-                    for j in range(nb):
-                        sum_frags(out, c, bias, ws, splits, row, col + 64 * j, M, N, ldc, ldo,
-                                  alpha, beta, eargs)
-                    if t == 128:
-                        counters[cuda.blockIdx.x] = np.int32(0)
-            elif inside and (tma_store or not one_pass):
-                # every value first (all loads in flight together), then the stores
-                ev0 = value_frags(c, bias, b[0], row, col, ldc, alpha, beta, eargs)
-                if nb >= 2:
-                    ev1 = value_frags(c, bias, b[1], row, col + 64, ldc, alpha, beta, eargs)
-                if nb == 4:
-                    ev2 = value_frags(c, bias, b[2], row, col + 128, ldc, alpha, beta, eargs)
-                    ev3 = value_frags(c, bias, b[3], row, col + 192, ldc, alpha, beta, eargs)
-                if tma_store:
-                    # The TMA store: the warpgroup's staging tile -- free once its thread 0's
-                    # previous stores have read it -- gets the values through stmatrix, and
-                    # thread 0 issues one tensor store per 64 columns.  Staging: warpgroup cw's
-                    # (64, BN) tile at stage0 + cw * wg_bytes, as BN / 64 boxes of (64 rows, 64
-                    # columns) = 64 rows of 128 bytes, 128B-swizzled as out's tensor map reads
-                    # them: row r's 16-byte chunk q lies at r * 128 + (q ^ (r % 8)) * 16.
-                    if lt == 0:
-                        nt.bulk_wait_group_read(0)  # the previous tile's stores have read it
-                    wg_sync(cw)
-                    sq = lane // 8
-                    sr = lane % 8
-                    base = stage0 + cw * wg_bytes
-                    box = base + ((lt // 32) * 16 + (sq % 2) * 8 + sr) * 128  # this lane's row
-                    sx = (sq // 2) ^ sr
-                    stage_frags(smem, box, sx, ev0)  # block i into box i (8 KB each)
-                    if nb >= 2:
-                        stage_frags(smem, box + 8192, sx, ev1)
-                    if nb == 4:
-                        stage_frags(smem, box + 16384, sx, ev2)
-                        stage_frags(smem, box + 24576, sx, ev3)
-                    nt.fence_proxy_async_shared()  # generic-proxy writes, read by the TMA store
-                    wg_sync(cw)
-                    if lt == 0:
-                        for box_i in range(nb):
-                            nt.tma_store(tma_out, (n0 + 64 * box_i, m0 + cw * 64), smem,
-                                         base + box_i * 8192)
-                        nt.bulk_commit_group()
+            # (ping-pong: the epilogue once per 64-row half of the warpgroup's tile, the
+            # second with d1; one pass otherwise, which LLVM folds)
+            for half in range(2 if pingpong else 1):
+                if half == 1:
+                    acc = d1
+                    row += 64
+                    wrow += 64
+                # ---- epilogue, by 64-column blocks: b[i] is block i's 32 values (sliced
+                # here, and each block's call written out under a branch on the count, pruned
+                # before typing: a 128-value tuple passed to a device function, or a function
+                # per step over the blocks, costs numba 0.05-0.1 s of compile each;
+                # scripts/diag/compile_time.py)
+                if nb == 1:
+                    b = (acc,)
+                elif nb == 2:
+                    b = (acc[0:32], acc[32:64])
                 else:
-                    put_frags(out, ev0, row, col, ldo)
+                    b = (acc[0:32], acc[32:64], acc[64:96], acc[96:128])
+                inside = m0 + wrow + 64 <= M and n0 + BN <= N
+                if split_k:
+                    # this block's partial tile to its slice of the workspace; the last block of
+                    # the tile to arrive (thread 128, consumer warpgroup 0's first, counts) sums
+                    # the slices in order and stores the tile
+                    sl = cuda.blockIdx.y * M
+                    _put_partial_frags(ws, sl, b[0], row, col, M, N)
                     if nb >= 2:
-                        put_frags(out, ev1, row, col + 64, ldo)
+                        _put_partial_frags(ws, sl, b[1], row, col + 64, M, N)
                     if nb == 4:
-                        put_frags(out, ev2, row, col + 128, ldo)
-                        put_frags(out, ev3, row, col + 192, ldo)
-            else:
-                # edge tiles (c and bias must not be read past the matrix), or nothing to load
-                # and per-element stores (one pass): bounds-checked stores
-                store_frags(out, c, bias, b[0], row, col, M, N, ldc, ldo, alpha, beta, eargs)
-                if nb >= 2:
-                    store_frags(out, c, bias, b[1], row, col + 64, M, N, ldc, ldo, alpha, beta,
+                        _put_partial_frags(ws, sl, b[2], row, col + 128, M, N)
+                        _put_partial_frags(ws, sl, b[3], row, col + 192, M, N)
+                    cuda.threadfence()
+                    nt.named_barrier_sync(1, consumer_threads)  # (the producer has left)
+                    last = cuda.shared.array(1, np.int32)
+                    if t == 128:
+                        last[0] = np.int32(nt.atomic_add_global(counters, cuda.blockIdx.x,
+                                                                np.int32(1)) == splits - 1)
+                    nt.named_barrier_sync(1, consumer_threads)
+                    if last[0] != 0:
+                        cuda.threadfence()
+                        for j in range(nb):
+                            sum_frags(out, c, bias, ws, splits, row, col + 64 * j, M, N, ldc, ldo,
+                                      alpha, beta, eargs)
+                        if t == 128:
+                            counters[cuda.blockIdx.x] = np.int32(0)
+                elif inside and (tma_store or not one_pass):
+                    # every value first (all loads in flight together), then the stores.
+                    # NOTE: ping-pong holds the tile's other half (64 registers) meanwhile: its
+                    # second block's values come after the first block's stores (c + bias +
+                    # gelu spilled 188-304 bytes with both blocks' values live; ptxas -v)
+                    ev0 = value_frags(c, bias, b[0], row, col, ldc, alpha, beta, eargs)
+                    if nb >= 2 and not pingpong:
+                        ev1 = value_frags(c, bias, b[1], row, col + 64, ldc, alpha, beta, eargs)
+                    if nb == 4:
+                        ev2 = value_frags(c, bias, b[2], row, col + 128, ldc, alpha, beta,
+                                          eargs)
+                        ev3 = value_frags(c, bias, b[3], row, col + 192, ldc, alpha, beta,
+                                          eargs)
+                    if tma_store:
+                        # The TMA store: the warpgroup's staging tile -- free once its thread
+                        # 0's previous stores have read it -- gets the values through stmatrix,
+                        # and thread 0 issues one tensor store per 64 columns.  Staging:
+                        # warpgroup cw's (64, BN) tile at stage0 + cw * wg_bytes (ping-pong:
+                        # one per 64-row half, (2 cw + half) * wg_bytes), as BN / 64 boxes of
+                        # (64 rows, 64 columns) = 64 rows of 128 bytes, 128B-swizzled as out's
+                        # tensor map reads them: row r's 16-byte chunk q lies at r * 128 + (q ^
+                        # (r % 8)) * 16.
+                        if lt == 0 and half == 0:
+                            # the previous tile's stores have read it
+                            nt.bulk_wait_group_read(0)
+                        wg_sync(cw)
+                        sq = lane // 8
+                        sr = lane % 8
+                        base = stage0 + (2 * cw + half if pingpong else cw) * wg_bytes
+                        # this lane's row
+                        box = base + ((lt // 32) * 16 + (sq % 2) * 8 + sr) * 128
+                        sx = (sq // 2) ^ sr
+                        stage_frags(smem, box, sx, ev0)  # block i into box i (8 KB each)
+                        if nb >= 2:
+                            if pingpong:
+                                ev1 = value_frags(c, bias, b[1], row, col + 64, ldc, alpha, beta,
+                                                  eargs)
+                            stage_frags(smem, box + 8192, sx, ev1)
+                        if nb == 4:
+                            stage_frags(smem, box + 16384, sx, ev2)
+                            stage_frags(smem, box + 24576, sx, ev3)
+                        # generic-proxy writes, read by the TMA store
+                        nt.fence_proxy_async_shared()
+                        wg_sync(cw)
+                        if lt == 0:
+                            for box_i in range(nb):
+                                nt.tma_store(tma_out, (n0 + 64 * box_i, m0 + wrow), smem,
+                                             base + box_i * 8192)
+                            nt.bulk_commit_group()
+                    else:
+                        put_frags(out, ev0, row, col, ldo)
+                        if nb >= 2:
+                            if pingpong:
+                                ev1 = value_frags(c, bias, b[1], row, col + 64, ldc, alpha, beta,
+                                                  eargs)
+                            put_frags(out, ev1, row, col + 64, ldo)
+                        if nb == 4:
+                            put_frags(out, ev2, row, col + 128, ldo)
+                            put_frags(out, ev3, row, col + 192, ldo)
+                else:
+                    # edge tiles (c and bias must not be read past the matrix), or nothing to
+                    # load and per-element stores (one pass): bounds-checked stores
+                    store_frags(out, c, bias, b[0], row, col, M, N, ldc, ldo, alpha, beta,
                                 eargs)
-                if nb == 4:
-                    store_frags(out, c, bias, b[2], row, col + 128, M, N, ldc, ldo, alpha, beta,
-                                eargs)
-                    store_frags(out, c, bias, b[3], row, col + 192, M, N, ldc, ldo, alpha, beta,
-                                eargs)
-            tile += cuda.gridDim.x
+                    if nb >= 2:
+                        store_frags(out, c, bias, b[1], row, col + 64, M, N, ldc, ldo, alpha,
+                                    beta, eargs)
+                    if nb == 4:
+                        store_frags(out, c, bias, b[2], row, col + 128, M, N, ldc, ldo, alpha,
+                                    beta, eargs)
+                        store_frags(out, c, bias, b[3], row, col + 192, M, N, ldc, ldo, alpha,
+                                    beta, eargs)
+            tile += step
+        if pingpong:
+            # the warpgroup that did not take the block's last turn takes the last hand-over,
+            # so that no named barrier is left part-full (no tiles: warpgroup 1's first one)
+            if cw != (n_block - 1) % 2:
+                turn_sync(cw)
         if tma_store and lt == 0:
             nt.bulk_wait_group(0)  # the last stores have read the staging tile
 

@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.emulation,
 pytest.importorskip("ml_dtypes")
 
 from tests.helpers.attention import check, sm90  # noqa: E402,F401 (sm90: the fixture)
+from tests.helpers.barriers import record_named_barriers  # noqa: E402
 
 
 CASES = [
@@ -87,27 +88,17 @@ CASES = [
 @pytest.mark.parametrize("b, sq, sk, hq, hkv, d, causal, dtype, cfg", CASES)
 def test_sm90_attention_in_the_emulation(sm90, monkeypatch, b, sq, sk, hq, hkv, d, causal,
                                          dtype, cfg):
-    from intrinsics.emulate import barrier as emulated_barrier
-
-    # every named barrier the kernel touched (the emulation reports a barrier left part-full at
-    # exit only if someone waits on it): each must end with no pending arrival
-    touched = []
-    real_arrive = emulated_barrier._arrive
-
-    def arrive(thread, op, barrier_id, nthreads):
-        result = real_arrive(thread, op, barrier_id, nthreads)
-        touched.append(result[1])
-        return result
-
-    monkeypatch.setattr(emulated_barrier, "_arrive", arrive)
+    # every named barrier the kernel touched must end with no pending arrival
+    left = record_named_barriers(monkeypatch)
     used = sm90(cfg)
     check(b, sq, sk, hq, hkv, d, causal, dtype)
     assert used == [cfg]
     # named barriers: the ping-pong's, and each warpgroup's before the TMA stores of O (TMA
     # configurations, TMA_STORE_HEAD_DIMS; check's out is aligned)
     c = sm90_attention.CONFIGS[cfg]
-    assert bool(touched) == (c.pingpong or (c.tma and d in sm90_attention.TMA_STORE_HEAD_DIMS))
-    assert all(bar["arrived"] == 0 for bar in touched), "a named barrier left part-full"
+    assert bool(left.touched) == (c.pingpong
+                                  or (c.tma and d in sm90_attention.TMA_STORE_HEAD_DIMS))
+    assert not left(), "a named barrier left part-full"
 
 
 @pytest.mark.parametrize("name", ["n128_2s_ov_pp_fx_tma", "n128_2s_ov_pp_fx"])

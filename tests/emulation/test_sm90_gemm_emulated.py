@@ -14,6 +14,7 @@ import pytest
 from numba import config, cuda
 
 from numbatc.kernels import sm90_gemm
+from tests.helpers.barriers import record_named_barriers
 
 pytestmark = [pytest.mark.emulation,
               pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="needs NUMBA_ENABLE_CUDASIM=1")]
@@ -46,6 +47,20 @@ _TMA = dict(producer="tma", producer_regs=24, consumer_regs=240)
 WRAP_TMA = sm90_gemm.Sm90Config("128x128x64_2s_tma", 128, 2, **_TMA)
 WRAP_TMA_W1_PT = sm90_gemm.Sm90Config("128x128x64_3s_w1_pt_tma", 128, 3, inflight=1,
                                       persistent=True, **_TMA)
+# Ping-pong (cfg.pingpong): each consumer warpgroup takes whole tiles, the block's tiles
+# alternating between them through one ring (two stages: it wraps inside each tile), turns at
+# the main loop on named barriers 4 / 5.  A ring position or a turn miscounted is a deadlock
+# report or a wrong tile; a barrier left part-full at exit an EmulationError.
+WRAP_PP = sm90_gemm.Sm90Config("128x128x64_2s_pp_tma", 128, 2, persistent=True, pingpong=True,
+                               **_TMA)
+WRAP_PP_W1 = sm90_gemm.Sm90Config("128x128x64_2s_w1_pp_tma", 128, 2, inflight=1,
+                                  persistent=True, pingpong=True, **_TMA)
+
+
+@pytest.fixture
+def barriers_left(monkeypatch):
+    """The named barriers left part-full (tests.helpers.barriers)."""
+    return record_named_barriers(monkeypatch)
 
 
 def _np_dtype(name):
@@ -99,6 +114,11 @@ CASES = [
     # one consumer warpgroup on 64-row tiles: 2 x 2 tiles, ragged M and N
     (72, 136, 200, "64x128x64_6s_w1_tma", "row", "col", "bfloat16", "gelu"),
     (100, 40, 136, "64x256x64_4s_w1_tma", "col", "row", "float16", None),
+    # ping-pong: 9 tiles over 2 blocks (5 and 4: each warpgroup ends the block once), 4 tiles
+    # with a group in flight, and 1 tile (block 1 has none: only the first hand-over)
+    (260, 264, 264, WRAP_PP, "row", "col", "bfloat16", None),  # 5 k tiles: offsets not 2 S
+    (200, 136, 136, WRAP_PP_W1, "col", "row", "float16", "gelu"),
+    (100, 40, 72, "128x128x64_5s_pp_tma", "row", "row", "bfloat16", "silu"),
 ]
 
 
@@ -108,12 +128,14 @@ PAIR_CASES = [
     (136, 130, 128, WRAP, "col", "row", "float16", "silu"),
     (260, 136, 200, WRAP_C2_W1, "row", "row", "bfloat16", "gelu"),
     (260, 264, 136, WRAP_PT_W1, "row", "col", "bfloat16", "silu"),
+    (260, 264, 136, WRAP_PP_W1, "row", "col", "bfloat16", "silu"),
 ]
 
 
 @pytest.mark.parametrize("m, n, k, cfg, a_layout, b_layout, dtype, epilogue, pairs",
                          [c + (False,) for c in CASES] + [c + (True,) for c in PAIR_CASES])
-def test_sm90_gemm_in_the_emulation(m, n, k, cfg, a_layout, b_layout, dtype, epilogue, pairs):
+def test_sm90_gemm_in_the_emulation(barriers_left, m, n, k, cfg, a_layout, b_layout, dtype,
+                                    epilogue, pairs):
     cfg = sm90_gemm.CONFIGS[cfg] if isinstance(cfg, str) else cfg
     gen = np.random.default_rng()
     a = gen.standard_normal((m, k)).astype(_np_dtype(dtype))
@@ -152,6 +174,7 @@ def test_sm90_gemm_in_the_emulation(m, n, k, cfg, a_layout, b_layout, dtype, epi
         stored = stored.view(ml_dtypes.bfloat16)
     stored = stored.astype(np.float64)
     assert np.all(np.isnan(stored[:, n:])), "the kernel stored past N"
+    assert not barriers_left(), "a named barrier left part-full"
     got = stored[:, :n]
     rounding = {"bfloat16": 2.0**-8, "float32": 2.0**-20}[out_dtype]
     scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + 1
@@ -175,12 +198,17 @@ TS_CASES = [
     (200, 136, 72, WRAP_TMA_W1_TS, "row", "row", "bfloat16", "silu"),
     (256, 512, 72, "128x256x64_3s_pt_tma_ts", "row", "col", "bfloat16", None),
     (136, 264, 200, "64x128x64_6s_w1_tma_ts", "col", "col", "float16", "gelu"),  # one consumer
+    # ping-pong: each warpgroup's two 64-row halves through two staging tiles of its own
+    (260, 264, 200, sm90_gemm.Sm90Config("128x128x64_2s_w1_pp_tma_ts", 128, 2, inflight=1,
+                                         persistent=True, store="tma", pingpong=True, **_TMA),
+     "row", "col", "bfloat16", None),
+    (384, 256, 136, "128x128x64_4s_w1_pp_tma_ts", "col", "row", "float16", "gelu"),
 ]
 
 
 @pytest.mark.parametrize("m, n, k, cfg, a_layout, b_layout, dtype, epilogue", TS_CASES)
-def test_sm90_gemm_tma_store_in_the_emulation(m, n, k, cfg, a_layout, b_layout, dtype,
-                                              epilogue):
+def test_sm90_gemm_tma_store_in_the_emulation(barriers_left, m, n, k, cfg, a_layout, b_layout,
+                                              dtype, epilogue):
     cfg = sm90_gemm.CONFIGS[cfg] if isinstance(cfg, str) else cfg
     gen = np.random.default_rng()
     a = gen.standard_normal((m, k)).astype(_np_dtype(dtype))
@@ -210,6 +238,7 @@ def test_sm90_gemm_tma_store_in_the_emulation(m, n, k, cfg, a_layout, b_layout, 
 
     stored = dout.copy_to_host().reshape(m, ldo).view(_np_dtype(dtype)).astype(np.float64)
     assert np.all(np.isnan(stored[:, n:])), "the kernel stored past N"
+    assert not barriers_left(), "a named barrier left part-full"
     got = stored[:, :n]
     rounding = {"bfloat16": 2.0**-8, "float16": 2.0**-11}[dtype]
     scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + 1

@@ -52,7 +52,9 @@ def test_sm90_persistent_walks_tiles(config, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 TMA = ["sm90:128x256x64_4s_tma", "sm90:128x128x64_4s_w1_tma", "sm90:128x256x64_4s_w1_tma",
-       "sm90:128x256x64_4s_pt_tma", "sm90:128x256x64_4s_w1_pt_tma"]
+       "sm90:128x256x64_4s_pt_tma", "sm90:128x256x64_4s_w1_pt_tma",
+       # the ping-pong schedule (each consumer warpgroup on whole tiles of its own, taking turns)
+       "sm90:128x128x64_5s_pp_tma", "sm90:128x128x64_4s_w1_pp_tma_ts"]
 BASE = [(1, 8, 8), (130, 136, 72), (257, 511, 129), (385, 264, 1031), (1000, 1000, 1000),
         (64, 8, 4096)]
 
@@ -100,7 +102,8 @@ def test_sm90_tma_shapes(sm90_tma, layouts, monkeypatch, capsys):
     _ran_tma(capsys, sm90_tma)
 
 
-@pytest.mark.parametrize("config", ["sm90:128x256x64_4s_pt_tma", "sm90:128x128x64_4s_w1_tma"])
+@pytest.mark.parametrize("config", ["sm90:128x256x64_4s_pt_tma", "sm90:128x128x64_4s_w1_tma",
+                                    "sm90:128x128x64_5s_w1_pp_tma"])
 def test_sm90_tma_epilogue(config, monkeypatch, capsys):
     """alpha, beta * c, bias and each activation, K-major and MN-major b (a persistent and a
     one-tile-per-block configuration: the epilogue is the cp.async kernels')."""
@@ -152,7 +155,9 @@ def test_sm90_tma_split_k(config, splits, monkeypatch, capsys):
     assert "split-K" in err and "_tma" in err and "not " not in err, err
 
 
-@pytest.mark.parametrize("config", ["sm90:128x256x64_4s_pt_tma", "sm90:128x256x64_4s_w1_pt_tma"])
+@pytest.mark.parametrize("config", ["sm90:128x256x64_4s_pt_tma", "sm90:128x256x64_4s_w1_pt_tma",
+                                    "sm90:128x128x64_5s_pp_tma",
+                                    "sm90:128x128x64_4s_w1_pp_tma_ts"])
 def test_sm90_tma_persistent_walks_tiles(config, monkeypatch):
     """306 tiles, ragged on every side a tensor map allows, over 132 blocks."""
     monkeypatch.setenv("NUMBATC_GEMM_KERNEL", config)
@@ -164,7 +169,7 @@ def test_sm90_tma_persistent_walks_tiles(config, monkeypatch):
 # The TMA store epilogue (store="tma", the _ts names): bf16 / f16 row-major outs through the
 # staging tile and TMA stores on inside tiles, direct stores on edge tiles.
 TMA_STORE = ["sm90:128x256x64_3s_pt_tma_ts", "sm90:128x256x64_3s_w1_pt_tma_ts",
-             "sm90:128x128x64_4s_w1_pt_tma_ts"]
+             "sm90:128x128x64_4s_w1_pt_tma_ts", "sm90:128x128x64_4s_w1_pp_tma_ts"]
 
 
 @pytest.mark.parametrize("config", TMA_STORE)
