@@ -84,9 +84,9 @@
 #              attention default) and the opt-in Hopper backward -- their GPU suites in one set of
 #              shards (tests.txt, testlogs.txt) beside compute-sanitizer on their cases
 #              (sanitize.txt); HOPPER_SANITIZE: tool:kind words
-#   hopperbench  the same three against the generated kernels they replaced (.gpu/base, as
-#              code90): bench attention-backward quick --kernel all, then gemm quick (b col) and
-#              attention quick for both trees back to back (bench.txt)
+#   hopperbench  bench attention-backward quick --kernel all; gemm quick (b col) on .gpu/base
+#              (the generated kernels) and this tree back to back; the ping-pong GEMM configs
+#              (HOPPER_PP) forced on the same shapes; attention quick (bench.txt)
 #   bwd90      the Hopper attention backward (sm90_attention_backward, opt-in): its GPU suite
 #              and the portable backward's in shards (tests.txt, testlogs.txt) beside memcheck,
 #              racecheck and synccheck of attention_backward_sm90 (sanitize.txt), then bench
@@ -561,17 +561,19 @@ fi
 if [[ $what == hopperbench ]]; then
   { echo "(base: $(cat .gpu/base/COMMIT 2>/dev/null || echo '?'))"
     echo "== attention-backward quick, --kernel all"
-    t 180 $py -m numbatc.bench attention-backward --shapes quick --kernel all
+    t 150 $py -m numbatc.bench attention-backward --shapes quick --kernel all
     for tree in base new; do
       echo "== $tree: gemm quick, b col"
       pre=; [[ $tree == base ]] && pre="env PYTHONPATH=$PWD/.gpu/base:${PYTHONPATH:-}"
-      t 80 $pre $py -m numbatc.bench gemm --shapes quick --b-layout col | grep -E "^ +[0-9]|rror| M +N"
+      t 70 $pre $py -m numbatc.bench gemm --shapes quick --b-layout col | grep -E "^ +[0-9]|rror| M +N"
     done
-    for tree in base new; do
-      echo "== $tree: attention quick"
-      pre=; [[ $tree == base ]] && pre="env PYTHONPATH=$PWD/.gpu/base:${PYTHONPATH:-}"
-      t 100 $pre $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]|rror| B +S"
+    for cfg in ${HOPPER_PP:-128x128x64_5s_pp_tma 128x128x64_4s_w1_pp_tma_ts}; do
+      echo "== new: gemm quick, b col, the ping-pong $cfg forced"
+      NUMBATC_GEMM_KERNEL=sm90:$cfg t 70 $py -m numbatc.bench gemm --shapes quick --b-layout col \
+        | grep -E "^ +[0-9]|rror| M +N"
     done
+    echo "== new: attention quick"
+    t 90 $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]|rror| B +S"
     echo "[bench done at $((SECONDS - start)) s]"; } > "$out/bench.txt" 2>&1
 fi
 
