@@ -630,6 +630,18 @@ def install():
 
     simapi.jit = jit
     numba.cuda.jit = jit
+    # cuda.syncwarp (bar.warp.sync), which the simulator's kernel-side cuda module lacks: a
+    # rendezvous of the warp's 32 lanes (a partial mask is not emulated)
+    from numba.cuda.simulator.kernelapi import FakeCUDAModule
+
+    FakeCUDAModule.syncwarp = lambda self, mask=0xFFFFFFFF: syncwarp(mask)
+
+
+def syncwarp(mask=0xFFFFFFFF):
+    if int(mask) & 0xFFFFFFFF != 0xFFFFFFFF:
+        raise EmulationError(f"{current().where()}: syncwarp with mask {int(mask):#x}: only the "
+                             "full warp (0xffffffff) is emulated")
+    collective("warp", "bar.warp.sync", None, lambda values: [None] * 32)
 
 
 def _in_kernel():

@@ -615,6 +615,13 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
                 nt.wgmma_wait_group(0)
                 dvacc = nt.wgmma_fence_operand(dvacc)
                 dkacc = nt.wgmma_fence_operand(dkacc)
+                # NOTE: lse2 and D were read by every lane with ld.shared, and lane 0's arrive
+                # releases only its own reads (PTX memory model): the warp barrier orders the
+                # others' before it, so the producer's next bulk copy cannot overwrite a value
+                # still being read (the kernel's one generic read of what the async proxy wrote;
+                # compute-sanitizer racecheck reported 6 hazards in the kernel on the H200
+                # before this barrier, their places not yet read)
+                cuda.syncwarp()
                 if lane == 0:
                     release(bars, index)  # Q, dO, lse2 and D of this stage are read
                 nt.wgmma_fence()

@@ -97,3 +97,27 @@ def test_cp_async_lands_only_at_the_wait():
     _read_before_wait[1, 16](out, src)
     assert (out[:16] != src[::4][:16]).all()
     np.testing.assert_array_equal(out[16:], src[::4][:16])
+
+
+@cuda.jit
+def _syncwarp_exchange(out, res):
+    t = cuda.threadIdx.x
+    out[t] = t
+    cuda.syncwarp()  # every lane's store is in before any lane reads a neighbour's
+    res[t] = out[(t + 1) % 32]
+
+
+@cuda.jit
+def _half_warp_syncwarp(out):
+    if cuda.threadIdx.x < 16:
+        cuda.syncwarp()
+
+
+def test_syncwarp_orders_the_lanes_and_needs_all_of_them():
+    out = np.zeros(32, np.int64)
+    res = np.zeros(32, np.int64)
+    _syncwarp_exchange[1, 32](out, res)
+    assert list(res) == [(t + 1) % 32 for t in range(32)]
+    with pytest.raises(EmulationError, match=r"bar.warp.sync is a warp-collective, called by "
+                                             r"lanes 0-15 only"):
+        _half_warp_syncwarp[1, 32](np.zeros(32, np.int64))
