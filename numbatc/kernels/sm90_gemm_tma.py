@@ -79,8 +79,10 @@ on its own barrier before the tile's first wait, and the arrival on the other's 
 k tile is issued, so that the tensor core runs one warpgroup's main loop while the other runs
 its epilogue.  Warpgroup 1 hands warpgroup 0 the first turn; the warpgroup that did not take
 the block's last turn takes the last hand-over at the end (no named barrier is left part-full).
-The epilogue runs once per 64-row half (TMA store: a staging tile per half and warpgroup, so
-4 x 64 x BN x 2 bytes).  Split-K runs its SPLIT_TWIN; blockwise FP8 is not implemented.
+A warpgroup's tile is two passes of the tile loop: the main loop and the epilogue of the first
+64-row half, then the epilogue of the second (TMA store: a staging tile per half and
+warpgroup, 4 x 64 x BN x 2 bytes).  Split-K runs its SPLIT_TWIN; blockwise FP8 is not
+implemented.
 
 The kernel is Python code: :func:`make_kernel` is a factory whose ``gemm_kernel`` and device
 functions (the main loop, the blockwise FP8 main loop, the TMA store and direct epilogues, the
@@ -509,215 +511,232 @@ def make_kernel(cfg, var):
             # turns: warpgroup 1 hands warpgroup 0 the first one
             if cw == 1:
                 turn_pass(1)
+        # ping-pong: a warpgroup's tile is two passes of this loop, the main loop in the first
+        # and the epilogue in each (of d, then of d1: the second 64-row half).  NOTE: not a
+        # loop over the halves around the epilogue: a loop of one trip cost the other
+        # configurations 0.13 s of first compile (numba types a loop body to a fixed point)
+        # (every assignment the other configurations do not need sits under a branch on
+        # pingpong, which numba prunes: their loop carries nothing more than before)
+        second = False
+        first = True
+        if pingpong:
+            m0 = n0 = row = col = wrow = np.int64(0)
+            d1 = acc = zeros
         while tile < n_tiles:
-            tm, tn = tile_coords(np.uint32(tile), M, N, group_m)
-            m0 = np.int64(tm) * BM
-            n0 = np.int64(tn) * BN
-            wrow = 0 if pingpong else cw * 64  # the warpgroup's first row of the tile
-            row = m0 + wrow + (lt // 32) * 16 + lane // 4
-            col = n0 + (lane % 4) * 2
             if pingpong:
-                index = pos % S
-                phase = (pos // S) % 2
-                pos += 2 * k_tiles
-                turn_sync(cw)  # this warpgroup's turn at the tensor core
-            # ---- main loop: TMA wrote each stage through the async proxy, which wgmma reads,
-            # so no proxy fence follows the wait.
-            # Blockwise FP8 (DeepGEMM's recipe): each k tile's product d goes into a wgmma
-            # accumulator of its own (the first wgmma with scale-d 0), which, once retired, is
-            # added into acc (plain registers) scaled by a's scale of each row and b's of the
-            # tile's 128 columns for that 128-value K block; the scales are loaded before the
-            # tile's stage wait (which hides their latency), rows past M read row M - 1's (never
-            # stored).  Otherwise d is the tile's accumulator.
-            # NOTE: one product buffer, waited for before its promotion, so the promotion does
-            # not overlap this warpgroup's next wgmma (the other consumer warpgroup's may run).
-            # Two buffers (tile kt's wgmma under tile kt - 1's promotion, 64 + 2 x 64 registers
-            # at BN = 128) were tried: ptxas serialised the wgmma (C7514 / C7518) and the
-            # 128-row form spilled.
-            d = nt.wgmma_fence_operand(zeros)  # written by ordinary code: pin before wgmma
-            d1 = zeros
-            if pingpong:
-                d1 = nt.wgmma_fence_operand(zeros)
-            acc = zeros
-            prev = index
-            if blockwise:
-                sa, sb, sa_rs, sa_cs, sb_rs, sb_cs = scales
-                sr0 = min(row, M - 1) * sa_rs
-                sr1 = min(row + 8, M - 1) * sa_rs
-                sbn = (n0 // 128) * sb_rs
-            for kt in range(k_tiles):
+                first = not second
+                if second:
+                    acc = d1
+                    row += 64
+                    wrow += 64
+            if first:
+                tm, tn = tile_coords(np.uint32(tile), M, N, group_m)
+                m0 = np.int64(tm) * BM
+                n0 = np.int64(tn) * BN
+                wrow = 0 if pingpong else cw * 64  # the warpgroup's first row of the tile
+                row = m0 + wrow + (lt // 32) * 16 + lane // 4
+                col = n0 + (lane % 4) * 2
+                if pingpong:
+                    index = pos % S
+                    phase = (pos // S) % 2
+                    pos += 2 * k_tiles
+                    turn_sync(cw)  # this warpgroup's turn at the tensor core
+                # ---- main loop: TMA wrote each stage through the async proxy, which wgmma reads,
+                # so no proxy fence follows the wait.
+                # Blockwise FP8 (DeepGEMM's recipe): each k tile's product d goes into a wgmma
+                # accumulator of its own (the first wgmma with scale-d 0), which, once retired, is
+                # added into acc (plain registers) scaled by a's scale of each row and b's of the
+                # tile's 128 columns for that 128-value K block; the scales are loaded before the
+                # tile's stage wait (which hides their latency), rows past M read row M - 1's (never
+                # stored).  Otherwise d is the tile's accumulator.
+                # NOTE: one product buffer, waited for before its promotion, so the promotion does
+                # not overlap this warpgroup's next wgmma (the other consumer warpgroup's may run).
+                # Two buffers (tile kt's wgmma under tile kt - 1's promotion, 64 + 2 x 64 registers
+                # at BN = 128) were tried: ptxas serialised the wgmma (C7514 / C7518) and the
+                # 128-row form spilled.
+                d = nt.wgmma_fence_operand(zeros)  # written by ordinary code: pin before wgmma
+                if pingpong:
+                    d1 = nt.wgmma_fence_operand(zeros)
+                acc = zeros
+                prev = index
                 if blockwise:
-                    kb = (kbeg + kt * 128) // 128
-                    p0 = sa[sr0 + kb * sa_cs]
-                    p1 = sa[sr1 + kb * sa_cs]
-                    pq = sb[sbn + kb * sb_cs]
-                wait(bars, index, phase)
-                # the k tile's four wgmma (the k steps move the descriptors' start address)
-                st = np.uint64(index * stage16)
-                nt.wgmma_fence()
-                d = mma(d, da0 + st + np.uint64(ak0), db0 + st + np.uint64(bk0), first_scale_d)
-                d = mma(d, da0 + st + np.uint64(ak1), db0 + st + np.uint64(bk1), 1)
-                d = mma(d, da0 + st + np.uint64(ak2), db0 + st + np.uint64(bk2), 1)
-                d = mma(d, da0 + st + np.uint64(ak3), db0 + st + np.uint64(bk3), 1)
-                if pingpong:  # the tile's second 64 rows
-                    d1 = mma(d1, da1 + st + np.uint64(ak0), db0 + st + np.uint64(bk0), 1)
-                    d1 = mma(d1, da1 + st + np.uint64(ak1), db0 + st + np.uint64(bk1), 1)
-                    d1 = mma(d1, da1 + st + np.uint64(ak2), db0 + st + np.uint64(bk2), 1)
-                    d1 = mma(d1, da1 + st + np.uint64(ak3), db0 + st + np.uint64(bk3), 1)
-                nt.wgmma_commit_group()
-                if pingpong and kt == k_tiles - 1:
-                    turn_pass(cw)  # the last k tile is issued: the other warpgroup's turn
+                    sa, sb, sa_rs, sa_cs, sb_rs, sb_cs = scales
+                    sr0 = min(row, M - 1) * sa_rs
+                    sr1 = min(row + 8, M - 1) * sa_rs
+                    sbn = (n0 // 128) * sb_rs
+                for kt in range(k_tiles):
+                    if blockwise:
+                        kb = (kbeg + kt * 128) // 128
+                        p0 = sa[sr0 + kb * sa_cs]
+                        p1 = sa[sr1 + kb * sa_cs]
+                        pq = sb[sbn + kb * sb_cs]
+                    wait(bars, index, phase)
+                    # the k tile's four wgmma (the k steps move the descriptors' start address)
+                    st = np.uint64(index * stage16)
+                    nt.wgmma_fence()
+                    d = mma(d, da0 + st + np.uint64(ak0), db0 + st + np.uint64(bk0), first_scale_d)
+                    d = mma(d, da0 + st + np.uint64(ak1), db0 + st + np.uint64(bk1), 1)
+                    d = mma(d, da0 + st + np.uint64(ak2), db0 + st + np.uint64(bk2), 1)
+                    d = mma(d, da0 + st + np.uint64(ak3), db0 + st + np.uint64(bk3), 1)
+                    if pingpong:  # the tile's second 64 rows
+                        d1 = mma(d1, da1 + st + np.uint64(ak0), db0 + st + np.uint64(bk0), 1)
+                        d1 = mma(d1, da1 + st + np.uint64(ak1), db0 + st + np.uint64(bk1), 1)
+                        d1 = mma(d1, da1 + st + np.uint64(ak2), db0 + st + np.uint64(bk2), 1)
+                        d1 = mma(d1, da1 + st + np.uint64(ak3), db0 + st + np.uint64(bk3), 1)
+                    nt.wgmma_commit_group()
+                    if pingpong and kt == k_tiles - 1:
+                        turn_pass(cw)  # the last k tile is issued: the other warpgroup's turn
+                    if inflight:
+                        # keep this tile's group in flight over the next wait; the previous
+                        # tile's group has retired, so its stage goes back to the producer
+                        nt.wgmma_wait_group(1)
+                        d = nt.wgmma_fence_operand(d)
+                        if pingpong:
+                            d1 = nt.wgmma_fence_operand(d1)
+                        if kt > 0 and t % 32 == 0:
+                            release(bars, prev)
+                        prev = index
+                    else:
+                        # this tile's group retired: its stage goes back to the producer
+                        nt.wgmma_wait_group(0)
+                        d = nt.wgmma_fence_operand(d)
+                        if pingpong:
+                            d1 = nt.wgmma_fence_operand(d1)
+                        if t % 32 == 0:
+                            release(bars, index)
+                    index, phase = advance(index, phase)
+                    if blockwise:
+                        acc = promote(acc, d, p0 * pq, p1 * pq)
+                if pingpong and k_tiles == 0:
+                    turn_pass(cw)  # (no k tile: the turn passes at once)
                 if inflight:
-                    # keep this tile's group in flight over the next wait; the previous
-                    # tile's group has retired, so its stage goes back to the producer
-                    nt.wgmma_wait_group(1)
-                    d = nt.wgmma_fence_operand(d)
-                    if pingpong:
-                        d1 = nt.wgmma_fence_operand(d1)
-                    if kt > 0 and t % 32 == 0:
-                        release(bars, prev)
-                    prev = index
-                else:
-                    # this tile's group retired: its stage goes back to the producer
                     nt.wgmma_wait_group(0)
                     d = nt.wgmma_fence_operand(d)
                     if pingpong:
                         d1 = nt.wgmma_fence_operand(d1)
-                    if t % 32 == 0:
-                        release(bars, index)
-                index, phase = advance(index, phase)
-                if blockwise:
-                    acc = promote(acc, d, p0 * pq, p1 * pq)
-            if pingpong and k_tiles == 0:
-                turn_pass(cw)  # (no k tile: the turn passes at once)
-            if inflight:
-                nt.wgmma_wait_group(0)
-                d = nt.wgmma_fence_operand(d)
-                if pingpong:
-                    d1 = nt.wgmma_fence_operand(d1)
-                # the next tile's fills wait for this tile's last stage (without persistent
-                # tiles it is never released: nobody waits for it)
-                if pers and k_tiles > 0 and t % 32 == 0:
-                    release(bars, prev)
-            if not blockwise:
-                acc = d
-            # (ping-pong: the epilogue once per 64-row half of the warpgroup's tile, the
-            # second with d1; one pass otherwise, which LLVM folds)
-            for half in range(2 if pingpong else 1):
-                if half == 1:
-                    acc = d1
-                    row += 64
-                    wrow += 64
-                # ---- epilogue, by 64-column blocks: b[i] is block i's 32 values (sliced
-                # here, and each block's call written out under a branch on the count, pruned
-                # before typing: a 128-value tuple passed to a device function, or a function
-                # per step over the blocks, costs numba 0.05-0.1 s of compile each;
-                # scripts/diag/compile_time.py)
-                if nb == 1:
-                    b = (acc,)
-                elif nb == 2:
-                    b = (acc[0:32], acc[32:64])
-                else:
-                    b = (acc[0:32], acc[32:64], acc[64:96], acc[96:128])
-                inside = m0 + wrow + 64 <= M and n0 + BN <= N
-                if split_k:
-                    # this block's partial tile to its slice of the workspace; the last block of
-                    # the tile to arrive (thread 128, consumer warpgroup 0's first, counts) sums
-                    # the slices in order and stores the tile
-                    sl = cuda.blockIdx.y * M
-                    _put_partial_frags(ws, sl, b[0], row, col, M, N)
-                    if nb >= 2:
-                        _put_partial_frags(ws, sl, b[1], row, col + 64, M, N)
-                    if nb == 4:
-                        _put_partial_frags(ws, sl, b[2], row, col + 128, M, N)
-                        _put_partial_frags(ws, sl, b[3], row, col + 192, M, N)
+                    # the next tile's fills wait for this tile's last stage (without persistent
+                    # tiles it is never released: nobody waits for it)
+                    if pers and k_tiles > 0 and t % 32 == 0:
+                        release(bars, prev)
+                if not blockwise:
+                    acc = d
+            # ---- epilogue, by 64-column blocks: b[i] is block i's 32 values (sliced
+            # here, and each block's call written out under a branch on the count, pruned
+            # before typing: a 128-value tuple passed to a device function, or a function
+            # per step over the blocks, costs numba 0.05-0.1 s of compile each;
+            # scripts/diag/compile_time.py)
+            if nb == 1:
+                b = (acc,)
+            elif nb == 2:
+                b = (acc[0:32], acc[32:64])
+            else:
+                b = (acc[0:32], acc[32:64], acc[64:96], acc[96:128])
+            inside = m0 + wrow + 64 <= M and n0 + BN <= N
+            if split_k:
+                # this block's partial tile to its slice of the workspace; the last block of
+                # the tile to arrive (thread 128, consumer warpgroup 0's first, counts) sums
+                # the slices in order and stores the tile
+                sl = cuda.blockIdx.y * M
+                _put_partial_frags(ws, sl, b[0], row, col, M, N)
+                if nb >= 2:
+                    _put_partial_frags(ws, sl, b[1], row, col + 64, M, N)
+                if nb == 4:
+                    _put_partial_frags(ws, sl, b[2], row, col + 128, M, N)
+                    _put_partial_frags(ws, sl, b[3], row, col + 192, M, N)
+                cuda.threadfence()
+                nt.named_barrier_sync(1, consumer_threads)  # (the producer has left)
+                last = cuda.shared.array(1, np.int32)
+                if t == 128:
+                    last[0] = np.int32(nt.atomic_add_global(counters, cuda.blockIdx.x,
+                                                            np.int32(1)) == splits - 1)
+                nt.named_barrier_sync(1, consumer_threads)
+                if last[0] != 0:
                     cuda.threadfence()
-                    nt.named_barrier_sync(1, consumer_threads)  # (the producer has left)
-                    last = cuda.shared.array(1, np.int32)
+                    for j in range(nb):
+                        sum_frags(out, c, bias, ws, splits, row, col + 64 * j, M, N, ldc, ldo,
+                                  alpha, beta, eargs)
                     if t == 128:
-                        last[0] = np.int32(nt.atomic_add_global(counters, cuda.blockIdx.x,
-                                                                np.int32(1)) == splits - 1)
-                    nt.named_barrier_sync(1, consumer_threads)
-                    if last[0] != 0:
-                        cuda.threadfence()
-                        for j in range(nb):
-                            sum_frags(out, c, bias, ws, splits, row, col + 64 * j, M, N, ldc, ldo,
-                                      alpha, beta, eargs)
-                        if t == 128:
-                            counters[cuda.blockIdx.x] = np.int32(0)
-                elif inside and (tma_store or not one_pass):
-                    # every value first (all loads in flight together), then the stores.
-                    # NOTE: ping-pong holds the tile's other half (64 registers) meanwhile: its
-                    # second block's values come after the first block's stores (c + bias +
-                    # gelu spilled 188-304 bytes with both blocks' values live; ptxas -v)
-                    ev0 = value_frags(c, bias, b[0], row, col, ldc, alpha, beta, eargs)
-                    if nb >= 2 and not pingpong:
-                        ev1 = value_frags(c, bias, b[1], row, col + 64, ldc, alpha, beta, eargs)
-                    if nb == 4:
-                        ev2 = value_frags(c, bias, b[2], row, col + 128, ldc, alpha, beta,
-                                          eargs)
-                        ev3 = value_frags(c, bias, b[3], row, col + 192, ldc, alpha, beta,
-                                          eargs)
-                    if tma_store:
-                        # The TMA store: the warpgroup's staging tile -- free once its thread
-                        # 0's previous stores have read it -- gets the values through stmatrix,
-                        # and thread 0 issues one tensor store per 64 columns.  Staging:
-                        # warpgroup cw's (64, BN) tile at stage0 + cw * wg_bytes (ping-pong:
-                        # one per 64-row half, (2 cw + half) * wg_bytes), as BN / 64 boxes of
-                        # (64 rows, 64 columns) = 64 rows of 128 bytes, 128B-swizzled as out's
-                        # tensor map reads them: row r's 16-byte chunk q lies at r * 128 + (q ^
-                        # (r % 8)) * 16.
-                        if lt == 0 and half == 0:
-                            # the previous tile's stores have read it
-                            nt.bulk_wait_group_read(0)
-                        wg_sync(cw)
-                        sq = lane // 8
-                        sr = lane % 8
-                        base = stage0 + (2 * cw + half if pingpong else cw) * wg_bytes
-                        # this lane's row
-                        box = base + ((lt // 32) * 16 + (sq % 2) * 8 + sr) * 128
-                        sx = (sq // 2) ^ sr
-                        stage_frags(smem, box, sx, ev0)  # block i into box i (8 KB each)
-                        if nb >= 2:
-                            if pingpong:
-                                ev1 = value_frags(c, bias, b[1], row, col + 64, ldc, alpha, beta,
-                                                  eargs)
-                            stage_frags(smem, box + 8192, sx, ev1)
-                        if nb == 4:
-                            stage_frags(smem, box + 16384, sx, ev2)
-                            stage_frags(smem, box + 24576, sx, ev3)
-                        # generic-proxy writes, read by the TMA store
-                        nt.fence_proxy_async_shared()
-                        wg_sync(cw)
-                        if lt == 0:
-                            for box_i in range(nb):
-                                nt.tma_store(tma_out, (n0 + 64 * box_i, m0 + wrow), smem,
-                                             base + box_i * 8192)
-                            nt.bulk_commit_group()
-                    else:
-                        put_frags(out, ev0, row, col, ldo)
-                        if nb >= 2:
-                            if pingpong:
-                                ev1 = value_frags(c, bias, b[1], row, col + 64, ldc, alpha, beta,
-                                                  eargs)
-                            put_frags(out, ev1, row, col + 64, ldo)
-                        if nb == 4:
-                            put_frags(out, ev2, row, col + 128, ldo)
-                            put_frags(out, ev3, row, col + 192, ldo)
-                else:
-                    # edge tiles (c and bias must not be read past the matrix), or nothing to
-                    # load and per-element stores (one pass): bounds-checked stores
-                    store_frags(out, c, bias, b[0], row, col, M, N, ldc, ldo, alpha, beta,
-                                eargs)
+                        counters[cuda.blockIdx.x] = np.int32(0)
+            elif inside and (tma_store or not one_pass):
+                # every value first (all loads in flight together), then the stores.
+                # NOTE: ping-pong holds the tile's other half (64 registers) meanwhile: its
+                # second block's values come after the first block's stores (c + bias +
+                # gelu spilled 188-304 bytes with both blocks' values live; ptxas -v)
+                ev0 = value_frags(c, bias, b[0], row, col, ldc, alpha, beta, eargs)
+                if nb >= 2 and not pingpong:
+                    ev1 = value_frags(c, bias, b[1], row, col + 64, ldc, alpha, beta, eargs)
+                if nb == 4:
+                    ev2 = value_frags(c, bias, b[2], row, col + 128, ldc, alpha, beta,
+                                      eargs)
+                    ev3 = value_frags(c, bias, b[3], row, col + 192, ldc, alpha, beta,
+                                      eargs)
+                if tma_store:
+                    # The TMA store: the warpgroup's staging tile -- free once its thread
+                    # 0's previous stores have read it -- gets the values through stmatrix,
+                    # and thread 0 issues one tensor store per 64 columns.  Staging:
+                    # warpgroup cw's (64, BN) tile at stage0 + cw * wg_bytes (ping-pong:
+                    # one per 64-row half, (2 cw + second) * wg_bytes), as BN / 64 boxes of
+                    # (64 rows, 64 columns) = 64 rows of 128 bytes, 128B-swizzled as out's
+                    # tensor map reads them: row r's 16-byte chunk q lies at r * 128 + (q ^
+                    # (r % 8)) * 16.
+                    if lt == 0 and not second:
+                        # the previous tile's stores have read it
+                        nt.bulk_wait_group_read(0)
+                    wg_sync(cw)
+                    sq = lane // 8
+                    sr = lane % 8
+                    base = stage0 + (2 * cw + second if pingpong else cw) * wg_bytes
+                    # this lane's row
+                    box = base + ((lt // 32) * 16 + (sq % 2) * 8 + sr) * 128
+                    sx = (sq // 2) ^ sr
+                    stage_frags(smem, box, sx, ev0)  # block i into box i (8 KB each)
                     if nb >= 2:
-                        store_frags(out, c, bias, b[1], row, col + 64, M, N, ldc, ldo, alpha,
-                                    beta, eargs)
+                        if pingpong:
+                            ev1 = value_frags(c, bias, b[1], row, col + 64, ldc, alpha, beta,
+                                              eargs)
+                        stage_frags(smem, box + 8192, sx, ev1)
                     if nb == 4:
-                        store_frags(out, c, bias, b[2], row, col + 128, M, N, ldc, ldo, alpha,
-                                    beta, eargs)
-                        store_frags(out, c, bias, b[3], row, col + 192, M, N, ldc, ldo, alpha,
-                                    beta, eargs)
-            tile += step
+                        stage_frags(smem, box + 16384, sx, ev2)
+                        stage_frags(smem, box + 24576, sx, ev3)
+                    # generic-proxy writes, read by the TMA store
+                    nt.fence_proxy_async_shared()
+                    wg_sync(cw)
+                    if lt == 0:
+                        for box_i in range(nb):
+                            nt.tma_store(tma_out, (n0 + 64 * box_i, m0 + wrow), smem,
+                                         base + box_i * 8192)
+                        nt.bulk_commit_group()
+                else:
+                    put_frags(out, ev0, row, col, ldo)
+                    if nb >= 2:
+                        if pingpong:
+                            ev1 = value_frags(c, bias, b[1], row, col + 64, ldc, alpha, beta,
+                                              eargs)
+                        put_frags(out, ev1, row, col + 64, ldo)
+                    if nb == 4:
+                        put_frags(out, ev2, row, col + 128, ldo)
+                        put_frags(out, ev3, row, col + 192, ldo)
+            else:
+                # edge tiles (c and bias must not be read past the matrix), or nothing to
+                # load and per-element stores (one pass): bounds-checked stores
+                store_frags(out, c, bias, b[0], row, col, M, N, ldc, ldo, alpha, beta,
+                            eargs)
+                if nb >= 2:
+                    store_frags(out, c, bias, b[1], row, col + 64, M, N, ldc, ldo, alpha,
+                                beta, eargs)
+                if nb == 4:
+                    store_frags(out, c, bias, b[2], row, col + 128, M, N, ldc, ldo, alpha,
+                                beta, eargs)
+                    store_frags(out, c, bias, b[3], row, col + 192, M, N, ldc, ldo, alpha,
+                                beta, eargs)
+            if pingpong:
+                if second:
+                    second = False
+                    tile += step
+                else:
+                    second = True
+            else:
+                tile += step
         if pingpong:
             # the warpgroup that did not take the block's last turn takes the last hand-over,
             # so that no named barrier is left part-full (no tiles: warpgroup 1's first one)
