@@ -1,5 +1,6 @@
-"""Hints to the optimiser.  ``opaque(value)``: one value the optimiser cannot see through -- an empty volatile inline asm
-that takes the value's register(s) in and hands them back, so no instruction is emitted.
+"""Hints to the optimiser.  ``opaque(value)``: one value the optimiser cannot see through -- an
+empty volatile inline asm that takes the value's register(s) in and hands them back, so no
+instruction is emitted.
 
 What it is for: keeping register pressure where the code puts it.  LLVM hoists any computation
 on a loop-invariant value out of the loop, and unrolls a loop whose trip count it can compute.

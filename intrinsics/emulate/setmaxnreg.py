@@ -19,7 +19,7 @@ effect on results; what the emulation checks is the instruction's contract (PTX 
 ignored under the emulation (runtime.install).
 """
 
-from intrinsics.emulate.runtime import EmulationError, collective, current
+from intrinsics.emulate.runtime import EmulationError, collective, current, wait_until
 from intrinsics.setmaxnreg import REGISTER_COUNTS, register_pool
 
 _STATE = "setmaxnreg"
@@ -78,8 +78,6 @@ def _pool(thread):
 def _move(thread, pool, delta, what):
     """Give ``delta`` registers to the pool (a .dec) or take ``-delta`` from it (an .inc, which
     waits until the pool has them: the GPU's .inc blocks the same way)."""
-    from intrinsics.emulate import runtime
-
     launch = thread.launch
     if delta >= 0:
         with launch.cond:
@@ -94,9 +92,8 @@ def _move(thread, pool, delta, what):
             return True
         return False
 
-    runtime.wait_until(take, f"{what}: {-delta} registers a thread from the block's pool, which "
-                       "holds only what the .dec warps gave back (intrinsics.setmaxnreg."
-                       "register_pool)")
+    wait_until(take, f"{what}: {-delta} registers a thread from the block's pool, which "
+               "holds only what the .dec warps gave back (intrinsics.setmaxnreg.register_pool)")
 
 
 EMULATIONS = {

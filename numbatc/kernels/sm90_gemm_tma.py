@@ -513,10 +513,9 @@ def make_kernel(cfg, var):
                 turn_pass(1)
         # ping-pong: a warpgroup's tile is two passes of this loop, the main loop in the first
         # and the epilogue in each (of d, then of d1: the second 64-row half).  NOTE: not a
-        # loop over the halves around the epilogue: a loop of one trip cost the other
-        # configurations 0.13 s of first compile (numba types a loop body to a fixed point)
-        # (every assignment the other configurations do not need sits under a branch on
-        # pingpong, which numba prunes: their loop carries nothing more than before)
+        # loop over the halves around the epilogue, which cost the other configurations 0.13 s
+        # of first compile (numba types a loop body to a fixed point); every ping-pong-only
+        # assignment sits under a branch on pingpong, which numba prunes
         second = False
         first = True
         if pingpong:
