@@ -37,6 +37,8 @@ from intrinsics.fastmath import (
     frag_exp2_fma_cols,
     frag_mask_cols,
     frag_mask_cols_from,
+    frag_mask_keys,
+    frag_mask_keys_causal,
     frag_mul_diff_cols,
     frag_row_maxes,
     frag_row_sums,

@@ -305,6 +305,13 @@ def _fastmath_probes():
                 ("ex2.approx.ftz.f32", "fma.rn.f32", "selp.f32", "sub.f32", "mul.f32"))
 
 
+    def keys(x, k):
+        s = fm.frag_mask_keys((x[0], x[1], x[2], x[3]), k[0], k[1])
+        x[0], x[1], x[2], x[3] = fm.frag_mask_keys_causal(s, k[0], k[1], k[2], k[3])
+
+    yield Probe("fast math", "whole fragments: keys masked past the end / the causal diagonal",
+                keys, (types.float32[:], types.int64[:]), SM75, ("selp.f32", "0fFF800000"))
+
 def _cluster_probes():
     import intrinsics.cluster as cl
     from intrinsics._core import SM90

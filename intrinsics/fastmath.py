@@ -19,6 +19,8 @@ mma.sync's and wgmma's accumulators: register v holds row g + 8 * ((v // 2) % 2)
     p = frag_exp2_fma(s, scale, b0, b1)  # p[v] = ex2_approx(fma_f32(s[v], scale, b_h))
     o = frag_scale_rows(o, a0, a1)       # o[v] * a_h
     s = frag_mask_cols(s, lim0, lim1)    # s[v] where column(v) < lim_h (int32), else -inf
+    s = frag_mask_keys(s, col0, end)     # s[v] where col0 + column(v) < end, else -inf
+    s = frag_mask_keys_causal(s, col0, end, row0, off)  # ... and <= row0 + 8 h + off
     l0, l1 = frag_row_sums(p)            # each half's registers added in a balanced tree
     m0, m1 = frag_row_maxes(s)           # ... and their max, as max(a, b), in the same tree
 
@@ -48,8 +50,8 @@ from numba import types
 from intrinsics._core import SM75, asm, intrinsic, require_arch
 
 __all__ = ["ex2_approx", "fma_f32", "frag_exp2_fma", "frag_exp2_fma_cols", "frag_mask_cols",
-           "frag_mask_cols_from", "frag_mul_diff_cols", "frag_row_maxes", "frag_row_sums",
-           "frag_scale_rows", "frag_tree_order", "tanh_approx"]
+           "frag_mask_cols_from", "frag_mask_keys", "frag_mask_keys_causal", "frag_mul_diff_cols",
+           "frag_row_maxes", "frag_row_sums", "frag_scale_rows", "frag_tree_order", "tanh_approx"]
 
 F32 = ir.FloatType()
 
@@ -217,6 +219,76 @@ frag_mask_cols_from = _column_mask(
     its row half), else -inf: the lower-bound twin of :func:`frag_mask_cols` (a causal mask on a
     transposed score tile keeps the queries from the key's diagonal on; a limit above every
     column masks the whole row).""")
+
+
+def _key_mask(name, causal, doc):
+    """The intrinsic ``name(s, col0, end[, row0, off])``: ``s[v]`` where the register's key
+    ``col0 + column(v)`` is below ``end`` (and, ``causal``, at most ``row0 + 8 h + off``, h its
+    row half), else -inf.  The arguments are 64-bit integers; the keys must lie in [0, 2**32)
+    and ``end`` below 2**32 (attention's key counts are below 2**31): each register is then one
+    32-bit unsigned compare with its row half's end (the causal one min(end, row0 + 8 h + off +
+    1), clamped at 0), not two 64-bit compares."""
+
+    def typer(typingctx, s, col0, end, rows):
+        _frag_type(name, s)
+        for ty in (col0, end, *rows):
+            if not isinstance(ty, types.Integer):
+                from numba.cuda.core.errors import NumbaTypeError
+
+                raise NumbaTypeError(f"{name} takes integer keys and bounds, got {ty}")
+        sig = s(s, *(types.int64,) * (2 + len(rows)))
+
+        def codegen(context, builder, sig, args):
+            i64 = ir.IntType(64)
+            col0, end, *rows = [context.cast(builder, v, t, types.int64)
+                                for v, t in zip(args[1:], sig.args[1:])]
+            i32 = ir.IntType(32)
+            zero = ir.Constant(i64, 0)
+            ends = [end, end]
+            if causal:  # the keys row g and row g + 8 see end at min(end, row + off + 1)
+                for h in (0, 1):
+                    seen = builder.add(builder.add(rows[0], ir.Constant(i64, 8 * h + 1)),
+                                       rows[1])
+                    ends[h] = builder.select(builder.icmp_signed("<", seen, end), seen, end)
+            # keys and ends lie in [0, 2**32): one 32-bit unsigned compare a register
+            ends = [builder.trunc(builder.select(builder.icmp_signed("<", e, zero), zero, e), i32)
+                    for e in ends]
+            base = builder.trunc(col0, i32)
+            neg_inf = ir.Constant(F32, float("-inf"))
+            out = ir.Constant(args[0].type, ir.Undefined)
+            for v in range(sig.args[0].count):
+                col = builder.add(base, ir.Constant(i32, 8 * (v // 4) + v % 2))
+                keep = builder.icmp_unsigned("<", col, ends[_half(v)])
+                out = builder.insert_value(
+                    out, builder.select(keep, builder.extract_value(args[0], v), neg_inf), v)
+            return out
+
+        return sig, codegen
+
+    # (numba's intrinsic lowering needs a fixed parameter list: one typer per form)
+    if causal:
+        def typed(typingctx, s, col0, end, row0, off):
+            return typer(typingctx, s, col0, end, (row0, off))
+    else:
+        def typed(typingctx, s, col0, end):
+            return typer(typingctx, s, col0, end, ())
+    typed.__name__ = name
+    typed.__doc__ = doc
+    return intrinsic(typed)
+
+
+frag_mask_keys = _key_mask(
+    "frag_mask_keys", False,
+    """``s[v]`` where the register's key ``col0 + column(v)`` (int64) is below ``end``, else
+    -inf: a score tile masked past the last key (where a kernel has no registers for
+    :func:`frag_mask_cols`' per-row limits).  Keys in [0, 2**32), ``end`` below 2**32.""")
+
+frag_mask_keys_causal = _key_mask(
+    "frag_mask_keys_causal", True,
+    """``s[v]`` where the register's key ``col = col0 + column(v)`` (int64) is below ``end`` and
+    at most ``row0 + 8 h + off`` (h its row half: bottom-right-aligned causal, ``off`` = keys -
+    queries), else -inf: one 32-bit compare per register, against min(end, row0 + 8 h + off +
+    1).  Keys in [0, 2**32), ``end`` below 2**32.""")
 
 
 def _col_type(name, frag, cols):

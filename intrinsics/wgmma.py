@@ -398,21 +398,31 @@ def wgmma_fence_operand(typingctx, frag):
     ``warpgroup_fence_operand``).  Use it right after ``wgmma_wait_group`` -- reads of the
     accumulator then depend on a volatile asm that LLVM keeps below the wait -- and, if the
     accumulator was just written by ordinary code, before ``wgmma_fence``.  ``frag`` is a
-    float32/uint32/int32 scalar or UniTuple of them.  Any architecture."""
-    dtype = frag.dtype if isinstance(frag, types.UniTuple) else frag
+    float32/uint32/int32 scalar, a UniTuple of them, or a UniTuple of such UniTuples (the RS A
+    fragments of several k steps: frag_pack_bf16x2's result) fenced in one asm.  Any
+    architecture."""
+    inner = frag.dtype if isinstance(frag, types.UniTuple) else None
+    nested = isinstance(inner, types.UniTuple)
+    dtype = inner.dtype if nested else inner if inner is not None else frag
     if dtype not in _FENCEABLE:
         raise NumbaTypeError(
-            "wgmma_fence_operand takes a float32, uint32 or int32 register or a UniTuple of them, "
-            f"got {frag}"
+            "wgmma_fence_operand takes a float32, uint32 or int32 register, a UniTuple of them "
+            f"or a UniTuple of such UniTuples, got {frag}"
         )
     sig = frag(frag)
-    count = frag.count if isinstance(frag, types.UniTuple) else 1
+    count = frag.count * inner.count if nested else frag.count if inner is not None else 1
     constraints = ["=" + _FENCEABLE[dtype]] * count + [str(i) for i in range(count)]
 
     def codegen(context, builder, sig, args):
-        values = unpack(builder, sig.args[0], args[0])
+        ty = sig.args[0]
+        parts = unpack(builder, ty, args[0]) if nested else [args[0]]
+        values = [v for part in parts for v in unpack(builder, ty.dtype if nested else ty, part)]
         outs = asm(builder, "", constraints, [v.type for v in values], values, memory=True)
-        return pack(context, builder, sig.return_type, outs)
+        if not nested:
+            return pack(context, builder, ty, outs)
+        n = ty.dtype.count
+        return pack(context, builder, ty, [pack(context, builder, ty.dtype, outs[i:i + n])
+                                           for i in range(0, count, n)])
 
     return sig, codegen
 

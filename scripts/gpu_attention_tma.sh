@@ -14,7 +14,7 @@
 # TMA_CONFIGS overrides the configurations benchmarked; SM90_ATTN_K the second shard group's -k.
 source "$(dirname "$0")/gpu_common.sh"
 what=${1:-all}
-: "${TMA_CONFIGS:=n128_2s_ov_pp_fx_tma n128_2s_ov_pp_fx_tma_pt n128_3s_ov_pp_fx_tma n128_2s_ov_fx_tma n128_2s_tma}"
+: "${TMA_CONFIGS:=n128_2s_ov_pp_fx_tma n128_2s_ov_pp_fx_tma_pt n128_3s_ov_pp_fx_tma n128_2s_ov_fx_tma n128_2s_fx_tma}"
 # the cp.async configurations' kernel sources are unchanged by the TMA work: their sweeps run
 # for the default only (SM90_ATTN_K="not _tma and not timing" runs all of them)
 : "${SM90_ATTN_K:=not _tma and not timing and (n128_2s_ov_pp_fx or not sweep)}"

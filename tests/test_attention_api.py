@@ -282,7 +282,8 @@ def test_forcing(walk, monkeypatch):
     assert walk("sm90:n64_2s", head_dim=64) == ("sm90_attention", "n64_2s")
     # a forced TMA configuration is chosen as asked; its launch runs the cp.async twin where no
     # tensor map fits (seqlen_k == 0 here), see test_print_config_names_the_tma_fallback
-    assert walk("sm90:n128_2s_tma", head_dim=64, seqlen_k=0) == ("sm90_attention", "n128_2s_tma")
+    assert walk("sm90:n128_2s_fx_tma", head_dim=64, seqlen_k=0) == ("sm90_attention",
+                                                                    "n128_2s_fx_tma")
     # forcing sm90 where it cannot run falls back to the portable kernel, without an error
     assert walk("sm90", head_dim=32)[0] == "sm80_attention"
     assert walk("sm90:n64_2s", head_dim=64, cc=(8, 0))[0] == "sm80_attention"

@@ -143,6 +143,46 @@ def test_column_forms_are_the_per_register_instructions():
 
 
 @pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")
+def test_key_masks_are_the_per_register_compares():
+    """frag_mask_keys and frag_mask_keys_causal on a 32-register fragment, against the same
+    kernel without them: one select per register and one 32-bit unsigned compare (the keys in
+    [0, 2**32)) per distinct column against the end (16: the row halves share them), or per
+    register against the causal form's end of its row half (min(end, row + off + 1), clamped at
+    0); a float key is refused."""
+    load = cuda.jit(device=True, forceinline=True)(_load)
+
+    def plain(out, x, k):
+        s = load(x)
+        for v in range(_NS):
+            out[v] = s[v]
+
+    def ends(out, x, k):
+        s = nt.frag_mask_keys(load(x), k[0], k[1])
+        for v in range(_NS):
+            out[v] = s[v]
+
+    def diagonal(out, x, k):
+        s = nt.frag_mask_keys_causal(load(x), k[0], k[1], k[2], k[3])
+        for v in range(_NS):
+            out[v] = s[v]
+
+    sig = (types.float32[:], types.float32[:], types.int64[:])
+    base = _opcodes(compile_ptx(plain, sig, "sm_90a"))
+    for kernel, compares in ((ends, _NS // 2), (diagonal, _NS)):
+        got = _opcodes(compile_ptx(kernel, sig, "sm_90a"))
+        assert got["selp.f32"] - base["selp.f32"] == _NS, (got, base)
+        added = sum(n - base[op] for op, n in got.items() if op.startswith("setp.")
+                    and op.endswith("u32"))
+        assert added == compares, (kernel.__name__, got, base)
+
+    def bad(out, x, k):
+        out[0] = nt.frag_mask_keys(load(x), x[0], k[1])[0]
+
+    with pytest.raises(Exception, match="frag_mask_keys takes integer keys and bounds"):
+        compile_ptx(bad, sig, "sm_90a")
+
+
+@pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")
 def test_column_forms_check_their_arguments():
     def bad(out, x):
         out[0] = nt.frag_exp2_fma_cols((x[0], x[1], x[2], x[3]), x[4], (x[5],))[0]

@@ -17,10 +17,11 @@ import re
 import subprocess
 
 import pytest
+from numba import types
 
 from intrinsics._core import ArchitectureError
 from intrinsics.toolchain import compile_ptx
-from numbatc.kernels import sm90_attention as attn
+from numbatc.kernels import sm90_attention as attn, sm90_attention_tma
 from tests.helpers.assemblers import nvdisasm_path, whole_program_ptxas
 
 
@@ -41,7 +42,7 @@ CASES += [("n128_2s_ov", 64, "bfloat16", True, True), ("n128_2s", 64, "bfloat16"
           ("n128_2s_ov", 128, "float16", False, False), ("n64_2s", 64, "float16", False, True)]
 # the TMA producer at head_dim 64 (one box per tile) too
 CASES += [("n128_2s_ov_pp_fx_tma", 64, "bfloat16", True, True),
-          ("n128_2s_tma", 64, "float16", False, False),
+          ("n128_2s_fx_tma", 64, "float16", False, False),
           ("n128_2s_ov_pp_fx_tma_pt", 64, "float16", False, True)]
 # head_dim 192 and 256's defaults and twins in the other variants: ptxas's allocation moved with
 # each (it spilled 4-44 bytes in some before the epilogue computed b and h again)
@@ -165,7 +166,8 @@ def test_every_config_fits_shared_memory():
     fits the 227 KB an sm_90 block may have, as check_fits agrees."""
     for cfg in attn.CONFIGS.values():
         for d in cfg.head_dims:
-            q_lay, k_lay, v_lay, _ = attn._layouts(cfg, d)
+            layouts = sm90_attention_tma.layouts if cfg.tma else attn._layouts
+            q_lay, k_lay, v_lay, _ = layouts(cfg, d)
             q_bytes = q_lay.nbytes if cfg.tma else 2 * q_lay.nbytes  # cp.async: 2 x 64 rows
             assert q_bytes == 128 * d * 2, (cfg.name, d, q_bytes)
             tiles = q_bytes + cfg.stages * (k_lay.nbytes + v_lay.nbytes)
@@ -282,8 +284,10 @@ def test_tma_store_of_o(name, d, tmp_path):
         r"barrier\.sync\.aligned 5, %r", ptx)
     assert "st.global.b32" not in ptx and "st.global.u16" not in ptx
     assert ptx.count("st.global.f32") == 2  # lse only
-    assert len(attn.signature(var, cfg)) == len(attn.signature(
-        attn.AttnVariant(d, "bfloat16", True, True), cfg)) + 1
+    # out's map is the fourth parameter (an empty tuple, no parameter, without the TMA store)
+    sig, plain = attn.signature(var, cfg), attn.signature(attn.AttnVariant(d, "bfloat16", True,
+                                                                          True), cfg)
+    assert sig[3] == sig[0] and plain[3] == types.Tuple(()) and sig[4:] == plain[4:]
     log = whole_program_ptxas(ptx, tmp_path)
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log
     for code in ("C7509", "C7513", "C7517", "C7519"):
@@ -314,7 +318,21 @@ def test_varlen_variants_assemble_without_spills(name, d, tmp_path):
 def test_varlen_refuses_persistent_and_kv_cache():
     var = attn.AttnVariant(64, "bfloat16", True, False, varlen=True)
     with pytest.raises(ValueError, match="persistent configuration has no varlen variant"):
-        attn.kernel_source(attn.CONFIGS["n128_2s_ov_pp_fx_tma_pt"], var)
+        sm90_attention_tma.make_kernel(attn.CONFIGS["n128_2s_ov_pp_fx_tma_pt"], var)
     kv = attn.AttnVariant(64, "bfloat16", True, False, kv_cache=True)
-    with pytest.raises(ValueError, match="no KV-cache variant"):
-        attn.kernel_source(attn.CONFIGS["n128_2s_ov_pp_fx_tma"], kv)
+    for name in ("n128_2s_ov_pp_fx_tma", "n128_2s_ov_pp_fx"):
+        with pytest.raises(ValueError, match="no KV-cache variant"):
+            attn.kernel_for(attn.CONFIGS[name], kv)
+
+
+def test_tma_kernels_are_code_and_take_the_fast_exponential():
+    """A TMA configuration's kernel is sm90_attention_tma.make_kernel's (no generated text to
+    print: kernel_source says where it is), and such a configuration needs fast_exp."""
+    cfg = attn.CONFIGS["n128_2s_ov_pp_fx_tma"]
+    var = attn.AttnVariant(64, "bfloat16", True, False)
+    assert attn.kernel_for(cfg, var) is sm90_attention_tma.make_kernel(cfg, var)
+    with pytest.raises(ValueError, match="its kernel is code"):
+        attn.kernel_source(cfg, var)
+    with pytest.raises(ValueError, match="producer='tma' needs fast_exp=True"):
+        attn.Sm90AttnConfig("slow_tma", 128, producer="tma", producer_regs=24,
+                            consumer_regs=240)

@@ -358,11 +358,17 @@ def test_descriptors_and_fence_operand_compile_everywhere(arch):
         g = wgmma_fence_operand((f[0], f[1]))
         f[2] = g[0] + g[1]
         f[3] = wgmma_fence_operand(f[0])
+        # nested: the RS A fragments of two k steps, one asm with 4 operands in and out
+        u, w = np.uint32(lbo), np.uint32(sbo)
+        pa = wgmma_fence_operand(((u, w), (w, u)))
+        out[2] = pa[0][1] + pa[1][0]
 
     ptx = compile_ptx(
         kernel, (types.uint64[::1], types.float32[::1], types.int64, types.int32, types.int32), arch
     )
     assert "cvt.rn.f64" not in ptx and "cvt.rzi" not in ptx, "descriptor math went through floats"
+    # the nested fence is one asm of 4 outputs tied to 4 inputs (no instruction inside)
+    assert re.search(r"// begin inline asm\s*\n\s*// end inline asm", ptx)
     assemble(ptx, arch)
 
 

@@ -66,6 +66,31 @@ def frag_mask_cols_from(s, lo0, lo1):
     return _mask(s, (lo0, lo1), lambda col, lim: col >= lim)
 
 
+def _key_range(name, s, col0, end):
+    """The hardware compares keys and ends in 32 bits: outside the documented range the
+    emulation refuses rather than give what the GPU would not."""
+    last = int(col0) + 8 * ((len(s) - 1) // 4) + 1
+    if int(col0) < 0 or last >= 2**32 or int(end) >= 2**32:
+        raise ValueError(f"{name}: keys {int(col0)}..{last} and end {int(end)} must lie in "
+                         "[0, 2**32)")
+
+
+def frag_mask_keys(s, col0, end):
+    _key_range("frag_mask_keys", s, col0, end)
+    return tuple(np.float32(x) if int(col0) + 8 * (v // 4) + v % 2 < int(end)
+                 else np.float32(-np.inf) for v, x in enumerate(s))
+
+
+def frag_mask_keys_causal(s, col0, end, row0, off):
+    _key_range("frag_mask_keys_causal", s, col0, end)
+
+    def keep(v):
+        col = int(col0) + 8 * (v // 4) + v % 2
+        return col < int(end) and col <= int(row0) + 8 * _half(v) + int(off)
+
+    return tuple(np.float32(x) if keep(v) else np.float32(-np.inf) for v, x in enumerate(s))
+
+
 def frag_row_sums(p):
     from intrinsics.fastmath import frag_tree_order
 
@@ -95,4 +120,5 @@ EMULATIONS = {"ex2_approx": ex2_approx, "fma_f32": fma_f32, "tanh_approx": tanh_
               "frag_exp2_fma": frag_exp2_fma, "frag_scale_rows": frag_scale_rows,
               "frag_mask_cols": frag_mask_cols, "frag_row_sums": frag_row_sums,
               "frag_row_maxes": frag_row_maxes, "frag_exp2_fma_cols": frag_exp2_fma_cols,
-              "frag_mul_diff_cols": frag_mul_diff_cols, "frag_mask_cols_from": frag_mask_cols_from}
+              "frag_mul_diff_cols": frag_mul_diff_cols, "frag_mask_cols_from": frag_mask_cols_from,
+              "frag_mask_keys": frag_mask_keys, "frag_mask_keys_causal": frag_mask_keys_causal}

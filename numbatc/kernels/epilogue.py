@@ -15,8 +15,9 @@ and the common kernel arguments and launch.
 - :func:`signature`, :func:`launch_gemm_kernel`: the arguments every GEMM kernel takes, and its
   launch (prepared where it can be; numbatc.kernels.sm80_gemm.launch_flat describes the
   contract).
-- :data:`QUAD_REDUCTIONS`: max / sum over the quad of lanes that share a fragment row, for the
-  kernels that reduce rows (softmax, attention).
+- :func:`quad_max`, :func:`quad_sum`: max / sum over the quad of lanes that share a fragment
+  row, for the kernels that reduce rows (softmax, attention); :data:`QUAD_REDUCTIONS` imports
+  them into a generated kernel.
 
 Kernels written as code (sm90_gemm_tma) call the functions; the generated GEMM kernels
 (sm80_gemm, sm90_gemm's cp.async form, sm100_gemm, sm100_scaled_gemm) import them through the
@@ -35,7 +36,8 @@ import intrinsics as nt
 
 __all__ = ["GemmVariant", "variant_for", "Epilogue", "make_epilogue", "epilogue_for",
            "ACTIVATIONS", "bf16_to_f32", "f16_to_f32", "put_partial", "add_partial", "ZERO4",
-           "CONVERSIONS", "QUAD_REDUCTIONS", "SPLIT_HELPERS", "BLOCK_FRAGS", "epilogue_source",
+           "CONVERSIONS", "QUAD_REDUCTIONS", "quad_max", "quad_sum", "SPLIT_HELPERS",
+           "BLOCK_FRAGS", "epilogue_source",
            "stores_source", "eargs_source", "full_tile_epilogue", "split_source",
            "split_epilogue_source",
            "signature", "launch_gemm_kernel", "flat_epilogue_args", "with_epilogue_args",
@@ -419,19 +421,24 @@ def full_tile_epilogue(w, tiles, var, inside, indent="    "):
 
 # The reductions over the quad of lanes that share a row of an m16n8 fragment (lanes 4g .. 4g+3):
 # generated kernels that reduce rows (softmax) paste this source.
-QUAD_REDUCTIONS = '''
-
 @cuda.jit(device=True, forceinline=True)
 def quad_max(x):
+    """max over the four lanes of a quad (the lanes that hold one fragment row)."""
     x = max(x, nt.shfl_bfly(x, 1))
     return max(x, nt.shfl_bfly(x, 2))
 
 
 @cuda.jit(device=True, forceinline=True)
 def quad_sum(x):
+    """The sum over the four lanes of a quad, the same in every lane."""
     x = x + nt.shfl_bfly(x, 1)
     return x + nt.shfl_bfly(x, 2)
-'''
+
+
+#: the generated kernels' line for :func:`quad_max` and :func:`quad_sum`
+QUAD_REDUCTIONS = """
+from numbatc.kernels.epilogue import quad_max, quad_sum
+"""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ from numba import cuda  # a module global: the simulator swaps it in device func
 
 import intrinsics as nt
 from numbatc.kernels import gpus, split_k
+from numbatc.kernels.epilogue import quad_max, quad_sum
 from numbatc.kernels.build import load_generated
 from numbatc.kernels.sm80_attention import kernel_arguments, kv_arguments, kv_sizes, shared_layout
 from numbatc.kernels.tiles import make_paged_kv_lookahead, make_paged_kv_loader
@@ -240,19 +241,6 @@ def split_cost(tiles, splits, blocks, slots):
 NEG_INF = np.float32(-np.inf)
 ZERO = np.float32(0)
 LN2 = np.float32(math.log(2.0))
-
-
-@cuda.jit(device=True, forceinline=True)
-def quad_max(x):
-    """max over the four lanes of a quad (the lanes that hold one fragment row)."""
-    x = max(x, nt.shfl_bfly(x, 1))
-    return max(x, nt.shfl_bfly(x, 2))
-
-
-@cuda.jit(device=True, forceinline=True)
-def quad_sum(x):
-    x = x + nt.shfl_bfly(x, 1)
-    return x + nt.shfl_bfly(x, 2)
 
 
 @functools.cache

@@ -58,13 +58,14 @@ any turn.
 Causal (bottom-right aligned, query i sees keys j <= i + Sk - Sq): a block loads the key tiles
 its last row sees; each consumer computes the tiles its own rows see and only waits for and
 releases the others; only tiles that cross the diagonal or the end of the keys run the masks.
-GQA: query head h reads key/value head h // group.  The kernel is generated Python source per
-(configuration, variant), cached on disk (numbatc.kernels.build), launched through intrinsics.launch
-(setmaxnreg: whole-program JIT).
+GQA: query head h reads key/value head h // group.  The cp.async configurations' kernel is
+generated Python source per (configuration, variant) (:func:`kernel_source` prints it), cached on
+disk (numbatc.kernels.build), launched through intrinsics.launch (setmaxnreg: whole-program JIT).
 
 The ``_tma`` configurations replace the cp.async producer with one thread issuing TMA tensor
-copies of Q, K and V (numbatc.kernels.sm90_attention_tma: maps, boxes, byte counts, barriers);
-the consumers are the same code.  :data:`TMA_BY_DEFAULT` switches the default to them.
+copies of Q, K and V, and are written as code: numbatc.kernels.sm90_attention_tma.make_kernel
+(maps, boxes, byte counts, barriers, persistent tiles, O's TMA stores; the same schedules as
+the generated text).  :data:`TMA_BY_DEFAULT` switches the default to them.
 """
 
 import functools
@@ -140,6 +141,10 @@ class Sm90AttnConfig:
         problems = []
         if self.producer not in ("cp_async", "tma"):
             problems.append(f"producer must be 'cp_async' or 'tma', got {self.producer!r}")
+        if self.producer == "tma" and not self.fast_exp:
+            # NOTE: the TMA kernels are code (sm90_attention_tma.make_kernel) and take FA3's
+            # ex2.approx(fma) only: it measured best or equal-best at every shape (choose_config)
+            problems.append("producer='tma' needs fast_exp=True")
         if self.persistent and self.producer != "tma":
             problems.append("persistent needs producer='tma'")
         if self.block_n not in BLOCK_NS:
@@ -207,7 +212,9 @@ CONFIGS = {
         # TMA producers (sm90_attention_tma): one thread, so 24 registers; the consumers get 240.
         # Each falls back to its cp.async twin (the name without _tma, else the default) for
         # operands a tensor map cannot describe (see :func:`resolve`).
-        Sm90AttnConfig("n128_2s_tma", 128, producer="tma", producer_regs=24, consumer_regs=240),
+        # (the in-order schedule: the TMA kernels all take the two-instruction exponential)
+        Sm90AttnConfig("n128_2s_fx_tma", 128, fast_exp=True, producer="tma", producer_regs=24,
+                       consumer_regs=240),
         Sm90AttnConfig("n128_2s_ov_fx_tma", 128, overlap=True, fast_exp=True, producer="tma",
                        producer_regs=24, consumer_regs=240),
         Sm90AttnConfig("n128_2s_ov_pp_fx_tma", 128, overlap=True, pingpong=True, fast_exp=True,
@@ -370,10 +377,6 @@ def _layouts(cfg, D):
     """(Q, K stage, V stage) shared layouts and the byte offset of consumer 1's Q rows."""
     from intrinsics.layout import SmemLayout
 
-    if cfg.tma:
-        from numbatc.kernels import sm90_attention_tma
-
-        return sm90_attention_tma.layouts(cfg, D)
     sw = swizzle_for(D)
     return (SmemLayout("K", sw, 64, D, 2),             # Q part of one consumer
             SmemLayout("K", sw, cfg.block_n, D, 2),    # K stage
@@ -455,7 +458,11 @@ def column_limit_mask(D: int, BN: int) -> bool:
 
 
 def kernel_source(cfg: Sm90AttnConfig, var: AttnVariant) -> str:
-    """Python source of the kernel for one configuration and variant."""
+    """Python source of a cp.async configuration's kernel for one variant (a TMA
+    configuration's kernel is code: numbatc.kernels.sm90_attention_tma.make_kernel)."""
+    if cfg.tma:
+        raise ValueError(f"{cfg.name} is a TMA configuration: its kernel is code "
+                         "(numbatc.kernels.sm90_attention_tma.make_kernel), not generated")
     D = var.head_dim
     if D not in HEAD_DIMS:
         raise ValueError(f"sm90_attention implements head_dim {HEAD_DIMS}, got {D}")
@@ -469,8 +476,6 @@ def kernel_source(cfg: Sm90AttnConfig, var: AttnVariant) -> str:
     pack = "nt.pack_bf16x2" if var.dtype == "bfloat16" else "nt.pack_f16x2"
     q_lay, k_lay, v_lay, QPB = _layouts(cfg, D)  # QPB: consumer 1's Q rows start here
     QB = BLOCK_M * D * 2
-    tma = cfg.tma
-    pers = cfg.persistent  # the consumers' ring position then continues across tiles: it + n
     KB = k_lay.nbytes  # one K (or V) stage
     VB0 = QB + S * KB  # first V stage
     NS, NO, KK = BN // 2, D // 2, BN // 16  # S registers, O registers, k16 steps of P V
@@ -478,16 +483,8 @@ def kernel_source(cfg: Sm90AttnConfig, var: AttnVariant) -> str:
     KF, VF, KE, VE = 1, 1 + S, 1 + 2 * S, 1 + 3 * S
     if var.kv_cache:
         raise ValueError("sm90_attention has no KV-cache variant (sm80_attention's)")
-    if var.varlen and pers:
-        raise ValueError(f"{cfg.name}: a persistent configuration has no varlen variant (its "
-                         "work tiles assume one sequence length)")
+    assert not var.tma_store, "TMA stores of O: TMA configurations only"
     rb = sm80_attention.row_bases(var)  # the element offset of row 0 of the block's sequence
-    if tma:
-        from numbatc.kernels import sm90_attention_tma
-
-        producer_globals = sm90_attention_tma.globals_source(cfg, var.causal, D, QB, KB, VB0)
-    else:
-        producer_globals = "CP = nt.cp_async_op(16, zfill=True)"
     lines = []
     w = lines.append
     w(f'''"""Generated by numbatc.kernels.sm90_attention for {cfg.name}, {var}. Do not edit."""
@@ -498,7 +495,7 @@ import intrinsics as nt
 
 QK = nt.wgmma_mma_async({BN}, "{ptx}", acc="f32", trans_a=0, trans_b=0)
 PV = nt.wgmma_mma_async({D}, "{ptx}", acc="f32", a_from="reg", trans_b=1)
-{producer_globals}
+CP = nt.cp_async_op(16, zfill=True)
 NEG_INF = np.float32(-np.inf)
 ZERO = np.float32(0)
 LN2 = np.float32({math.log(2.0)!r})
@@ -507,14 +504,13 @@ LN2 = np.float32({math.log(2.0)!r})
 {sm80_attention.row_helpers(var)}
 
 {sm80_attention.store_pair_source(var, pack)}''')
-    if not tma:
-        # Loaders.  Q part p = row // 64 of the block, row % 64 within it; K rows SW bytes
-        # apart inside each part of SW / 2 columns; V: 8-key atoms of D * 16 bytes.  The parts
-        # (above head_dim 128: 64-column halves; at 96 three of 32 columns): Q's and K's K-major
-        # ones 64 * SW and BN * SW bytes apart, V's 8 * SW (MN-major: its atoms stack along D).
-        _loader(w, "q", BLOCK_M, D, lambda r: (r // 64) * QPB + (r % 64) * SW, 64 * SW)
-        _loader(w, "k", BN, D, lambda r: r * SW, BN * SW)
-        _loader(w, "v", BN, D, lambda r: (r // 8) * D * 16, 8 * SW)
+    # Loaders.  Q part p = row // 64 of the block, row % 64 within it; K rows SW bytes apart
+    # inside each part of SW / 2 columns; V: 8-key atoms of D * 16 bytes.  The parts (above
+    # head_dim 128: 64-column halves; at 96 three of 32 columns): Q's and K's K-major ones 64 *
+    # SW and BN * SW bytes apart, V's 8 * SW (MN-major: its atoms stack along D).
+    _loader(w, "q", BLOCK_M, D, lambda r: (r // 64) * QPB + (r % 64) * SW, 64 * SW)
+    _loader(w, "k", BN, D, lambda r: r * SW, BN * SW)
+    _loader(w, "v", BN, D, lambda r: (r // 8) * D * 16, 8 * SW)
 
     def softmax(ind, masked_cond, pack_p=True):
         """Source: mask S (when masked_cond holds), update the running max and sum, P (p_<v>,
@@ -613,10 +609,8 @@ LN2 = np.float32({math.log(2.0)!r})
     P_REGS = [f"pa_{c}" for c in range(KK)]
 
     def wait_full(ind, ring, stage, parity, fence=True):
-        """Source: wait until K or V (``ring`` 'k' or 'v') of ``stage`` has landed (and, for
-        the cp.async producer with ``fence``, make it visible to wgmma's async proxy)."""
-        if tma:  # TMA writes through the async proxy, which wgmma reads: no proxy fence
-            return f"{ind}WAIT({ring}bars, {stage}, {parity})"
+        """Source: wait until K or V (``ring`` 'k' or 'v') of ``stage`` has landed (and, with
+        ``fence``, make it visible to wgmma's async proxy)."""
         bar = KF if ring == "k" else VF
         text = f"{ind}nt.mbarrier_wait_parity(bars, {bar} + {stage}, {parity})"
         if fence:
@@ -625,23 +619,20 @@ LN2 = np.float32({math.log(2.0)!r})
 
     def st(n):
         """Source: the stage of the warpgroup's key tile ``n``."""
-        return f"(it + {n}) % {S}" if pers else f"{n} % {S}"
+        return f"{n} % {S}"
 
     def par(n):
         """Source: the full barriers' parity for key tile ``n``."""
-        return f"((it + {n}) // {S}) & 1" if pers else f"({n} // {S}) & 1"
+        return f"({n} // {S}) & 1"
 
     def release(ind, rings, stage):
         """Source: lane 0 of each consumer warp gives K and/or V (``rings``: 'k', 'v', 'kv') of
         ``stage`` back to the producer (its warp's wgmma group that read it has retired)."""
         out = [f"{ind}if lane == 0:"]
         for ring in rings:
-            if tma:
-                out.append(f"{ind}    RELEASE({ring}bars, {stage})")
-            else:
-                bar = KE if ring == "k" else VE
-                index = bar if stage == "0" else f"{bar} + {stage}"
-                out.append(f"{ind}    nt.mbarrier_arrive(bars, {index})")
+            bar = KE if ring == "k" else VE
+            index = bar if stage == "0" else f"{bar} + {stage}"
+            out.append(f"{ind}    nt.mbarrier_arrive(bars, {index})")
         return "\n".join(out)
 
     def qk_mmas(ind):
@@ -690,15 +681,10 @@ LN2 = np.float32({math.log(2.0)!r})
     zeros_p = "(np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0))"
 
     w("\n" + softmax_tile_source())
-    assert not var.tma_store or tma, "TMA stores of O: TMA configurations only"
     # varlen: (total_q, total_k) in place of (Sq, Sk), and the prefix sums cu_q, cu_k last
     sizes = "total_q, total_k" if var.varlen else "Sq, Sk"
     extra = ", cu_q, cu_k" if var.varlen else ""
-    if tma:
-        w(sm90_attention_tma.head_source(cfg, D, shared_bytes(cfg, D), var.tma_store,
-                                          var.varlen))
-    else:
-        w(f'''
+    w(f'''
 
 @cuda.jit(cache=True, launch_bounds=({cfg.threads}, 1))
 def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss, q_sh, k_sb,
@@ -709,14 +695,9 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
     # cp.async arrivals (.noinc); k_empty[s] = bars[{KE} + s], v_empty[s] = bars[{VE} + s]: one
     # arrival per consumer warp (8), by lane 0 after its warp's wgmma.wait_group retired the reads
     bars = cuda.shared.array({1 + 4 * S}, np.uint64, alignment=8)''')
-    w(f'''    t = cuda.threadIdx.x
+    w('''    t = cuda.threadIdx.x
     wg = t // 128''')
-    if pers:  # each role computes its tiles' coordinates in its tile loop
-        from numbatc.kernels import sm90_attention_tma
-
-        w(sm90_attention_tma.PERSISTENT_TOP)
-    else:
-        w(f'''
+    w(f'''
     # Blocks of one (batch, head) are neighbours (they share K and V in L2); the last query
     # blocks, which see the most keys under a causal mask, start first.
     # NOTE: 32-bit unsigned arithmetic: a 64-bit division by a run-time value is a subroutine
@@ -728,20 +709,17 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
     b = np.int64(np.uint32(bh // np.uint32(Hq)))
     h = np.int64(np.uint32(bh % np.uint32(Hq)))
     hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))''')
-        if var.varlen:
-            w(sm80_attention.sequence_bounds_source("    "))
-        w(f'''    off = Sk - Sq  # causal: query i sees keys j <= i + off
+    if var.varlen:
+        w(sm80_attention.sequence_bounds_source("    "))
+    w(f'''    off = Sk - Sq  # causal: query i sees keys j <= i + off
     n_tiles = {div_bn(f'(Sk + {BN - 1})', BN)}''')
-    if var.causal and not pers:
+    if var.causal:
         w(f'''    last = m0 + {BLOCK_M - 1} + off  # the last key the block's last query sees
     if last < 0:
         n_tiles = 0
     else:
         n_tiles = min(n_tiles, {div_bn('last', BN)} + 1)''')
-    if tma:
-        w(sm90_attention_tma.producer_source(cfg, var.varlen))
-    else:
-        w(f'''
+    w(f'''
     if t == 0:
         nt.mbarrier_init(bars, 0, 128)
         for s in range({S}):
@@ -789,8 +767,7 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
         cw = wg - 1
         lane = t % 32
         tq = (lane % 4) * 2''')
-    tile_part = len(lines)  # the consumers' per-tile code starts here
-    w(f'''        wrow0 = m0 + cw * 64  # the warpgroup's first query row
+    w('''        wrow0 = m0 + cw * 64  # the warpgroup's first query row
         row0 = wrow0 + ((t % 128) // 32) * 16 + lane // 4  # this thread's rows: row0, row0 + 8
         # the key tiles this warpgroup's rows see (the block loads those of its last row)
         n_wg = n_tiles''')
@@ -813,8 +790,7 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
         o = nt.wgmma_fence_operand({zeros_o})''')
     for c in range(KK):
         w(f"        pa_{c} = {zeros_p}")
-    w(f"        nt.mbarrier_wait_parity({'qbar' if tma else 'bars'}, 0, {'qph' if pers else 0})"
-      "  # Q landed")
+    w("        nt.mbarrier_wait_parity(bars, 0, 0)  # Q landed")
     if cfg.pingpong:
         w("""        # ping-pong: consumer 0 takes the first turn (consumer 1 arrives on its barrier once;
         # consumer 0's last bar.sync, after the key loop, consumes this extra arrival)
@@ -845,14 +821,14 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
         # ---- main loop, FA3's intra-warpgroup overlap: S(n) and P(n-1) V(n-1) issued back to
         # back; softmax(S(n)) runs while P(n-1) V(n-1) is on the tensor core ----
         if n_wg > 0:
-            s = {st("0") if pers else 0}
-            ph = {par("0") if pers else 0}
+            s = 0
+            ph = 0
             n0 = 0
 {wait_full(I, "k", "s", "ph")}{turn(I, "sync", True)}
 {group(I, fenced(I, ["sacc"]), qk_mmas(I))}{turn(I, "arrive", False)}
             nt.wgmma_wait_group(0)
             sacc = nt.wgmma_fence_operand(sacc)
-{release(I, "k", "s" if pers else "0")}
+{release(I, "k", "0")}
 {softmax_call(I, mask_cond)}
         for n in range(1, n_wg):
             s = {st("n")}
@@ -888,12 +864,6 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
             nt.wgmma_wait_group(0)
             o = nt.wgmma_fence_operand(o)
 {release(I, "v", "sp")}''')
-    if pers:
-        # NOTE: every consumer thread arrives, not lane 0 per warp: in a tile whose rows see no
-        # key nothing converges a warp between its wait for Q and this release, and a lane
-        # still before its wait would see q_full two phases on (the emulation deadlocked so)
-        w("""        # every Q K^T of this tile has retired: Q's buffer goes back to the producer
-        nt.mbarrier_arrive(qbar, 1)""")
     w(f'''
         # tiles the block loaded that this warpgroup's rows do not see (causal): wait, release
         for n in range(n_wg, n_tiles):
@@ -908,7 +878,7 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
             nt.named_barrier_sync(1, 256)""")
     w(f'''
         # ---- epilogue: O / l per row (0 for a row that saw no key), stored as {var.dtype} ----''')
-    if D > 128 and not pers:
+    if D > 128:
         # NOTE: above head_dim 128 (O: 96 or 128 registers a thread) ptxas spilled b and h (20-44
         # bytes), live from the kernel's start to here across the key loop; they are computed
         # again from blockIdx.x, which the opaque operand fence keeps LLVM from reusing.
@@ -918,8 +888,7 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
         h = np.int64(np.uint32(bh % np.uint32(Hq)))''')
         if var.varlen:  # q0 and Sq too (the sequence's rows), read again
             w(sm80_attention.sequence_bounds_source("        ", keys=False))
-    if not var.tma_store:
-        w(f"        o_start = {rb['o']} + h * o_sh")
+    w(f"        o_start = {rb['o']} + h * o_sh")
     for hh in range(2):
         w(f"        l = quad_sum(l_{hh})")
         w(f"        inv_{hh} = np.float32(1) / l if l > ZERO else ZERO")
@@ -931,81 +900,9 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
     # NOTE (sm80_attention): scaled in place before any store, so that LLVM cannot hoist the
     # scaled values above the row checks and double O's registers.
     w("        o = nt.frag_scale_rows(o, inv_0, inv_1)  # o[v] * inv of v's row")
-    if var.tma_store:
-        # persistent: O's own staging tile behind the V ring (Q's buffer is the next tile's)
-        _tma_store_o(w, D, pack, VB0 + S * KB if pers else 0)
-    else:
-        sm80_attention.store_o_rows(w, "        ", D, lambda hh: f"row0 + {8 * hh}",
-                                    lambda hh, jj, c: f"o[{4 * jj + 2 * hh + c}]")
-    if pers:
-        from numbatc.kernels import sm90_attention_tma
-
-        body = "\n".join(lines[tile_part:])
-        del lines[tile_part:]
-        w(sm90_attention_tma.consumer_loop(body, cfg.pingpong))
-        if var.tma_store:
-            w("""        if t % 128 == 0:
-            nt.bulk_wait_group_read(0)  # the last tile's boxes have left shared memory""")
+    sm80_attention.store_o_rows(w, "        ", D, lambda hh: f"row0 + {8 * hh}",
+                                lambda hh, jj, c: f"o[{4 * jj + 2 * hh + c}]")
     return "\n".join(lines) + "\n"
-
-
-def _tma_store_o(w, D, pack, staging=0):
-    """Emit the TMA store of O (``var.tma_store``; TMA configurations): the warpgroup's (64, D)
-    tile of O, scaled, goes through stmatrix into the warpgroup's own rows of Q's buffer --
-    free: only this warpgroup's Q K^T read them, and the last one retired -- in Q's swizzled
-    layout, which is what a TMA box of (64 rows, one swizzle row of columns) of out reads;
-    thread 0 of the warpgroup then stores one box per swizzle row of columns (TMA drops the
-    rows at or past Sq) and waits until they have read shared memory before the block may
-    exit.  ``staging`` (persistent configurations): the byte offset of a staging tile laid out
-    as Q's buffer, used instead of it (the producer loads the next work tile's Q there while
-    this epilogue runs); thread 0 then waits for the previous tile's boxes before the
-    warpgroup writes the staging rows again, not after its stores (the kernel's end waits for
-    the last).
-
-    Box j (columns j * SW / 2 ..) of warpgroup cw lies at j * 128 * SW + cw * 64 * SW (Q's
-    part j, rows 64 cw ..), row r at r * SW, its 16-byte chunk c at (c ^ s(r)) * 16 with s(r)
-    = r % 8 (128B swizzle) or (r // 2) % 4 (64B).  stmatrix.x4 call jj of a box writes its
-    fragments 2jj, 2jj + 1 (16 columns) for the warp's 16 rows: lane l gives the address of
-    matrix q = l // 8 (q % 2: rows 0-7 or 8-15; q // 2: which fragment) at row 16 warp +
-    8 (q % 2) + l % 8, and register q holds its (row l // 4, columns 2 (l % 4), + 1) pair: O
-    registers 4 f + 2 (q % 2), + 1 of fragment f = 2jj + q // 2 (sm90_gemm_tma's staging, with
-    Q's boxes)."""
-    SW = swizzle_for(D)
-    box_d = SW // 2
-    calls = box_d // 16  # stmatrix.x4 calls per box: 16 columns each
-    s_of_r = "sr" if SW == 128 else "(sr // 2)"
-    where = "the staging tile" if staging else "Q's buffer"
-    w(f"""        # O through this warpgroup's rows of {where} ({SW}B swizzle) and TMA stores
-        lt = t % 128
-        sq = lane // 8
-        sr = lane % 8
-        sx = (sq // 2) ^ {s_of_r}
-        srow = {staging} + cw * {64 * SW} + ((lt // 32) * 16 + (sq % 2) * 8 + sr) * {SW}""")
-    bar = """        if cw == 0:
-            nt.named_barrier_sync(4, 128)
-        else:
-            nt.named_barrier_sync(5, 128)"""
-    if staging:
-        w(f"""        if lt == 0:
-            nt.bulk_wait_group_read(0)  # the previous tile's boxes have left the staging rows
-{bar}""")
-    for j in range(D // box_d):
-        for jj in range(calls):
-            f0 = j * (box_d // 8) + 2 * jj
-            regs = [f"{pack}(o[{4 * f + 2 * h}], o[{4 * f + 2 * h + 1}])"
-                    for f in (f0, f0 + 1) for h in (0, 1)]
-            w(f"        nt.stmatrix_x4(smem, srow + {j * 128 * SW} + (({2 * jj} ^ sx) << 4), "
-              f"({', '.join(regs)}))")
-    w(f"""        nt.fence_proxy_async_shared()  # generic-proxy writes, read by the TMA stores
-{bar}
-        if lt == 0:""")
-    for j in range(D // box_d):
-        w(f"            nt.tma_store(tma_o, ({box_d * j}, h, wrow0, b), smem, "
-          f"{staging + j * 128 * SW} + cw * {64 * SW})")
-    w("            nt.bulk_commit_group()")
-    if not staging:
-        w("            nt.bulk_wait_group_read(0)  # the boxes have left shared memory before "
-          "the exit")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1015,7 +912,13 @@ def _tma_store_o(w, D, pack, staging=0):
 
 @functools.cache
 def kernel_for(cfg: Sm90AttnConfig, var: AttnVariant):
-    """The compiled-on-demand kernel for (cfg, var), cached on disk (build.load_generated)."""
+    """The compiled-on-demand kernel for (cfg, var), cached on disk: a TMA configuration's is
+    code (sm90_attention_tma.make_kernel, build.cache_kernel), a cp.async one's generated text
+    (build.load_generated)."""
+    if cfg.tma:
+        from numbatc.kernels import sm90_attention_tma
+
+        return sm90_attention_tma.make_kernel(cfg, var)
     return load_generated("sm90_attention", kernel_source(cfg, var), entry="attention_kernel")
 
 

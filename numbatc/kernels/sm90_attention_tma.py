@@ -1,7 +1,10 @@
-"""sm90_attention's TMA producer (the ``_tma`` configurations): one thread of the producer
-warpgroup loads Q once per query block and drives the K and V rings with tensor copies
-(``cp.async.bulk.tensor``, 128B swizzle; 64B at head_dim 96) that complete on mbarriers; the two wgmma consumer
-warpgroups, their ping-pong, the softmax and the epilogue are sm90_attention's.
+"""sm90_attention's TMA configurations (the ``_tma`` names), written as code: one thread of
+the producer warpgroup loads Q once per query block and drives the K and V rings with tensor
+copies (``cp.async.bulk.tensor``, 128B swizzle; 64B at head_dim 96) that complete on
+mbarriers; the two wgmma consumer warpgroups run sm90_attention's schedules (in order, FA3's
+overlap, the ping-pong: that module's docstring).  :func:`make_kernel` makes the kernel, an
+ordinary ``@cuda.jit`` function of closure constants (sm90_attention's cp.async
+configurations are still generated text).
 
     block = 384 threads = 3 warpgroups, launch_bounds (384, 1)
       WG0  producer  setmaxnreg.dec 24   thread 0: expect_tx(q_full, Q bytes) -> Q boxes; per key
@@ -54,108 +57,30 @@ tile cannot meet its last one of this tile.
 Operands that a tensor map cannot describe -- a start or a batch / sequence / head stride that
 is not a multiple of 16 bytes -- and seqlen_k == 0 run the cp.async twin
 (sm90_attention.twin), which NUMBATC_PRINT_CONFIG=1 names with the reason.  Maps are cached per
-(pointer, shape, strides, box): a warm call builds none.  Print a kernel as it is compiled::
+(pointer, shape, strides, box): a warm call builds none.
 
-    python -c "from numbatc.kernels import sm90_attention as a; print(a.kernel_source(
-        a.CONFIGS['n128_2s_ov_pp_fx_tma'], a.AttnVariant(128, 'bfloat16', True, True)))"
+The kernel is this module's code: :func:`make_kernel`'s closure constants are the whole of what
+a configuration and variant change, and ``scripts/diag/sass_counts.py`` prints the SASS
+instruction counts of any of them (the moves from generated text were checked so: the
+instruction histograms equal within a few moves and NOPs, except the per-register causal mask,
+now one compare per register against min(Sk, row + off + 1): 104-200 fewer instructions at
+head_dim 192 and 256; docs/PERFORMANCE.md).
 """
 
+import functools
+import math
 import os
 
 import numpy as np
 from numba import cuda  # a module global: the simulator swaps it in device functions
 
 import intrinsics as nt
+from numbatc.kernels.epilogue import quad_max, quad_sum
 
-__all__ = ["PERSISTENT_TOP", "box_columns", "consumer_loop", "globals_source", "head_source",
-           "launch_attention", "layouts", "make_producer", "operand_map", "producer_source",
-           "signature", "unsupported"]
+__all__ = ["box_columns", "launch_attention", "layouts", "make_kernel", "make_producer",
+           "operand_map", "out_fits", "signature", "unsupported"]
 
 _TMA_DTYPE = {"bfloat16": "bf16", "float16": "f16"}
-
-_RING = """from numbatc.kernels.pipeline import tma_pipeline
-RING = tma_pipeline({stages})
-RING_INIT = RING.init
-ADVANCE = RING.advance
-ACQUIRE = RING.producer_acquire
-COMMIT = RING.producer_commit
-WAIT = RING.consumer_wait
-RELEASE = RING.consumer_release"""
-
-
-def globals_source(cfg, causal, D, QB, KB, VB0):
-    """Source of the generated module's globals for a TMA producer: the ring's device functions,
-    for a persistent configuration ``work_tile``, and ``PRODUCE`` (:func:`make_producer`'s, for
-    Q's ``QB`` bytes, a K or V stage's ``KB`` and the first V stage at ``VB0``)."""
-    text = _RING.format(stages=cfg.stages)
-    produce = (f"\n\nfrom numbatc.kernels.sm90_attention_tma import make_producer\n"
-               f"PRODUCE = make_producer({cfg.stages}, {cfg.block_n}, {D}, {QB}, {KB}, {VB0}"
-               f"{', work_tile' if cfg.persistent else ''})")
-    if not cfg.persistent:
-        return text + produce
-    from numbatc.kernels.sm90_attention import div_bn
-
-    BN, BM = cfg.block_n, 128
-    if causal:
-        order = """    # under the causal mask every (batch, head)'s last query blocks first: the longest work
-    bh = np.uint32(w % bhn)
-    mi = np.uint32(np.uint32(mb - np.uint32(1)) - np.uint32(w // bhn))"""
-        clamp = f"""
-    last = m0 + {BM - 1} + off  # the last key the tile's last query sees
-    if last < 0:
-        n_tiles = 0
-    else:
-        n_tiles = min(n_tiles, {div_bn("last", BN)} + 1)"""
-    else:
-        order = """    # one (batch, head)'s query blocks side by side: they share K and V in L2
-    bh = np.uint32(w // mb)
-    mi = np.uint32(np.uint32(mb - np.uint32(1)) - np.uint32(w % mb))"""
-        clamp = ""
-    return text + f"""
-
-
-@cuda.jit(device=True, forceinline=True)
-def work_tile(tile, bhn, m_blocks, Hq, group, Sk, off):
-    # (m0, b, h, hk, bh, key tiles) of work tile ``tile`` of m_blocks * bhn.  NOTE: 32-bit
-    # unsigned arithmetic, as in the kernel (a 64-bit division is a call: C7509)
-    w = np.uint32(tile)
-    mb = np.uint32(m_blocks)
-{order}
-    m0 = np.int64(mi) * {BM}
-    b = np.int64(np.uint32(bh // np.uint32(Hq)))
-    h = np.int64(np.uint32(bh % np.uint32(Hq)))
-    hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))
-    n_tiles = {div_bn(f'(Sk + {BN - 1})', BN)}{clamp}
-    return m0, b, h, hk, bh, n_tiles
-""" + produce
-
-
-#: The kernel's first lines after ``wg`` in a persistent configuration.
-PERSISTENT_TOP = """    off = Sk - Sq  # causal: query i sees keys j <= i + off
-    bhn = np.uint32(np.uint32(n_work) // np.uint32(m_blocks))  # (batch, head) pairs"""
-
-_NEXT_TILE = "m0, b, h, hk, bh, n_tiles = work_tile(tile, bhn, m_blocks, Hq, group, Sk, off)"
-
-
-def consumer_loop(body, pingpong):
-    """Source of a persistent configuration's consumer tile loop around ``body`` (the
-    consumers' per-tile code, indented for the kernel body)."""
-    inner = "\n".join(("    " + line) if line.strip() else line for line in body.split("\n"))
-    end = ""
-    if pingpong:
-        end = """
-            # both consumers finish the tile before either starts the next: consumer 1's first
-            # arrival of the next tile must not meet its last of this one on barrier 1
-            nt.named_barrier_sync(3, 256)"""
-    return f"""        it = 0  # key tiles of earlier work tiles: the ring position continues
-        qph = 0  # q_full's parity
-        tile = np.int64(cuda.blockIdx.x)
-        while tile < n_work:
-            {_NEXT_TILE}
-{inner}{end}
-            it += n_tiles
-            qph ^= 1
-            tile += cuda.gridDim.x"""
 
 
 def layouts(cfg, D):
@@ -177,30 +102,6 @@ def box_columns(D):
     from numbatc.kernels.sm90_attention import swizzle_for
 
     return swizzle_for(D) // 2
-
-
-def head_source(cfg, D, nbytes, tma_store=False, varlen=False):
-    """Source of the kernel's first lines: its parameters (out's tensor map after v's with
-    ``tma_store``; with ``varlen`` (total_q, total_k) in place of (Sq, Sk) and the prefix sums
-    cu_q, cu_k last), shared memory and barriers."""
-    sizes = "total_q, total_k" if varlen else "Sq, Sk"
-    extra = ", cu_q, cu_k" if varlen else ""
-    S, BN = cfg.stages, cfg.block_n
-    q_empty = ("; q_empty = qbar[1]:\n    # one arrival per consumer thread (256) once the tile's "
-               "Q K^T retired" if cfg.persistent else "")
-    return f'''
-
-@cuda.jit(cache=True, launch_bounds=({cfg.threads}, 1))
-def attention_kernel(tma_q, tma_k, tma_v, {"tma_o, " if tma_store else ""}out, lse, {sizes}, Hq, group, m_blocks, n_work, o_sb,
-                     o_ss, o_sh, scale_log2{extra}):
-    # Q (128, {D}) | K {S} x ({BN}, {D}) | V {S} x ({BN}, {D}), {2 * box_columns(D)}B swizzle: {nbytes} bytes
-    smem = cuda.shared.array(0, np.uint8, alignment=1024)
-    # q_full = qbar[0]: the producer's expect_tx arrival + {128 * D * 2} bytes{q_empty}.  K and V rings:
-    # full[s] = kbars[s] / vbars[s] (one expect_tx arrival + {BN * D * 2} bytes), empty[s] =
-    # kbars[{S} + s] / vbars[{S} + s] (one arrival per consumer warp, 8)
-    qbar = cuda.shared.array({2 if cfg.persistent else 1}, np.uint64, alignment=8)
-    kbars = cuda.shared.array({2 * S}, np.uint64, alignment=8)
-    vbars = cuda.shared.array({2 * S}, np.uint64, alignment=8)'''
 
 
 def make_producer(stages, block_n, D, q_bytes, stage_bytes, v0, work_tile=None):
@@ -289,41 +190,716 @@ def make_producer(stages, block_n, D, q_bytes, stage_bytes, v0, work_tile=None):
     return produce_tiles
 
 
-def producer_source(cfg, varlen=False):
-    """Source of the barrier initialisation and the producer warpgroup (up to the consumers'
-    ``else:``): thread 0 runs the module's ``PRODUCE`` (:func:`make_producer`); ``varlen``: the
-    block's sequence starts at rows q0 and k0 of the packed tensors (one batch entry)."""
-    pers = cfg.persistent
-    tile = ("n_work, bhn, m_blocks, Hq, group, Sk, off" if pers else
-            "q0 + m0, 0, h, hk, n_tiles, k0" if varlen else "m0, b, h, hk, n_tiles, 0")
-    return f'''
-    if t == 0:
-        nt.mbarrier_init(qbar, 0, 1){"""
-        nt.mbarrier_init(qbar, 1, 256)""" if pers else ""}
-        RING_INIT(kbars, 1, 8)
-        RING_INIT(vbars, 1, 8)
-    cuda.syncthreads()
+# ---------------------------------------------------------------------------------------------
+# The kernel, factory-made
+# ---------------------------------------------------------------------------------------------
+#
+# Every count that varies with the configuration -- the k16 steps of Q K^T (D / 16) and of P V
+# (BN / 16), O's 32-column store groups, the TMA store's 16-column stmatrix groups -- is
+# spelled out to its largest value under branches on the count, which numba prunes before
+# typing (a closure tuple indexed in a loop goes through memory, and a tuple is only sliced
+# with literal bounds); the rest is closure constants that LLVM folds.
 
-    if wg == 0:
-        # ---- producer warpgroup: thread 0 issues every tensor copy ---------------------------
-        nt.setmaxnreg_dec({cfg.producer_regs})
+NEG_INF = np.float32(-np.inf)
+ZERO = np.float32(0)
+LN2 = np.float32(math.log(2.0))
+_U = np.uint64
+
+
+def _div(n):
+    """``div(x)``: x // n for a non-negative int64 x below 2**32 (key counts).  NOTE: for an n
+    that is not a power of two (80, 112, 176) a 64-bit division by a constant is a 64-bit magic
+    multiply whose temporaries, computed before the role branch, must fit the producer's
+    setmaxnreg count with everything else live there: at head_dim 256 ptxas spilled n_tiles and
+    Sk - Sq (28-44 bytes) until it was done in 32 bits."""
+    pow2 = n & (n - 1) == 0
+
+    @cuda.jit(device=True, forceinline=True)
+    def div(x):
+        if pow2:
+            return x // n
+        return np.int64(np.uint32(x) // np.uint32(n))
+    return div
+
+
+def _qk_chain(mma, a_steps, b_steps):
+    """``chain(acc, da, db)``: the SS wgmma ``mma`` over the k16 steps of Q K^T (4 to 16;
+    ``a_steps`` / ``b_steps``: each step's descriptor offset in 16-byte units), the first
+    overwriting the accumulator (scale-d 0)."""
+    n = len(a_steps)
+    assert n in (4, 6, 8, 12, 16) and len(b_steps) == n, n
+    a, b = a_steps + (0,) * (16 - n), b_steps + (0,) * (16 - n)
+
+    @cuda.jit(device=True, forceinline=True)
+    def chain(acc, da, db):
+        acc = mma(acc, da + _U(a[0]), db + _U(b[0]), 0)
+        acc = mma(acc, da + _U(a[1]), db + _U(b[1]), 1)
+        acc = mma(acc, da + _U(a[2]), db + _U(b[2]), 1)
+        acc = mma(acc, da + _U(a[3]), db + _U(b[3]), 1)
+        if n > 4:
+            acc = mma(acc, da + _U(a[4]), db + _U(b[4]), 1)
+            acc = mma(acc, da + _U(a[5]), db + _U(b[5]), 1)
+        if n > 6:
+            acc = mma(acc, da + _U(a[6]), db + _U(b[6]), 1)
+            acc = mma(acc, da + _U(a[7]), db + _U(b[7]), 1)
+        if n > 8:
+            acc = mma(acc, da + _U(a[8]), db + _U(b[8]), 1)
+            acc = mma(acc, da + _U(a[9]), db + _U(b[9]), 1)
+            acc = mma(acc, da + _U(a[10]), db + _U(b[10]), 1)
+            acc = mma(acc, da + _U(a[11]), db + _U(b[11]), 1)
+        if n > 12:
+            acc = mma(acc, da + _U(a[12]), db + _U(b[12]), 1)
+            acc = mma(acc, da + _U(a[13]), db + _U(b[13]), 1)
+            acc = mma(acc, da + _U(a[14]), db + _U(b[14]), 1)
+            acc = mma(acc, da + _U(a[15]), db + _U(b[15]), 1)
+        return acc
+    return chain
+
+
+def _pv_chain(mma, b_steps):
+    """``chain(acc, pa, db)``: O += P V, the RS wgmma ``mma`` over the k16 steps of the key tile
+    (4 to 12), A fragment c of ``pa`` (frag_pack_*x2's tuple) with V's step c."""
+    n = len(b_steps)
+    assert 4 <= n <= 12, n
+    b = b_steps + (0,) * (12 - n)
+
+    @cuda.jit(device=True, forceinline=True)
+    def chain(acc, pa, db):
+        acc = mma(acc, pa[0], db + _U(b[0]), 1)
+        acc = mma(acc, pa[1], db + _U(b[1]), 1)
+        acc = mma(acc, pa[2], db + _U(b[2]), 1)
+        acc = mma(acc, pa[3], db + _U(b[3]), 1)
+        if n > 4:
+            acc = mma(acc, pa[4], db + _U(b[4]), 1)
+        if n > 5:
+            acc = mma(acc, pa[5], db + _U(b[5]), 1)
+        if n > 6:
+            acc = mma(acc, pa[6], db + _U(b[6]), 1)
+        if n > 7:
+            acc = mma(acc, pa[7], db + _U(b[7]), 1)
+        if n > 8:
+            acc = mma(acc, pa[8], db + _U(b[8]), 1)
+        if n > 9:
+            acc = mma(acc, pa[9], db + _U(b[9]), 1)
+        if n > 10:
+            acc = mma(acc, pa[10], db + _U(b[10]), 1)
+        if n > 11:
+            acc = mma(acc, pa[11], db + _U(b[11]), 1)
+        return acc
+    return chain
+
+
+def _softmax(block_n, causal, column_limit):
+    """``softmax_tile(sacc, n0, tq, row0, wrow0, Sk, off, m_0, m_1, l_0, l_1, scale_log2)``: mask
+    S where the tile crosses the last key (or, causal, the diagonal), update the running max and
+    sum of the thread's rows row0, row0 + 8 (log2 domain, FA3's two instructions per score:
+    ex2.approx(fma(s, scale_log2, -max))); returns (S as masked, P, m_0, m_1, l_0, l_1, alpha_0,
+    alpha_1), alpha_h O's rescale factor of row half h.  ``column_limit``: the mask is FA3's
+    per-row column limit (two int32 limits, a compare per register; sm90_attention.
+    column_limit_mask), else a 64-bit compare of each register's key.
+
+    NOTE: one device function, called twice by the overlapped schedule (its first tile is
+    peeled): half of what numba types and lowers for two pasted copies (the first compile)."""
+    BN = block_n
+
+    @cuda.jit(device=True, forceinline=True)
+    def softmax_tile(sacc, n0, tq, row0, wrow0, Sk, off, m_0, m_1, l_0, l_1, scale_log2):
+        if causal:
+            masked = n0 + BN > Sk or n0 + (BN - 1) > wrow0 + off
+        else:
+            masked = n0 + BN > Sk
+        if masked:
+            if column_limit:
+                # the thread's register v is key n0 + tq + c(v), c a constant: the keys each row
+                # sees are those with c below its limit (sm80_attention.column_limit)
+                if causal:
+                    lim_0 = np.int32(min(max(min(Sk, row0 + 1 + off) - n0 - tq, 0), BN))
+                    lim_1 = np.int32(min(max(min(Sk, (row0 + 8) + 1 + off) - n0 - tq, 0), BN))
+                else:
+                    lim_0 = np.int32(min(max(Sk - n0 - tq, 0), BN))
+                    lim_1 = lim_0
+                sacc = nt.frag_mask_cols(sacc, lim_0, lim_1)
+            elif causal:
+                sacc = nt.frag_mask_keys_causal(sacc, n0 + tq, Sk, row0, off)
+            else:
+                sacc = nt.frag_mask_keys(sacc, n0 + tq, Sk)
+        rm_0, rm_1 = nt.frag_row_maxes(sacc)
+        mx = quad_max(rm_0) * scale_log2
+        m_new = max(m_0, mx)
+        base_0 = m_new if m_new != NEG_INF else ZERO  # a row with no key yet
+        alpha_0 = nt.ex2_approx(m_0 - base_0)
+        nbase_0 = -base_0
+        m_0 = m_new
+        mx = quad_max(rm_1) * scale_log2
+        m_new = max(m_1, mx)
+        base_1 = m_new if m_new != NEG_INF else ZERO
+        alpha_1 = nt.ex2_approx(m_1 - base_1)
+        nbase_1 = -base_1
+        m_1 = m_new
+        p = nt.frag_exp2_fma(sacc, scale_log2, nbase_0, nbase_1)
+        rs_0, rs_1 = nt.frag_row_sums(p)
+        l_0 = l_0 * alpha_0 + rs_0
+        l_1 = l_1 * alpha_1 + rs_1
+        return sacc, p, m_0, m_1, l_0, l_1, alpha_0, alpha_1
+    return softmax_tile
+
+
+def _row_stores(dtype, pair_stores, head_dim):
+    """``(store_row0, store_row1)``: ``store_row<h>(out, ob, o)`` stores O's registers of the
+    thread's row half h as column pairs at out[ob ..]: per 8-column fragment f the pair (o[4f +
+    2h], o[4f + 2h + 1]) at column 8f (+ tq, in ob).  A pair is one st.global.b32 with
+    ``pair_stores`` (out 4-byte aligned, its strides even: sm80_attention.pair_stores_fit), else
+    two 16-bit stores."""
+    pack = nt.pack_bf16x2 if dtype == "bfloat16" else nt.pack_f16x2
+    D = head_dim
+
+    @cuda.jit(device=True, forceinline=True)
+    def store_pair(out, base, v0, v1):
+        if pair_stores:
+            nt.st_global_b32(out, base, pack(v0, v1))
+        else:
+            p = pack(v0, v1)
+            out[base] = np.uint16(p & 0xFFFF)
+            out[base + 1] = np.uint16(p >> 16)
+
+    def row_store(h):
+        # the registers of row half h in 4 fragments (a closure constant index is a static one)
+        i0, i1, i2, i3, i4, i5, i6, i7 = (4 * f + 2 * h + c for f in range(4) for c in range(2))
+
+        @cuda.jit(device=True, forceinline=True)
+        def cols32(out, ob, f):
+            store_pair(out, ob, f[i0], f[i1])
+            store_pair(out, ob + 8, f[i2], f[i3])
+            store_pair(out, ob + 16, f[i4], f[i5])
+            store_pair(out, ob + 24, f[i6], f[i7])
+
+        @cuda.jit(device=True, forceinline=True)
+        def store_row(out, ob, o):
+            cols32(out, ob, o[0:16])
+            cols32(out, ob + 32, o[16:32])
+            if D > 64:
+                cols32(out, ob + 64, o[32:48])
+            if D > 96:
+                cols32(out, ob + 96, o[48:64])
+            if D > 128:
+                cols32(out, ob + 128, o[64:80])
+                cols32(out, ob + 160, o[80:96])
+            if D > 192:
+                cols32(out, ob + 192, o[96:112])
+                cols32(out, ob + 224, o[112:128])
+        return store_row
+
+    return row_store(0), row_store(1)
+
+
+_G0, _G1, _G2, _G3, _G4, _G5, _G6, _G7, _G8, _G9, _G10, _G11 = (np.int64(g) for g in range(12))
+
+
+def _staging(dtype, head_dim, swizzle):
+    """``stage_o(smem, srow, sx, o)``: O's registers (scaled) into a warpgroup's (64, D) staging
+    rows through stmatrix.x4, for the TMA store of O (``var.tma_store``).
+
+    The staging rows are laid out as Q's buffer -- 128B-swizzled (64B at head_dim 96), which is
+    what a TMA box of (64 rows, one swizzle row of columns) of out reads: box j (columns j * SW
+    / 2 ..) of warpgroup cw at j * 128 * SW + cw * 64 * SW, row r at r * SW, its 16-byte chunk c
+    at (c ^ s(r)) * 16 with s(r) = r % 8 (128B) or (r // 2) % 4 (64B).  They are the
+    warpgroup's own rows of Q's buffer (free: only its Q K^T read them, and the last one
+    retired), or in a persistent kernel a staging tile of their own behind the V ring (the
+    producer loads the next tile's Q meanwhile).  16-column group g of box j = g // C (C = SW /
+    32 groups a box) is one stmatrix.x4 at ``srow + j * 128 * SW + ((2 (g % C)) ^ sx) * 16``:
+    lane l gives the address of matrix q = l // 8 (q % 2: rows 0-7 or 8-15, q // 2: which
+    fragment) at row 16 warp + 8 (q % 2) + l % 8 (``srow``; ``sx`` = (q // 2) ^ s(row)), and
+    register q holds its (row l // 4, columns 2 (l % 4), + 1) pair: o[8g .. 8g + 7] packed
+    pairwise (fragments 2g and 2g + 1, row halves 0 and 1)."""
+    pack = nt.pack_bf16x2 if dtype == "bfloat16" else nt.pack_f16x2
+    D, SW = head_dim, swizzle
+    C = SW // 32
+    assert D % 16 == 0 and D // 16 <= 12, D
+
+    # NOTE: the group numbers are int64 values, not literals: numba compiles a device function
+    # once per literal argument (12 pipelines of ~20 ms in the first compile)
+    @cuda.jit(device=True, forceinline=True)
+    def group(smem, srow, sx, g, f):
+        at = srow + (g // C) * (128 * SW) + (((2 * (g % C)) ^ sx) << 4)
+        nt.stmatrix_x4(smem, at, (pack(f[0], f[1]), pack(f[2], f[3]), pack(f[4], f[5]),
+                                  pack(f[6], f[7])))
+
+    @cuda.jit(device=True, forceinline=True)
+    def stage_o(smem, srow, sx, o):
+        group(smem, srow, sx, _G0, o[0:8])
+        group(smem, srow, sx, _G1, o[8:16])
+        group(smem, srow, sx, _G2, o[16:24])
+        group(smem, srow, sx, _G3, o[24:32])
+        if D > 64:
+            group(smem, srow, sx, _G4, o[32:40])
+            group(smem, srow, sx, _G5, o[40:48])
+        if D > 96:
+            group(smem, srow, sx, _G6, o[48:56])
+            group(smem, srow, sx, _G7, o[56:64])
+        if D > 128:
+            group(smem, srow, sx, _G8, o[64:72])
+            group(smem, srow, sx, _G9, o[72:80])
+            group(smem, srow, sx, _G10, o[80:88])
+            group(smem, srow, sx, _G11, o[88:96])
+    return stage_o
+
+
+def _coords(block_n, causal, longest_first):
+    """``block_coords(tile, bhn, m_blocks, Hq, group)`` -> (m0, b, h, hk, bh) of work tile
+    ``tile`` (a block's, or a persistent block's of m_blocks * bhn), and ``key_tiles(m0, Sk,
+    off)``: the key tiles the tile's rows see.  ``longest_first`` (persistent, causal): every
+    (batch, head)'s last query blocks first, the most keys; else one (batch, head)'s query
+    blocks side by side, last first (they share K and V in L2).  NOTE: 32-bit unsigned
+    arithmetic: a 64-bit division by a run-time value is a subroutine call in SASS, and a call
+    anywhere in the kernel makes ptxas serialise every wgmma (C7509)."""
+    div = _div(block_n)
+    BN = block_n
+
+    @cuda.jit(device=True, forceinline=True)
+    def block_coords(tile, bhn, m_blocks, Hq, group):
+        w = np.uint32(tile)
+        mb = np.uint32(m_blocks)
+        if longest_first:
+            bh = np.uint32(w % bhn)
+            mi = np.uint32(np.uint32(mb - np.uint32(1)) - np.uint32(w // bhn))
+        else:
+            bh = np.uint32(w // mb)
+            mi = np.uint32(np.uint32(mb - np.uint32(1)) - np.uint32(w % mb))
+        m0 = np.int64(mi) * 128
+        b = np.int64(np.uint32(bh // np.uint32(Hq)))
+        h = np.int64(np.uint32(bh % np.uint32(Hq)))
+        hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))
+        return m0, b, h, hk, bh
+
+    @cuda.jit(device=True, forceinline=True)
+    def key_tiles(m0, Sk, off):
+        n_tiles = div(Sk + (BN - 1))
+        if causal:
+            last = m0 + 127 + off  # the last key the tile's last query sees
+            if last < 0:
+                n_tiles = 0
+            else:
+                n_tiles = min(n_tiles, div(last) + 1)
+        return n_tiles
+    return block_coords, key_tiles
+
+
+@cuda.jit(device=True, forceinline=True)
+def _sequence(cu_q, cu_k, b, total_q, total_k):
+    # varlen: sequence b's rows q0 .. q0 + Sq - 1 of q and out and k0 .. k0 + Sk - 1 of k and v,
+    # the prefix sums clamped to the tensors' rows (whatever cu_seqlens holds)
+    q0 = min(max(np.int64(cu_q[b]), 0), total_q)
+    Sq = min(max(np.int64(cu_q[b + 1]), q0), total_q) - q0
+    k0 = min(max(np.int64(cu_k[b]), 0), total_k)
+    Sk = min(max(np.int64(cu_k[b + 1]), k0), total_k) - k0
+    return q0, Sq, k0, Sk
+
+
+@functools.cache
+def make_kernel(cfg, var):
+    """The TMA configuration ``cfg``'s kernel for variant ``var`` (sm90_attention's module
+    docstring: roles, schedules, causal and GQA; this module's: the producer and the maps): an
+    ordinary ``@cuda.jit`` function whose constants -- tiles, stages, layouts, the schedule, the
+    variant -- are closure values, so every branch on them is pruned before typing and LLVM
+    folds the rest.
+
+    ``attention_kernel(tma_q, tma_k, tma_v, tma_o, out, lse, Sq, Sk, Hq, group, m_blocks,
+    n_work, o_sb, o_ss, o_sh, scale_log2, cu)``: ``tma_o`` is out's tensor map with
+    ``var.tma_store``, else ``()``; ``cu`` a varlen variant's prefix sums ``(cu_q, cu_k)`` (Sq,
+    Sk then the packed tensors' rows), else ``()``.  An empty tuple is no kernel parameter, a
+    tuple's members are parameters in order (:func:`signature`).
+
+    The consumers' work on one tile (``consume``) is a device function: the persistent kernel
+    calls it in its tile loop, the others once."""
+    from numbatc.kernels import sm90_attention as attn
+    from numbatc.kernels.pipeline import named_barrier_of, tma_pipeline
+
+    D, BN, S = var.head_dim, cfg.block_n, cfg.stages
+    if D not in attn.HEAD_DIMS:
+        raise ValueError(f"sm90_attention implements head_dim {attn.HEAD_DIMS}, got {D}")
+    if var.dtype not in _TMA_DTYPE:
+        raise ValueError(f"sm90_attention takes bfloat16 or float16, got {var.dtype!r}")
+    if var.kv_cache:
+        raise ValueError("sm90_attention has no KV-cache variant (sm80_attention's)")
+    attn.check_fits(cfg, D)
+    pers, causal, varlen = cfg.persistent, var.causal, var.varlen
+    if varlen and pers:
+        raise ValueError(f"{cfg.name}: a persistent configuration has no varlen variant (its "
+                         "work tiles assume one sequence length)")
+    assert cfg.tma and cfg.fast_exp, cfg  # (the libdevice exponential is the cp.async twins')
+    with_lse, tma_store = var.with_lse, var.tma_store
+    assert not (tma_store and varlen), "a box of O would write the next sequence's rows"
+    overlap, pingpong = cfg.overlap, cfg.pingpong
+    SW = attn.swizzle_for(D)
+    q_lay, k_lay, v_lay, QPB = layouts(cfg, D)  # QPB: consumer 1's Q rows start here
+    QB = 128 * D * 2
+    KB = k_lay.nbytes  # one K (or V) stage
+    VB0 = QB + S * KB  # the first V stage
+    KB16 = KB // 16  # a stage in descriptor units
+    NS, NO, KK = BN // 2, D // 2, BN // 16  # S registers, O registers, k16 steps of P V
+    q_lbo, q_sbo, k_lbo, k_sbo, v_lbo, v_sbo = (q_lay.lbo, q_lay.sbo, k_lay.lbo, k_lay.sbo,
+                                                v_lay.lbo, v_lay.sbo)
+    # NOTE: above head_dim 128 (O: 96 or 128 registers a thread) ptxas spilled b and h (20-44
+    # bytes), live from the kernel's start to the epilogue across the key loop: the epilogue
+    # computes them again from blockIdx.x, which the opaque operand fence keeps LLVM from reusing
+    recompute = D > 128 and not pers
+    staging = VB0 + S * KB if pers else 0  # O's staging rows: Q's buffer, or a tile of its own
+    box_d = box_columns(D)
+    boxes = D // box_d
+    ptx = _TMA_DTYPE[var.dtype]
+    frag_pack = nt.frag_pack_bf16x2 if var.dtype == "bfloat16" else nt.frag_pack_f16x2
+    qk = _qk_chain(nt.wgmma_mma_async(BN, ptx, acc="f32", trans_a=0, trans_b=0),
+                   tuple(q_lay.k_offset(16 * i) // 16 for i in range(D // 16)),
+                   tuple(k_lay.k_offset(16 * i) // 16 for i in range(D // 16)))
+    pv = _pv_chain(nt.wgmma_mma_async(D, ptx, acc="f32", a_from="reg", trans_b=1),
+                   tuple(v_lay.k_offset(16 * c) // 16 for c in range(KK)))
+    softmax_tile = _softmax(BN, causal, attn.column_limit_mask(D, BN))
+    store_row0, store_row1 = (None, None) if tma_store else _row_stores(var.dtype,
+                                                                        var.pair_stores, D)
+    stage_o = _staging(var.dtype, D, SW) if tma_store else None
+    block_coords, key_tiles = _coords(BN, causal, pers and causal)
+    div = _div(BN)
+
+    def work_tile(tile, bhn, m_blocks, Hq, group, Sk, off):
+        m0, b, h, hk, bh = block_coords(tile, bhn, m_blocks, Hq, group)
+        return m0, b, h, hk, bh, key_tiles(m0, Sk, off)
+
+    work_tile = cuda.jit(device=True, forceinline=True)(work_tile)
+    produce = make_producer(S, BN, D, QB, KB, VB0, work_tile if pers else None)
+    ring = tma_pipeline(S)
+    ring_init, wait, release = ring.init, ring.consumer_wait, ring.consumer_release
+    turn_sync = named_barrier_of((1, 2), 256)  # ping-pong: consumer cw's turn ...
+    turn_pass = named_barrier_of((2, 1), 256, arrive=True)  # ... handed to the other
+    wg_sync = named_barrier_of((4, 5), 128)  # consumer cw's 128 threads (the TMA store)
+    zeros_s = (ZERO,) * NS
+    zeros_o = (ZERO,) * NO
+    zeros_p = ((np.uint32(0),) * 4,) * KK
+    producer_regs, consumer_regs = cfg.producer_regs, cfg.consumer_regs
+    n_qbars = 2 if pers else 1
+    n_ring = 2 * S  # a ring's full[s], empty[s]
+
+    @cuda.jit(device=True, forceinline=True)
+    def consume(smem, qbar, kbars, vbars, tma_o, out, lse, Sq, Sk, Hq, m_blocks, o_sb, o_ss,
+                o_sh, scale_log2, cu, total_q, m0, b, h, bh, q0, n_tiles, off, it, qph, t, cw,
+                lane, tq):
+        # one consumer warpgroup's work on a tile: rows m0 + 64 cw .. of (b, h), key tiles
+        # 0 .. n_tiles - 1 at ring positions it, it + 1, ...; Q's parity qph.  Varlen: the
+        # sequence's rows q0 .. q0 + Sq - 1 of the packed total_q
+        wrow0 = m0 + cw * 64  # the warpgroup's first query row
+        row0 = wrow0 + ((t % 128) // 32) * 16 + lane // 4  # this thread's rows: row0, row0 + 8
+        # the key tiles this warpgroup's rows see (the block loads those of its last row)
+        n_wg = n_tiles
+        if causal:
+            wlast = wrow0 + 63 + off
+            if wlast < 0:
+                n_wg = 0
+            else:
+                n_wg = min(n_tiles, div(wlast) + 1)
+        # descriptors: this warpgroup's Q part; K and V stage 0 (stage s: + s * KB bytes)
+        dq = nt.smem_desc(smem, cw * QPB, q_lbo, q_sbo, SW)
+        dk = nt.smem_desc(smem, QB, k_lbo, k_sbo, SW)
+        dv = nt.smem_desc(smem, VB0, v_lbo, v_sbo, SW)
+        m_0 = NEG_INF
+        m_1 = NEG_INF
+        l_0 = ZERO
+        l_1 = ZERO
+        sacc = nt.wgmma_fence_operand(zeros_s)
+        o = nt.wgmma_fence_operand(zeros_o)
+        pa = zeros_p
+        nt.mbarrier_wait_parity(qbar, 0, qph)  # Q landed
+        if pingpong:
+            # consumer 0 takes the first turn (consumer 1 arrives on its barrier once; consumer
+            # 0's last bar.sync, after the key loop, consumes this extra arrival)
+            if cw == 1:
+                nt.named_barrier_arrive(1, 256)
+        if not overlap:
+            # ---- S = Q K^T, softmax, O += P V, in order ----
+            for n in range(n_wg):
+                s = (it + n) % S
+                ph = ((it + n) // S) & 1
+                n0 = n * BN
+                wait(kbars, s, ph)
+                sacc = nt.wgmma_fence_operand(sacc)
+                nt.wgmma_fence()
+                sacc = qk(sacc, dq, dk + _U(s * KB16))
+                nt.wgmma_commit_group()
+                nt.wgmma_wait_group(0)
+                sacc = nt.wgmma_fence_operand(sacc)
+                if lane == 0:
+                    release(kbars, s)
+                sacc, p, m_0, m_1, l_0, l_1, alpha_0, alpha_1 = softmax_tile(
+                    sacc, np.int64(n0), tq, row0, wrow0, Sk, off, m_0, m_1, l_0, l_1, scale_log2)
+                pa = frag_pack(p)
+                o = nt.frag_scale_rows(o, alpha_0, alpha_1)
+                wait(vbars, s, ph)
+                o = nt.wgmma_fence_operand(o)
+                pa = nt.wgmma_fence_operand(pa)
+                nt.wgmma_fence()
+                o = pv(o, pa, dv + _U(s * KB16))
+                nt.wgmma_commit_group()
+                nt.wgmma_wait_group(0)
+                o = nt.wgmma_fence_operand(o)
+                if lane == 0:
+                    release(vbars, s)
+        else:
+            # ---- FA3's intra-warpgroup overlap: S(n) and P(n-1) V(n-1) issued back to back;
+            # softmax(S(n)) runs while P(n-1) V(n-1) is on the tensor core ----
+            if n_wg > 0:
+                s = it % S
+                ph = (it // S) & 1
+                wait(kbars, s, ph)
+                if pingpong:
+                    turn_sync(cw)
+                sacc = nt.wgmma_fence_operand(sacc)
+                nt.wgmma_fence()
+                sacc = qk(sacc, dq, dk + _U(s * KB16))
+                nt.wgmma_commit_group()
+                if pingpong:
+                    turn_pass(cw)
+                nt.wgmma_wait_group(0)
+                sacc = nt.wgmma_fence_operand(sacc)
+                if lane == 0:
+                    release(kbars, s)
+                sacc, p, m_0, m_1, l_0, l_1, alpha_0, alpha_1 = softmax_tile(
+                    sacc, np.int64(0), tq, row0, wrow0, Sk, off, m_0, m_1, l_0, l_1, scale_log2)
+                pa = frag_pack(p)
+            for n in range(1, n_wg):
+                s = (it + n) % S
+                ph = ((it + n) // S) & 1
+                sp = (it + n - 1) % S  # the previous tile's stage and parity
+                pph = ((it + n - 1) // S) & 1
+                n0 = n * BN
+                # NOTE: both waits before the first wgmma: a wait (a branch loop) between the
+                # two groups made ptxas serialise every wgmma of the kernel (C7513).  V(n-1)
+                # has been in flight a whole tile longer than K(n): waiting early costs nothing.
+                wait(kbars, s, ph)
+                wait(vbars, sp, pph)
+                if pingpong:
+                    turn_sync(cw)
+                sacc = nt.wgmma_fence_operand(sacc)
+                o = nt.wgmma_fence_operand(o)
+                pa = nt.wgmma_fence_operand(pa)
+                nt.wgmma_fence()
+                sacc = qk(sacc, dq, dk + _U(s * KB16))
+                nt.wgmma_commit_group()
+                o = pv(o, pa, dv + _U(sp * KB16))
+                nt.wgmma_commit_group()
+                if pingpong:
+                    turn_pass(cw)
+                nt.wgmma_wait_group(1)  # S(n) done; P(n-1) V(n-1) may still run
+                sacc = nt.wgmma_fence_operand(sacc)
+                if lane == 0:
+                    release(kbars, s)
+                sacc, p, m_0, m_1, l_0, l_1, alpha_0, alpha_1 = softmax_tile(
+                    sacc, np.int64(n0), tq, row0, wrow0, Sk, off, m_0, m_1, l_0, l_1, scale_log2)
+                nt.wgmma_wait_group(0)
+                o = nt.wgmma_fence_operand(o)
+                pa = nt.wgmma_fence_operand(pa)  # P(n-1) stays put until its wgmma retired
+                if lane == 0:
+                    release(vbars, sp)
+                o = nt.frag_scale_rows(o, alpha_0, alpha_1)
+                # NOTE: P(n) goes into the A registers only now that P(n-1) V(n-1) retired (as
+                # FA3 does): converting during that wgmma made ptxas serialise every wgmma of
+                # the kernel (C7513, "non wgmma instructions defining input registers of a
+                # wgmma between start and end of the pipeline stage").
+                pa = frag_pack(p)
+            if n_wg > 0:
+                sp = (it + n_wg - 1) % S
+                wait(vbars, sp, ((it + n_wg - 1) // S) & 1)
+                o = nt.wgmma_fence_operand(o)
+                pa = nt.wgmma_fence_operand(pa)
+                nt.wgmma_fence()
+                o = pv(o, pa, dv + _U(sp * KB16))
+                nt.wgmma_commit_group()
+                nt.wgmma_wait_group(0)
+                o = nt.wgmma_fence_operand(o)
+                if lane == 0:
+                    release(vbars, sp)
+        if pers:
+            # every Q K^T of this tile has retired: Q's buffer goes back to the producer.
+            # NOTE: every consumer thread arrives, not lane 0 per warp: in a tile whose rows
+            # see no key nothing converges a warp between its wait for Q and this release, and
+            # a lane still before its wait would see q_full two phases on
+            nt.mbarrier_arrive(qbar, 1)
+        # tiles the block loaded that this warpgroup's rows do not see (causal): wait, release
+        for n in range(n_wg, n_tiles):
+            s = (it + n) % S
+            ph = ((it + n) // S) & 1
+            wait(kbars, s, ph)
+            wait(vbars, s, ph)
+            if lane == 0:
+                release(kbars, s)
+                release(vbars, s)
+            if pingpong:
+                turn_sync(cw)
+                turn_pass(cw)
+        if pingpong:
+            # consume consumer 1's last arrival (one more than consumer 0's turns)
+            if cw == 0:
+                nt.named_barrier_sync(1, 256)
+
+        # ---- epilogue: O / l per row (0 for a row that saw no key) ----
+        if recompute:
+            pid = np.uint32(nt.wgmma_fence_operand(np.int32(cuda.blockIdx.x)))
+            bh = np.uint32(pid // np.uint32(m_blocks))
+            b = np.int64(np.uint32(bh // np.uint32(Hq)))
+            h = np.int64(np.uint32(bh % np.uint32(Hq)))
+            if varlen:  # q0 and Sq too (the sequence's rows), read again
+                cu_q, cu_k = cu
+                q0 = min(max(np.int64(cu_q[b]), 0), total_q)
+                Sq = min(max(np.int64(cu_q[b + 1]), q0), total_q) - q0
+        l = quad_sum(l_0)
+        inv_0 = np.float32(1) / l if l > ZERO else ZERO
+        if with_lse:
+            row = row0
+            if tq == 0 and row < Sq:
+                at = h * total_q + q0 + row if varlen else np.int64(bh) * Sq + row
+                lse[at] = (m_0 + math.log2(l)) * LN2 if l > ZERO else NEG_INF
+        l = quad_sum(l_1)
+        inv_1 = np.float32(1) / l if l > ZERO else ZERO
+        if with_lse:
+            row = row0 + 8
+            if tq == 0 and row < Sq:
+                at = h * total_q + q0 + row if varlen else np.int64(bh) * Sq + row
+                lse[at] = (m_1 + math.log2(l)) * LN2 if l > ZERO else NEG_INF
+        # NOTE (sm80_attention): scaled in place before any store, so that LLVM cannot hoist the
+        # scaled values above the row checks and double O's registers
+        o = nt.frag_scale_rows(o, inv_0, inv_1)
+        if tma_store:
+            # O through this warpgroup's staging rows (SW-byte swizzle) and TMA stores
+            lt = t % 128
+            sq = lane // 8
+            sr = lane % 8
+            sx = (sq // 2) ^ (sr if SW == 128 else sr // 2)
+            srow = staging + cw * (64 * SW) + ((lt // 32) * 16 + (sq % 2) * 8 + sr) * SW
+            if pers:
+                if lt == 0:
+                    nt.bulk_wait_group_read(0)  # the previous tile's boxes left the rows
+                wg_sync(cw)
+            stage_o(smem, srow, sx, o)
+            nt.fence_proxy_async_shared()  # generic-proxy writes, read by the TMA stores
+            wg_sync(cw)
+            if lt == 0:
+                for j in range(boxes):
+                    nt.tma_store(tma_o, (box_d * j, h, wrow0, b), smem,
+                                 staging + j * (128 * SW) + cw * (64 * SW))
+                nt.bulk_commit_group()
+                if not pers:
+                    nt.bulk_wait_group_read(0)  # the boxes left shared memory before the exit
+        else:
+            o_start = (q0 * o_ss if varlen else b * o_sb) + h * o_sh
+            row = row0
+            if row < Sq:
+                store_row0(out, o_start + row * o_ss + tq, o)
+            row = row0 + 8
+            if row < Sq:
+                store_row1(out, o_start + row * o_ss + tq, o)
+
+    @cuda.jit(cache=False, launch_bounds=(cfg.threads, 1))
+    def attention_kernel(tma_q, tma_k, tma_v, tma_o, out, lse, Sq, Sk, Hq, group, m_blocks,
+                         n_work, o_sb, o_ss, o_sh, scale_log2, cu):
+        # Q (128, D) | K S x (BN, D) | V S x (BN, D) [| O's staging (128, D)], SW-byte swizzle
+        smem = cuda.shared.array(0, np.uint8, alignment=1024)
+        # q_full = qbar[0]: the producer's expect_tx arrival + Q's bytes; persistent: q_empty
+        # = qbar[1], one arrival per consumer thread (256) once the tile's Q K^T retired.  K and
+        # V rings: full[s] = kbars[s] / vbars[s] (one expect_tx arrival + a stage's bytes),
+        # empty[s] = kbars[S + s] / vbars[S + s] (one arrival per consumer warp, 8)
+        qbar = cuda.shared.array(n_qbars, np.uint64, alignment=8)
+        kbars = cuda.shared.array(n_ring, np.uint64, alignment=8)
+        vbars = cuda.shared.array(n_ring, np.uint64, alignment=8)
+        t = cuda.threadIdx.x
+        wg = t // 128
+        q0 = np.int64(0)
+        k0 = np.int64(0)
+        total_q = Sq  # varlen: the packed tensors' rows (Sq becomes the sequence's)
+        if pers:  # each role finds its tiles' coordinates in its tile loop
+            off = Sk - Sq  # causal: query i sees keys j <= i + off
+            bhn = np.uint32(np.uint32(n_work) // np.uint32(m_blocks))  # (batch, head) pairs
+        else:
+            # a block per tile: one (batch, head)'s query blocks are neighbours (they share K
+            # and V in L2), the last ones, which see the most keys under a causal mask, first
+            m0, b, h, hk, bh = block_coords(cuda.blockIdx.x, 0, m_blocks, Hq, group)
+            if varlen:
+                cu_q, cu_k = cu
+                q0, Sq, k0, Sk = _sequence(cu_q, cu_k, b, Sq, Sk)
+                if m0 >= Sq:
+                    return  # a block past its sequence's end (before any barrier)
+            off = Sk - Sq  # causal: query i sees keys j <= i + off
+            n_tiles = key_tiles(m0, Sk, off)
+
         if t == 0:
-            PRODUCE(smem, qbar, kbars, vbars, tma_q, tma_k, tma_v, {tile})'''
+            nt.mbarrier_init(qbar, 0, 1)
+            if pers:
+                nt.mbarrier_init(qbar, 1, 256)
+            ring_init(kbars, 1, 8)
+            ring_init(vbars, 1, 8)
+        cuda.syncthreads()
+
+        if wg == 0:
+            # ---- producer warpgroup: thread 0 issues every tensor copy -----------------------
+            nt.setmaxnreg_dec(producer_regs)
+            if t == 0:
+                if pers:
+                    produce(smem, qbar, kbars, vbars, tma_q, tma_k, tma_v, n_work, bhn, m_blocks,
+                            Hq, group, Sk, off)
+                elif varlen:  # the packed tensors' maps have one batch entry
+                    produce(smem, qbar, kbars, vbars, tma_q, tma_k, tma_v, q0 + m0, 0, h, hk,
+                            n_tiles, k0)
+                else:
+                    produce(smem, qbar, kbars, vbars, tma_q, tma_k, tma_v, m0, b, h, hk,
+                            n_tiles, 0)
+        else:
+            # ---- consumer warpgroups ---------------------------------------------------------
+            nt.setmaxnreg_inc(consumer_regs)
+            cw = wg - 1
+            lane = t % 32
+            tq = (lane % 4) * 2
+            if pers:
+                it = np.int64(0)  # key tiles of earlier work tiles: the ring position goes on
+                qph = np.int64(0)  # q_full's parity
+                tile = np.int64(cuda.blockIdx.x)
+                while tile < n_work:
+                    m0, b, h, hk, bh, n_tiles = work_tile(tile, bhn, m_blocks, Hq, group, Sk,
+                                                          off)
+                    consume(smem, qbar, kbars, vbars, tma_o, out, lse, Sq, Sk, Hq, m_blocks,
+                            o_sb, o_ss, o_sh, scale_log2, cu, total_q, m0, b, h, bh, q0,
+                            n_tiles, off, it, qph, t, cw, lane, tq)
+                    if pingpong:
+                        # both consumers finish the tile before either starts the next: consumer
+                        # 1's first arrival of the next tile must not meet its last of this one
+                        nt.named_barrier_sync(3, 256)
+                    it += n_tiles
+                    qph ^= 1
+                    tile += cuda.gridDim.x
+                if tma_store:
+                    if t % 128 == 0:
+                        nt.bulk_wait_group_read(0)  # the last tile's boxes left shared memory
+            else:
+                consume(smem, qbar, kbars, vbars, tma_o, out, lse, Sq, Sk, Hq, m_blocks, o_sb,
+                        o_ss, o_sh, scale_log2, cu, total_q, m0, b, h, bh, q0, n_tiles, off,
+                        np.int64(0), np.int64(0), t, cw, lane, tq)
+
+    from numbatc.kernels import build
+
+    return build.cache_kernel(attention_kernel, "sm90_attention_tma", f"{cfg!r}|{var!r}")
 
 
 def signature(var):
-    """The kernel's argument types: the three tensor maps (four with ``var.tma_store``: out's
-    last; passed by value, TensorMap.param: intrinsics.grid_constant), out and lse as typed
-    pointers, int64 sizes (n_work: the work tiles, = the grid unless persistent) and O's
-    strides, the float32 scale; a varlen variant's int32 prefix sums cu_q, cu_k last."""
+    """The kernel's argument types (see :func:`make_kernel`): the three tensor maps (passed by
+    value, TensorMap.param: intrinsics.grid_constant), out's with ``var.tma_store`` (else an
+    empty tuple), out and lse as typed pointers, int64 sizes (n_work: the work tiles, = the grid
+    unless persistent) and O's strides, the float32 scale, and a varlen variant's int32 prefix
+    sums cu_q, cu_k as a tuple (else an empty one).  Flattened, the parameters the launch
+    passes."""
     from numba import types
 
     from intrinsics.grid_constant import tensormap_param as tmap
 
-    maps = 4 if var.tma_store else 3
-    cu = (types.CPointer(types.int32),) * 2 if var.varlen else ()  # cu_q, cu_k
-    return ((tmap,) * maps + (types.CPointer(types.uint16), types.CPointer(types.float32))
-            + (types.int64,) * 9 + (types.float32,) + cu)
+    none = types.Tuple(())
+    cu = types.UniTuple(types.CPointer(types.int32), 2) if var.varlen else none
+    return ((tmap,) * 3 + (tmap if var.tma_store else none,)
+            + (types.CPointer(types.uint16), types.CPointer(types.float32))
+            + (types.int64,) * 9 + (types.float32, cu))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,10 +1009,11 @@ def launch_attention(p, cfg, var):
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
         out = FakeCUDAArray(out) if isinstance(out, np.ndarray) else out
-    args = (*(m.param for m in maps), out, lse, sq, sk, hq, group, m_blocks, n_work, *o_st,
-            np.float32(scale * sm90_attention.LOG2E))
-    if var.varlen:
-        args += sm80_attention.varlen_arguments(p, keep)[:2]  # cu_q, cu_k
+    params = tuple(m.param for m in maps)
+    cu = sm80_attention.varlen_arguments(p, keep)[:2] if var.varlen else ()  # cu_q, cu_k
+    # the kernel's tuple arguments (make_kernel): out's map or (), the prefix sums or ()
+    args = (*params[:3], params[3] if var.tma_store else (), out, lse, sq, sk, hq, group,
+            m_blocks, n_work, *o_st, np.float32(scale * sm90_attention.LOG2E), tuple(cu))
     sig = None if config.ENABLE_CUDASIM else signature(var)
     launch_kernel(kernel, grid, cfg.threads, args,
                   shared_bytes=sm90_attention.shared_bytes(cfg, D), stream=stream, signature=sig)
@@ -454,7 +1031,7 @@ def launch_attention(p, cfg, var):
                 (var.dtype, (mb, sk, p.heads_kv, D), v_st, cfg.block_n))
     if var.tma_store:
         geometry += ((var.dtype, (mb, sq, hq, D), o_st, 64),)
-    sizes = args[len(maps) + 2:len(maps) + 11]  # the 9 int64s from Sq (total_q) on
+    sizes = args[6:15]  # the 9 int64s from Sq (total_q) on
     from numbatc.kernels.tensor_maps import LastMaps
 
     def qkv_maps(*ptrs):

@@ -1,15 +1,19 @@
-"""A GEMM configuration's first compile without a GPU, as ``numbatc precompile --cc 9.0a`` makes it
-(numba's typing, lowering, NVVM and the link, into a fresh disk cache): wall time and where it
-went, one JSON line per configuration, in a fresh process of its own.  The CPU-host side of
-issue 18's first-call target (scripts/diag/first_call.py measures the GPU's).
+"""A GEMM or Hopper attention configuration's first compile without a GPU, as ``numbatc
+precompile --cc 9.0a`` makes it (numba's typing, lowering, NVVM and the link, into a fresh disk
+cache): wall time and where it went, one JSON line per configuration, in a fresh process of its
+own.  The CPU-host side of issue 18's first-call target (scripts/diag/first_call.py measures
+the GPU's).
 
     python scripts/diag/compile_time.py 128x256x64_3s_pt_tma_ts 64x128x64_6s_w1_tma \\
-        fp8_128x256x128_3s_pt_tma_ts [--repeat 3] [--profile out.prof] [--ptx DIR]
+        fp8_128x256x128_3s_pt_tma_ts attn:n128_2s_ov_pp_fx_tma:128 [--repeat 3] \\
+        [--profile out.prof] [--ptx DIR]
 
 Each configuration runs ``--repeat`` times, each in a new process with a new NUMBATC_CACHE_DIR
 (numba's first compile of the process -- its registries -- is made first and not counted);
 the line gives every run and the median.  bf16 (or e4m3 for fp8_ names) row x col, bf16 out,
-the variant numbatc.gemm runs for aligned operands (out_pairs).  ``--ptx DIR``: each
+the variant numbatc.gemm runs for aligned operands (out_pairs); ``attn:<config>:<head_dim>``:
+sm90_attention's, bf16, causal, the variant numbatc.attention runs for a contiguous out (pair
+stores, O by TMA where the head dim has it).  ``--ptx DIR``: each
 configuration's PTX into DIR/<name>.ptx.  Phases: typing+lowering is numba's (device functions
 included), nvvm_ptx NVVM's, link_cubin the assembly of the PTX (nvJitLink).
 """
@@ -27,13 +31,22 @@ import first_call  # scripts/diag: its timed() wrapper
 
 
 def _variant(name):
-    from numbatc.kernels import sm90_gemm
+    from numbatc.kernels import sm90_attention, sm90_gemm
 
+    if name.startswith("attn:"):
+        _, cfg, d = name.split(":")
+        d = int(d)
+        tma_store = sm90_attention.CONFIGS[cfg].tma and d in sm90_attention.TMA_STORE_HEAD_DIMS
+        return sm90_attention, sm90_attention.CONFIGS[cfg], sm90_attention.AttnVariant(
+            d, "bfloat16", True, False, pair_stores=True, tma_store=tma_store)
+
+    cfg = sm90_gemm.CONFIGS.get(name) or sm90_gemm.FP8_CONFIGS[name]
     if name.startswith("fp8_"):
-        return sm90_gemm.Sm90Fp8Variant("row", "col", "float8_e4m3fn", "bfloat16", None, None,
-                                        None, b_dtype="float8_e4m3fn", out_pairs=True)
-    return sm90_gemm.Sm90Variant("row", "col", "bfloat16", "bfloat16", None, None, None,
-                                 out_pairs=True)
+        return sm90_gemm, cfg, sm90_gemm.Sm90Fp8Variant(
+            "row", "col", "float8_e4m3fn", "bfloat16", None, None, None, b_dtype="float8_e4m3fn",
+            out_pairs=True)
+    return sm90_gemm, cfg, sm90_gemm.Sm90Variant("row", "col", "bfloat16", "bfloat16", None,
+                                                 None, None, out_pairs=True)
 
 
 def one(name, profile=None, ptx=None):
@@ -48,7 +61,6 @@ def one(name, profile=None, ptx=None):
     from numba.cuda import codegen, dispatcher
 
     from intrinsics import launch as launching
-    from numbatc.kernels import sm90_gemm
 
     precompile = importlib.import_module("numbatc.precompile")  # (numbatc.precompile: the function)
 
@@ -65,15 +77,14 @@ def one(name, profile=None, ptx=None):
     with precompile._target(cc):
         launching.compile_kernel(warm, (types.int32[::1],))
     times.clear()
-    cfg = sm90_gemm.CONFIGS.get(name) or sm90_gemm.FP8_CONFIGS[name]
-    var = _variant(name)
+    family, cfg, var = _variant(name)
     start = time.perf_counter()
     if profile:
         import cProfile
 
         prof = cProfile.Profile()
         prof.enable()
-    kernel, sig = precompile._kernel_and_signature(sm90_gemm, cfg, var)
+    kernel, sig = precompile._kernel_and_signature(family, cfg, var)
     times["source+import"] = time.perf_counter() - start
     with precompile._target(cc):
         compiled = launching.compile_kernel(kernel, sig)

@@ -85,6 +85,26 @@ def test_column_forms():
         assert y == np.float32(p[v] * np.float32(x[v] - c[2 * (v // 4) + v % 2]))
 
 
+def test_key_masks():
+    """frag_mask_keys and frag_mask_keys_causal against the per-register rule: key col0 +
+    column(v) below the end, and at most row0 + 8 h + off with the causal form."""
+    s = tuple(np.float32(v + 1) for v in range(32))
+    col0, end, row0, off = 40, 57, 3, 45
+    for v, y in enumerate(nt.frag_mask_keys(s, np.int64(col0), np.int64(end))):
+        col = col0 + 8 * (v // 4) + v % 2
+        assert y == (s[v] if col < end else -np.inf)
+    masked = nt.frag_mask_keys_causal(s, np.int64(col0), np.int64(end), np.int64(row0),
+                                      np.int64(off))
+    for v, y in enumerate(masked):
+        col, h = col0 + 8 * (v // 4) + v % 2, (v // 2) % 2
+        assert y == (s[v] if col < end and col <= row0 + 8 * h + off else -np.inf)
+    assert 0 < sum(np.isinf(masked)) < 32
+    # the GPU compares in 32 bits: keys outside [0, 2**32) are refused, not masked wrongly
+    for col0, end in ((-1, 57), (2**32 - 8, 2**32 - 1), (0, 2**32)):
+        with pytest.raises(ValueError, match="must lie in"):
+            nt.frag_mask_keys(s, np.int64(col0), np.int64(end))
+
+
 def test_fragment_pack():
     """frag_pack_bf16x2 / f16x2 in the emulation: register pairs packed as pack_*x2 packs
     them, four to an A fragment."""

@@ -45,7 +45,7 @@ CASES = [
     (1, 70, 200, 2, 1, 128, True, "bfloat16", "n128_2s_ov_fx"),
     (1, 150, 150, 1, 1, 64, True, "float16", "n128_2s_ov_pp_fx"),
     # the TMA producer: one query, 2 key tiles (the second ragged); Q rows 1..127 past the end
-    (1, 1, 239, 1, 1, 64, False, "bfloat16", "n128_2s_tma"),
+    (1, 1, 239, 1, 1, 64, False, "bfloat16", "n128_2s_fx_tma"),
     # head_dim 128 (two boxes per tile, V's K-first atoms), GQA, causal, ragged both ways
     (1, 113, 203, 2, 1, 128, True, "bfloat16", "n128_2s_ov_pp_fx_tma"),
     # causal with seqlen_q > seqlen_k: block 0's consumer 0 sees no key; 2 blocks
@@ -180,7 +180,7 @@ def _heads_major(q, k, v, dtype):
     (_packed, (1, 70, 70, 2, 2, 256, True, "bfloat16")),
 ], ids=["packed", "heads_major", "packed_d256"])
 def test_tma_reads_strided_views_in_place(sm90, views, args):
-    name = "n128_2s_tma" if args[5] <= 128 else sm90_attention.DEFAULT_TMA[args[5]]
+    name = "n128_2s_fx_tma" if args[5] <= 128 else sm90_attention.DEFAULT_TMA[args[5]]
     used = sm90(name)
     check(*args, views=views)
     assert used == [name]

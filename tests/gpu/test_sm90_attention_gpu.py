@@ -60,7 +60,7 @@ def test_small_cases_first(sm90):
 
 
 TMA_SMALL = [
-    ("n128_2s_tma", (1, 1, 239, 1, 1, 64, False, "bfloat16")),
+    ("n128_2s_fx_tma", (1, 1, 239, 1, 1, 64, False, "bfloat16")),
     ("n128_2s_ov_pp_fx_tma", (1, 113, 203, 2, 1, 128, True, "bfloat16")),
     ("n128_2s_ov_pp_fx_tma", (1, 130, 30, 1, 1, 64, True, "float16")),
     ("n128_3s_ov_pp_fx_tma", (1, 40, 520, 3, 1, 128, False, "bfloat16")),
