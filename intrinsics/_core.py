@@ -204,6 +204,39 @@ def asm(builder, template, constraints, out_types=(), operands=(), volatile=True
     return [builder.extract_value(result, i) for i in range(len(out_types))]
 
 
+#: a register's inline-asm constraint letter by its numba type
+REGISTER_CONSTRAINTS = {types.float32: "f", types.int32: "r", types.uint32: "r",
+                        types.int64: "l", types.uint64: "l"}
+
+
+def passthrough(value, dtypes, memory):
+    """``(signature, codegen)`` of an intrinsic that hands ``value`` back through one empty
+    volatile inline asm (no instruction; every register an output tied to its input), or None
+    where ``value`` is not a scalar of ``dtypes``, a UniTuple of them, or a UniTuple of such
+    UniTuples.  ``memory``: with a memory clobber.  intrinsics.hints.opaque and
+    intrinsics.wgmma.wgmma_fence_operand are two."""
+    inner = value.dtype if isinstance(value, types.UniTuple) else None
+    nested = isinstance(inner, types.UniTuple)
+    dtype = inner.dtype if nested else inner if inner is not None else value
+    if dtype not in dtypes:
+        return None
+    count = value.count * inner.count if nested else value.count if inner is not None else 1
+    constraints = ["=" + REGISTER_CONSTRAINTS[dtype]] * count + [str(i) for i in range(count)]
+
+    def codegen(context, builder, sig, args):
+        ty = sig.args[0]
+        parts = unpack(builder, ty, args[0]) if nested else [args[0]]
+        values = [v for part in parts for v in unpack(builder, ty.dtype if nested else ty, part)]
+        outs = asm(builder, "", constraints, [v.type for v in values], values, memory=memory)
+        if not nested:
+            return pack(context, builder, ty, outs)
+        n = ty.dtype.count
+        return pack(context, builder, ty, [pack(context, builder, ty.dtype, outs[i:i + n])
+                                           for i in range(0, count, n)])
+
+    return value(value), codegen
+
+
 def statement_intrinsic(pyname, ptx, arch, doc, arch_name=None):
     """An intrinsic with no operands and no result that emits ``ptx`` (a fence, a wait, a commit)
     with a memory clobber; refused with ArchitectureError (naming ``arch_name``, default the

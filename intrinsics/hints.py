@@ -17,36 +17,24 @@ In a warp-specialised kernel both can cost more registers than a ``setmaxnreg`` 
 
 A volatile asm is neither moved nor merged, and its result is a new value; nothing else about
 the code changes (no memory clobber: loads and stores still move across it).  ``value``: a
-32- or 64-bit integer or a float32 (``r``, ``l`` or ``f`` register), or a UniTuple of one of them.
+32- or 64-bit integer or a float32 (``r``, ``l`` or ``f`` register), a UniTuple of one of them
+or a UniTuple of such UniTuples.
 Any architecture.  Under the simulator it returns ``value``.
 """
 
-from numba import types
 from numba.cuda.core.errors import NumbaTypeError
 
-from intrinsics._core import asm, intrinsic, pack, unpack
+from intrinsics._core import REGISTER_CONSTRAINTS, intrinsic, passthrough
 
 __all__ = ["opaque"]
-
-_CONSTRAINT = {types.float32: "f", types.int32: "r", types.uint32: "r", types.int64: "l",
-               types.uint64: "l"}
 
 
 @intrinsic
 def opaque(typingctx, value):
     """``value``, through an empty volatile inline asm (module docstring): the optimiser neither
     hoists what is computed from it out of a loop nor counts a loop's trips through it."""
-    dtype = value.dtype if isinstance(value, types.UniTuple) else value
-    if dtype not in _CONSTRAINT:
+    typed = passthrough(value, REGISTER_CONSTRAINTS, memory=False)
+    if typed is None:
         raise NumbaTypeError("opaque takes a float32 or a 32- or 64-bit integer, or a UniTuple of "
                              f"one of them, got {value}")
-    sig = value(value)
-    count = value.count if isinstance(value, types.UniTuple) else 1
-    constraints = ["=" + _CONSTRAINT[dtype]] * count + [str(i) for i in range(count)]
-
-    def codegen(context, builder, sig, args):
-        values = unpack(builder, sig.args[0], args[0])
-        outs = asm(builder, "", constraints, [v.type for v in values], values)
-        return pack(context, builder, sig.return_type, outs)
-
-    return sig, codegen
+    return typed

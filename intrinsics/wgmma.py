@@ -73,6 +73,7 @@ from intrinsics._core import (
     intrinsic,
     literal_value,
     pack,
+    passthrough,
     register_list,
     require_arch,
     unpack,
@@ -386,7 +387,7 @@ def wgmma_wait_group(typingctx, n):
     return sig, codegen
 
 
-_FENCEABLE = {types.float32: "f", types.uint32: "r", types.int32: "r"}
+_FENCEABLE = (types.float32, types.uint32, types.int32)
 
 
 @intrinsic
@@ -401,30 +402,13 @@ def wgmma_fence_operand(typingctx, frag):
     float32/uint32/int32 scalar, a UniTuple of them, or a UniTuple of such UniTuples (the RS A
     fragments of several k steps: frag_pack_bf16x2's result) fenced in one asm.  Any
     architecture."""
-    inner = frag.dtype if isinstance(frag, types.UniTuple) else None
-    nested = isinstance(inner, types.UniTuple)
-    dtype = inner.dtype if nested else inner if inner is not None else frag
-    if dtype not in _FENCEABLE:
+    typed = passthrough(frag, _FENCEABLE, memory=True)
+    if typed is None:
         raise NumbaTypeError(
             "wgmma_fence_operand takes a float32, uint32 or int32 register, a UniTuple of them "
             f"or a UniTuple of such UniTuples, got {frag}"
         )
-    sig = frag(frag)
-    count = frag.count * inner.count if nested else frag.count if inner is not None else 1
-    constraints = ["=" + _FENCEABLE[dtype]] * count + [str(i) for i in range(count)]
-
-    def codegen(context, builder, sig, args):
-        ty = sig.args[0]
-        parts = unpack(builder, ty, args[0]) if nested else [args[0]]
-        values = [v for part in parts for v in unpack(builder, ty.dtype if nested else ty, part)]
-        outs = asm(builder, "", constraints, [v.type for v in values], values, memory=True)
-        if not nested:
-            return pack(context, builder, ty, outs)
-        n = ty.dtype.count
-        return pack(context, builder, ty, [pack(context, builder, ty.dtype, outs[i:i + n])
-                                           for i in range(0, count, n)])
-
-    return sig, codegen
+    return typed
 
 
 # ---------------------------------------------------------------------------------------------
