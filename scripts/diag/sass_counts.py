@@ -1,15 +1,19 @@
-"""SASS instruction counts of Hopper attention kernels, for comparing two builds of one kernel
-(issue 19's rule: a kernel moved from generated text to code keeps its instructions).
+"""SASS instruction counts of Hopper kernels, for comparing two builds of one kernel (issue 19's
+rule: a kernel moved from generated text to code keeps its instructions).
 
     PYTHONPATH=. python3 scripts/diag/sass_counts.py --out before.json [CASE ...]
     PYTHONPATH=. python3 scripts/diag/sass_counts.py --compare before.json after.json
 
-A CASE is ``config:head_dim:flags`` with flags from c (causal), l (lse), h (float16; else
-bfloat16), v (varlen), t (TMA store of O), p (pair stores); without CASEs a default list of the
-TMA configurations.  Each kernel is compiled for sm_90a, assembled whole-program with ptxas -v
-(as the driver JITs a setmaxnreg kernel) and disassembled with nvdisasm; the record holds the
-opcode histogram (the mnemonic with its modifiers), the registers and the spill bytes.
---compare prints, per case, the opcodes whose counts differ and the register / spill change.
+A CASE is ``config:head_dim:flags`` for sm90_attention, flags from c (causal), l (lse), h
+(float16; else bfloat16), v (varlen), t (TMA store of O), p (pair stores); or
+``gemm:config[:flags]`` for sm90_gemm (bf16, row x col, bf16 out, out pairs), flags from c
+(a bf16 c), b (a bf16 bias), g (GELU), s (split-K), a / n (A col-major, B row-major).  Without
+CASEs a default list of the attention TMA configurations.  Each kernel is compiled for sm_90a
+as numbatc launches it, assembled whole-program with ptxas -v (as the driver JITs a setmaxnreg
+kernel) and disassembled with nvdisasm; the record holds the opcode histogram (the mnemonic
+with its modifiers), the registers and the spill bytes.  --compare prints, per case, the opcodes
+whose counts differ and the register / spill change.  To compare with another tree, run it with
+PYTHONPATH naming that tree (a git worktree).
 """
 
 import argparse
@@ -32,18 +36,38 @@ DEFAULT_CASES = [
 ]
 
 
-def build(case):
-    from intrinsics.toolchain import compile_ptx
+def _kernel(case):
+    """(kernel, argument types, threads) of a CASE (see the module docstring)."""
+    if case.startswith("gemm:"):
+        from numbatc.kernels import sm90_gemm
+
+        _, name, *rest = case.split(":")
+        flags = rest[0] if rest else ""
+        cfg = sm90_gemm.CONFIGS[name]
+        bf16 = "bfloat16"
+        var = sm90_gemm.Sm90Variant("col" if "a" in flags else "row",
+                                    "row" if "n" in flags else "col", bf16, bf16,
+                                    bf16 if "c" in flags else None, bf16 if "b" in flags else None,
+                                    "gelu" if "g" in flags else None, split_k="s" in flags,
+                                    out_pairs=True)
+        return (sm90_gemm.kernel_for(cfg, var), sm90_gemm.kernel_signature(cfg, var),
+                cfg.threads)
     from numbatc.kernels import sm90_attention as attn
-    from tests.helpers.assemblers import disassemble, whole_program_ptxas
 
     name, d, flags = case.split(":")
     cfg = attn.CONFIGS[name]
     var = attn.AttnVariant(int(d), "float16" if "h" in flags else "bfloat16", "c" in flags,
                            "l" in flags, varlen="v" in flags, pair_stores="p" in flags,
                            tma_store="t" in flags)
-    ptx = compile_ptx(attn.kernel_for(cfg, var), attn.signature(var, cfg), "sm_90a",
-                      launch_bounds=(cfg.threads, 1))
+    return attn.kernel_for(cfg, var), attn.signature(var, cfg), cfg.threads
+
+
+def build(case):
+    from intrinsics.toolchain import compile_ptx
+    from tests.helpers.assemblers import disassemble, whole_program_ptxas
+
+    kernel, sig, threads = _kernel(case)
+    ptx = compile_ptx(kernel, sig, "sm_90a", launch_bounds=(threads, 1))
     with tempfile.TemporaryDirectory() as tmp:
         log = whole_program_ptxas(ptx, pathlib.Path(tmp))
         sass = disassemble(pathlib.Path(tmp, "kernel.cubin"))
