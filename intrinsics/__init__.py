@@ -33,6 +33,7 @@ from intrinsics.convert import (
 from intrinsics.fastmath import (
     ex2_approx,
     fma_f32,
+    frag_exp2,
     frag_exp2_fma,
     frag_exp2_fma_cols,
     frag_mask_cols,

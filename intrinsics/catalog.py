@@ -289,10 +289,11 @@ def _fastmath_probes():
         s = fm.frag_mask_cols((x[0], x[1], x[2], x[3]), lim[0], lim[1])
         p = fm.frag_scale_rows(fm.frag_exp2_fma(s, x[4], x[5], x[6]), x[7], x[8])
         x[0], x[1] = fm.frag_row_sums(p)
+        x[2], x[3], x[4], x[5] = fm.frag_exp2(s, x[9], x[10], x[11])
 
-    yield Probe("fast math", "whole fragments: mask, ex2(fma), row scale, row sums", fragments,
-                (types.float32[:], types.int32[:]), SM75,
-                ("ex2.approx.ftz.f32", "fma.rn.f32", "selp.f32"))  # (mul + add: contracted)
+    yield Probe("fast math", "whole fragments: mask, ex2(fma), row scale, row sums, exp2f",
+                fragments, (types.float32[:], types.int32[:]), SM75,
+                ("ex2.approx.ftz.f32", "fma.rn.f32", "selp.f32", "ex2.approx.f32"))
 
     def columns(x, lim):
         s = fm.frag_mask_cols_from((x[0], x[1], x[2], x[3]), lim[0], lim[1])

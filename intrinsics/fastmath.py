@@ -17,6 +17,7 @@ mma.sync's and wgmma's accumulators: register v holds row g + 8 * ((v // 2) % 2)
 8 * (v // 4) + v % 2 of the thread's slice, "row half" h = (v // 2) % 2)::
 
     p = frag_exp2_fma(s, scale, b0, b1)  # p[v] = ex2_approx(fma_f32(s[v], scale, b_h))
+    p = frag_exp2(s, scale, b0, b1)      # p[v] = math.exp2(s[v] * scale - b_h) (libdevice)
     o = frag_scale_rows(o, a0, a1)       # o[v] * a_h
     s = frag_mask_cols(s, lim0, lim1)    # s[v] where column(v) < lim_h (int32), else -inf
     s = frag_mask_keys(s, col0, end)     # s[v] where col0 + column(v) < end, else -inf
@@ -49,9 +50,10 @@ from numba import types
 
 from intrinsics._core import SM75, asm, intrinsic, require_arch
 
-__all__ = ["ex2_approx", "fma_f32", "frag_exp2_fma", "frag_exp2_fma_cols", "frag_mask_cols",
-           "frag_mask_cols_from", "frag_mask_keys", "frag_mask_keys_causal", "frag_mul_diff_cols",
-           "frag_row_maxes", "frag_row_sums", "frag_scale_rows", "frag_tree_order", "tanh_approx"]
+__all__ = ["ex2_approx", "fma_f32", "frag_exp2", "frag_exp2_fma", "frag_exp2_fma_cols",
+           "frag_mask_cols", "frag_mask_cols_from", "frag_mask_keys", "frag_mask_keys_causal",
+           "frag_mul_diff_cols", "frag_row_maxes", "frag_row_sums", "frag_scale_rows",
+           "frag_tree_order", "tanh_approx"]
 
 F32 = ir.FloatType()
 
@@ -151,6 +153,32 @@ def frag_exp2_fma(typingctx, s, scale, b0, b1):
         for v in range(sig.args[0].count):
             e = _exp2_fma(builder, builder.extract_value(args[0], v), scale_v, bases[_half(v)])
             out = builder.insert_value(out, e, v)
+        return out
+
+    return sig, codegen
+
+
+@intrinsic
+def frag_exp2(typingctx, s, scale, b0, b1):
+    """``p[v] = exp2f(s[v] * scale - b_h)`` for every register v of fragment ``s`` (h its row
+    half): what numba compiles ``math.exp2(s[v] * scale - b)`` of float32 values to -- a
+    multiply, a subtraction and libdevice's ``__nv_exp2f`` (ex2.approx with denormal scaling),
+    not :func:`frag_exp2_fma`'s two instructions."""
+    _frag_type("frag_exp2", s)
+    _check("frag_exp2", (scale, b0, b1))
+    sig = s(s, scale, b0, b1)
+
+    def codegen(context, builder, sig, args):
+        from numba.cuda import cgutils
+
+        scale_v, *bases = _f32_args(context, builder, sig, args)
+        exp2f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, (F32,)),
+                                               "__nv_exp2f")
+        out = ir.Constant(args[0].type, ir.Undefined)
+        for v in range(sig.args[0].count):
+            x = builder.fsub(builder.fmul(builder.extract_value(args[0], v), scale_v),
+                             bases[_half(v)])
+            out = builder.insert_value(out, builder.call(exp2f, [x]), v)
         return out
 
     return sig, codegen

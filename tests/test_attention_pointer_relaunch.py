@@ -19,15 +19,17 @@ from tests.helpers.problems import attention_operand, attention_problem
 class Launches:
     """Recorders for intrinsics.launch.launch and .prepare: each launch as (kernel, grid, block,
     shared bytes, signature, stream, arguments), floats as float32 (the parameter buffer's
-    type)."""
+    type), tuples flattened."""
 
     def __init__(self):
         self.launched, self.prepared = [], []
 
     @staticmethod
     def _args(args):
+        # a tuple argument is its members, in order (intrinsics.launch.flat_params)
+        flat = [x for a in args for x in (a if isinstance(a, tuple) else (a,))]
         return tuple(np.float32(a) if isinstance(a, (float, np.floating)) else int(a)
-                     for a in args)
+                     for a in flat)
 
     def launch(self, kernel, grid, block, args, shared_bytes=0, stream=0, signature=None, **kw):
         self.launched.append((kernel, grid, block, shared_bytes, signature, stream,

@@ -143,6 +143,31 @@ def test_column_forms_are_the_per_register_instructions():
 
 
 @pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")
+def test_libdevice_exponential_is_the_per_register_expression():
+    """frag_exp2 on an 8-register fragment compiles to the PTX of ``math.exp2(s[v] * scale -
+    b_h)`` written register by register (a multiply, a subtraction and libdevice's exp2f each):
+    the same opcode counts."""
+
+    def fragment(out, x):
+        p = nt.frag_exp2((x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]), x[8], x[9], x[10])
+        out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7] = p
+
+    def per_register(out, x):
+        sc, b0, b1 = x[8], x[9], x[10]
+        out[0], out[1], out[2], out[3] = (math.exp2(x[0] * sc - b0), math.exp2(x[1] * sc - b0),
+                                          math.exp2(x[2] * sc - b1), math.exp2(x[3] * sc - b1))
+        out[4], out[5], out[6], out[7] = (math.exp2(x[4] * sc - b0), math.exp2(x[5] * sc - b0),
+                                          math.exp2(x[6] * sc - b1), math.exp2(x[7] * sc - b1))
+
+    sig = (types.float32[:], types.float32[:])
+    got = _opcodes(compile_ptx(fragment, sig, "sm_90a"))
+    want = _opcodes(compile_ptx(per_register, sig, "sm_90a"))
+    for op in ("ex2.approx.f32", "mul.f32", "sub.f32", "fma.rn.f32"):
+        assert got[op] == want[op], (op, got, want)
+    assert got["ex2.approx.f32"] == 8
+
+
+@pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")
 def test_key_masks_are_the_per_register_compares():
     """frag_mask_keys and frag_mask_keys_causal on a 32-register fragment, against the same
     kernel without them: one select per register and one 32-bit unsigned compare (the keys in

@@ -145,10 +145,10 @@ def test_bad_configs_and_head_dims_are_named():
     with pytest.raises(ValueError, match="168 per thread"):
         attn.Sm90AttnConfig("bad", 128, producer_regs=64, consumer_regs=224)
     with pytest.raises(ValueError, match="more than 227 KB"):
-        attn.kernel_source(attn.Sm90AttnConfig("big", 192, stages=3),
-                           attn.AttnVariant(128, "bfloat16", False, False))
+        sm90_attention_tma.make_kernel(attn.Sm90AttnConfig("big", 192, stages=3),
+                                       attn.AttnVariant(128, "bfloat16", False, False))
     with pytest.raises(ValueError, match=r"head_dim \(64, 96, 128, 192, 256\), got 80"):
-        attn.kernel_source(attn.CONFIGS["n128_2s"], attn.AttnVariant(80, "bfloat16", False, False))
+        attn.kernel_for(attn.CONFIGS["n128_2s"], attn.AttnVariant(80, "bfloat16", False, False))
     with pytest.raises(ValueError, match=r"head_dim \(64, 96, 128, 192, 256\), got 160"):
         attn.choose_config(160)
     for d in attn.HEAD_DIMS:
@@ -166,8 +166,7 @@ def test_every_config_fits_shared_memory():
     fits the 227 KB an sm_90 block may have, as check_fits agrees."""
     for cfg in attn.CONFIGS.values():
         for d in cfg.head_dims:
-            layouts = sm90_attention_tma.layouts if cfg.tma else attn._layouts
-            q_lay, k_lay, v_lay, _ = layouts(cfg, d)
+            q_lay, k_lay, v_lay, _ = sm90_attention_tma.layouts(cfg, d)
             q_bytes = q_lay.nbytes if cfg.tma else 2 * q_lay.nbytes  # cp.async: 2 x 64 rows
             assert q_bytes == 128 * d * 2, (cfg.name, d, q_bytes)
             tiles = q_bytes + cfg.stages * (k_lay.nbytes + v_lay.nbytes)
@@ -325,14 +324,17 @@ def test_varlen_refuses_persistent_and_kv_cache():
             attn.kernel_for(attn.CONFIGS[name], kv)
 
 
-def test_tma_kernels_are_code_and_take_the_fast_exponential():
-    """A TMA configuration's kernel is sm90_attention_tma.make_kernel's (no generated text to
-    print: kernel_source says where it is), and such a configuration needs fast_exp."""
-    cfg = attn.CONFIGS["n128_2s_ov_pp_fx_tma"]
+def test_kernels_are_code_and_tma_takes_the_fast_exponential():
+    """Every configuration's kernel is sm90_attention_tma.make_kernel's (one per producer, the
+    cp.async one with flat operands and strides); a TMA configuration needs fast_exp."""
     var = attn.AttnVariant(64, "bfloat16", True, False)
-    assert attn.kernel_for(cfg, var) is sm90_attention_tma.make_kernel(cfg, var)
-    with pytest.raises(ValueError, match="its kernel is code"):
-        attn.kernel_source(cfg, var)
+    for name, params in (("n128_2s_ov_pp_fx_tma", 17), ("n128_2s_ov_pp_fx", 24)):
+        cfg = attn.CONFIGS[name]
+        kernel = attn.kernel_for(cfg, var)
+        assert kernel is sm90_attention_tma.make_kernel(cfg, var)
+        assert len(attn.signature(var, cfg)) == params
+        assert kernel.py_func.__name__ == ("attention_kernel" if cfg.tma else
+                                           "attention_kernel_cp")
     with pytest.raises(ValueError, match="producer='tma' needs fast_exp=True"):
         attn.Sm90AttnConfig("slow_tma", 128, producer="tma", producer_regs=24,
                             consumer_regs=240)

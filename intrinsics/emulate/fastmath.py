@@ -35,6 +35,15 @@ def frag_exp2_fma(s, scale, b0, b1):
     return tuple(ex2_approx(fma_f32(x, scale, bases[_half(v)])) for v, x in enumerate(s))
 
 
+def frag_exp2(s, scale, b0, b1):
+    # float32 multiply and subtraction, then exp2 rounded to float32 (libdevice's exp2f is
+    # within 2 ulp of it)
+    bases = (np.float32(b0), np.float32(b1))
+    return tuple(np.float32(np.exp2(np.float64(np.float32(np.float32(x) * np.float32(scale))
+                                               - bases[_half(v)])))
+                 for v, x in enumerate(s))
+
+
 def frag_scale_rows(o, a0, a1):
     factors = (np.float32(a0), np.float32(a1))
     return tuple(np.float32(np.float32(x) * factors[_half(v)]) for v, x in enumerate(o))
@@ -117,7 +126,8 @@ def frag_row_maxes(s):
 
 
 EMULATIONS = {"ex2_approx": ex2_approx, "fma_f32": fma_f32, "tanh_approx": tanh_approx,
-              "frag_exp2_fma": frag_exp2_fma, "frag_scale_rows": frag_scale_rows,
+              "frag_exp2_fma": frag_exp2_fma, "frag_exp2": frag_exp2,
+              "frag_scale_rows": frag_scale_rows,
               "frag_mask_cols": frag_mask_cols, "frag_row_sums": frag_row_sums,
               "frag_row_maxes": frag_row_maxes, "frag_exp2_fma_cols": frag_exp2_fma_cols,
               "frag_mul_diff_cols": frag_mul_diff_cols, "frag_mask_cols_from": frag_mask_cols_from,

@@ -44,7 +44,7 @@ from numba import cuda
 
 import intrinsics as nt
 
-__all__ = ["Ring", "named_barrier_of", "tma_pipeline"]
+__all__ = ["Ring", "cp_async_pipeline", "named_barrier_of", "tma_pipeline"]
 
 #: The device functions of one stage count (see the module docstring).
 Ring = namedtuple("Ring", "stages init advance producer_acquire producer_commit consumer_wait "
@@ -101,6 +101,28 @@ def tma_pipeline(stages):
 
     return Ring(S, init, advance, producer_acquire, producer_commit, consumer_wait,
                 consumer_release)
+
+
+@functools.cache
+def cp_async_pipeline(stages):
+    """The :class:`Ring` of a ring filled by cp.async: full[s] completes on the producer
+    threads' ``cp.async.mbarrier.arrive.noinc`` (each thread's arrival fires once its earlier
+    copies have landed; ``producer_commit`` is that arrival, its byte count unused), and a
+    consumer's wait is followed by ``fence.proxy.async.shared::cta``: cp.async writes through
+    the generic proxy, which wgmma (the async proxy) does not see without it.  The rest --
+    the empty barriers, the phases -- is :func:`tma_pipeline`'s."""
+    tma = tma_pipeline(stages)
+
+    @cuda.jit(device=True, forceinline=True)
+    def producer_commit(bars, index, nbytes):
+        nt.cp_async_mbarrier_arrive_noinc(bars, index)
+
+    @cuda.jit(device=True, forceinline=True)
+    def consumer_wait(bars, index, phase):
+        nt.mbarrier_wait_parity(bars, index, phase)
+        nt.fence_proxy_async_shared()  # cp.async (generic proxy) -> wgmma (async proxy)
+
+    return tma._replace(producer_commit=producer_commit, consumer_wait=consumer_wait)
 
 
 @functools.cache

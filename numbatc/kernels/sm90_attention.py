@@ -58,29 +58,28 @@ any turn.
 Causal (bottom-right aligned, query i sees keys j <= i + Sk - Sq): a block loads the key tiles
 its last row sees; each consumer computes the tiles its own rows see and only waits for and
 releases the others; only tiles that cross the diagonal or the end of the keys run the masks.
-GQA: query head h reads key/value head h // group.  The cp.async configurations' kernel is
-generated Python source per (configuration, variant) (:func:`kernel_source` prints it), cached on
-disk (numbatc.kernels.build), launched through intrinsics.launch (setmaxnreg: whole-program JIT).
+GQA: query head h reads key/value head h // group.
 
-The ``_tma`` configurations replace the cp.async producer with one thread issuing TMA tensor
-copies of Q, K and V, and are written as code: numbatc.kernels.sm90_attention_tma.make_kernel
-(maps, boxes, byte counts, barriers, persistent tiles, O's TMA stores; the same schedules as
-the generated text).  :data:`TMA_BY_DEFAULT` switches the default to them.
+The kernel is code: numbatc.kernels.sm90_attention_tma.make_kernel(cfg, var) makes it for
+either producer, an ordinary ``@cuda.jit`` function whose constants are closure values, cached
+on disk (numbatc.kernels.build.cache_kernel) and launched through intrinsics.launch
+(setmaxnreg: whole-program JIT).  The ``_tma`` configurations replace the cp.async producer
+with one thread issuing TMA tensor copies of Q, K and V (sm90_attention_tma: maps, boxes, byte
+counts, barriers, persistent tiles, O's TMA stores).  :data:`TMA_BY_DEFAULT` switches the
+default to them.
 """
 
 import functools
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from intrinsics.setmaxnreg import register_pool
 from numbatc.kernels import sm80_attention
-from numbatc.kernels.build import load_generated
 
 __all__ = ["Sm90AttnConfig", "CONFIGS", "DEFAULT", "DEFAULT_HEAD_DIMS", "DEFAULT_TMA", "HEAD_DIMS",
            "TMA_BY_DEFAULT", "unsupported", "choose", "compiled", "declines", "launch",
-           "choose_config", "div_bn", "kernel_for", "kernel_source", "launch_flat", "resolve",
+           "choose_config", "kernel_for", "launch_flat", "resolve",
            "shared_bytes", "signature", "swizzle_for", "twin", "why_chosen", "TMA_STORE_HEAD_DIMS",
            "column_limit_mask"]
 
@@ -334,54 +333,8 @@ def resolve(p, cfg: Sm90AttnConfig):
 
 
 # ---------------------------------------------------------------------------------------------
-# Source generation
+# Tiles
 # ---------------------------------------------------------------------------------------------
-
-_PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
-
-
-def _tup(items):
-    """Source of a tuple of ``items``.  NOTE: a literal tuple of more than 30 values compiles
-    (CPython 3.11) to BUILD_LIST + LIST_TO_TUPLE, which numba's IR peephole rejects; a sum of
-    16-value tuples types as one UniTuple and folds away."""
-    parts = [items[i:i + 16] for i in range(0, len(items), 16)]
-    return " + ".join("(" + ", ".join(p) + ",)" for p in parts)
-
-
-def _tree(op, terms):
-    """Source of a balanced reduction (shorter dependency chains than a left fold), in
-    intrinsics.fastmath.frag_tree_order's pairs -- the order the fragment intrinsics reduce in."""
-    from intrinsics.fastmath import frag_tree_order
-
-    def render(node):
-        if not isinstance(node, tuple):
-            return node
-        a, b = render(node[0]), render(node[1])
-        return f"({a} + {b})" if op == "+" else f"{op}({a}, {b})"
-
-    return render(frag_tree_order(terms))
-
-
-def div_bn(x, BN):
-    """Source of ``x // BN`` for a non-negative int64 ``x`` below 2**32 (key counts: seqlen_k <
-    2**31, see :func:`unsupported`).  NOTE: for a BN that is not a power of two (80, 96, 112) the
-    64-bit division by a constant is a 64-bit magic multiply whose temporaries, computed before
-    the role branch, must fit the producer's setmaxnreg count with everything else live there:
-    at head_dim 256 ptxas spilled n_tiles and Sk - Sq (28-44 bytes) until it was done in 32 bits."""
-    if BN & (BN - 1) == 0:
-        return f"{x} // {BN}"
-    return f"np.int64(np.uint32({x}) // np.uint32({BN}))"
-
-
-def _layouts(cfg, D):
-    """(Q, K stage, V stage) shared layouts and the byte offset of consumer 1's Q rows."""
-    from intrinsics.layout import SmemLayout
-
-    sw = swizzle_for(D)
-    return (SmemLayout("K", sw, 64, D, 2),             # Q part of one consumer
-            SmemLayout("K", sw, cfg.block_n, D, 2),    # K stage
-            SmemLayout("MN", sw, D, cfg.block_n, 2),   # V stage (mn = D, k = keys)
-            64 * D * 2)                                # consumer 1's Q part
 
 
 def swizzle_for(D):
@@ -390,61 +343,6 @@ def swizzle_for(D):
     every tile of the kernel: P V's N is all of D, so V's MN-major atoms must tile D exactly (as
     FA3's shared-memory selector picks 64B atoms for head_dim 96)."""
     return 128 if D % 64 == 0 else 64
-
-
-def _chunks_per_row(D):
-    """Producer threads that share one row of a tile in the cp.async loaders: D / 8 (one 16-byte
-    chunk each) up to head_dim 128 with the 128B swizzle; otherwise the chunks of one swizzle
-    row (8 of 128 B above head_dim 128, 4 of 64 B at 96), each thread copying its chunk of
-    every part of the row in turn, so that the rows a thread steps stay a multiple of 8."""
-    sw = swizzle_for(D)
-    return D // 8 if D <= 128 and sw == 128 else sw // 16
-
-
-def _loader(w, name, rows, D, delta, half=0):
-    """Emit ``load_<name>``: one producer thread's 16-byte cp.async copies of a (rows, D) tile.
-
-    Thread p copies chunk j = p % C of rows r0 + i * STEP (C = _chunks_per_row(D), r0 = p // C <
-    STEP = 128 / C, a multiple of 8): in every layout here the shared offset of copy i is the
-    thread's swizzled base ``d`` plus a constant ``delta(i * STEP)`` (a swizzle depends on the
-    row mod 8 only), and the global index advances by STEP rows per copy.  Where a thread's
-    chunks cover one swizzle row only (above head_dim 128: C = 8 of 128 B; head_dim 96: C = 4 of
-    64 B) each row step copies chunk j of every part of the row (64 or 32 columns): ``half``
-    bytes further in shared memory, a part's columns further in global memory.
-
-    NOTE: as in sm90_gemm's loaders, the producer runs in few registers and LLVM's LICM would
-    hoist per-copy invariants out of the key loop (and spill them): STEP * ld and the rows left
-    pass through ``wgmma_fence_operand`` (an empty volatile asm, opaque to LLVM) so that
-    everything derived from them is computed per tile."""
-    cpr = _chunks_per_row(D)
-    step = _THREADS_PER_WG // cpr
-    count = rows // step
-    halves = D // 8 // cpr
-    part = swizzle_for(D) // 2  # columns of one swizzle row
-    assert step % 8 == 0 and rows % step == 0 and halves * cpr * 8 == D, (step, rows, D)
-    w(f"""
-@cuda.jit(device=True, forceinline=True)
-def load_{name}(smem, d, src, g, ld, rows_left):
-    # ({rows}, {D}) tile: {count * halves} copies of 16 bytes per thread, rows r0 + {step} i""" +
-      (f" (x {halves} parts)" if halves > 1 else "") + f"""; rows at or
-    # past rows_left (counted from r0) are zero-filled
-    row_ld = np.int64(nt.wgmma_fence_operand(np.int32({step} * ld)))
-    left = np.int64(nt.wgmma_fence_operand(np.int32(max(min(rows_left, {rows}), -1))))""")
-    for i in range(count):
-        if i:
-            w("    g += row_ld")
-        if halves == 1:
-            w(f"""    if {i * step} < left:
-        CP(smem, d + {delta(i * step)}, src, g, 16)
-    else:
-        CP(smem, d + {delta(i * step)}, src, 0, 0)""")
-            continue
-        w(f"    if {i * step} < left:")
-        for hh in range(halves):
-            w(f"        CP(smem, d + {delta(i * step) + hh * half}, src, g + {part * hh}, 16)")
-        w("    else:")
-        for hh in range(halves):
-            w(f"        CP(smem, d + {delta(i * step) + hh * half}, src, 0, 0)")
 
 
 def column_limit_mask(D: int, BN: int) -> bool:
@@ -457,454 +355,6 @@ def column_limit_mask(D: int, BN: int) -> bool:
     return D + BN <= 256
 
 
-def kernel_source(cfg: Sm90AttnConfig, var: AttnVariant) -> str:
-    """Python source of a cp.async configuration's kernel for one variant (a TMA
-    configuration's kernel is code: numbatc.kernels.sm90_attention_tma.make_kernel)."""
-    if cfg.tma:
-        raise ValueError(f"{cfg.name} is a TMA configuration: its kernel is code "
-                         "(numbatc.kernels.sm90_attention_tma.make_kernel), not generated")
-    D = var.head_dim
-    if D not in HEAD_DIMS:
-        raise ValueError(f"sm90_attention implements head_dim {HEAD_DIMS}, got {D}")
-    if var.dtype not in _PTX_TYPE:
-        raise ValueError(f"sm90_attention takes bfloat16 or float16, got {var.dtype!r}")
-    check_fits(cfg, D)
-    BN, S = cfg.block_n, cfg.stages
-    SW = swizzle_for(D)
-    A = SW // 16  # 16-byte chunks of one swizzle row
-    ptx = _PTX_TYPE[var.dtype]
-    pack = "nt.pack_bf16x2" if var.dtype == "bfloat16" else "nt.pack_f16x2"
-    q_lay, k_lay, v_lay, QPB = _layouts(cfg, D)  # QPB: consumer 1's Q rows start here
-    QB = BLOCK_M * D * 2
-    KB = k_lay.nbytes  # one K (or V) stage
-    VB0 = QB + S * KB  # first V stage
-    NS, NO, KK = BN // 2, D // 2, BN // 16  # S registers, O registers, k16 steps of P V
-    # barrier indices: q_full, k_full[s], v_full[s], k_empty[s], v_empty[s]
-    KF, VF, KE, VE = 1, 1 + S, 1 + 2 * S, 1 + 3 * S
-    if var.kv_cache:
-        raise ValueError("sm90_attention has no KV-cache variant (sm80_attention's)")
-    assert not var.tma_store, "TMA stores of O: TMA configurations only"
-    rb = sm80_attention.row_bases(var)  # the element offset of row 0 of the block's sequence
-    lines = []
-    w = lines.append
-    w(f'''"""Generated by numbatc.kernels.sm90_attention for {cfg.name}, {var}. Do not edit."""
-import math
-import numpy as np
-from numba import cuda
-import intrinsics as nt
-
-QK = nt.wgmma_mma_async({BN}, "{ptx}", acc="f32", trans_a=0, trans_b=0)
-PV = nt.wgmma_mma_async({D}, "{ptx}", acc="f32", a_from="reg", trans_b=1)
-CP = nt.cp_async_op(16, zfill=True)
-NEG_INF = np.float32(-np.inf)
-ZERO = np.float32(0)
-LN2 = np.float32({math.log(2.0)!r})
-
-
-{sm80_attention.row_helpers(var)}
-
-{sm80_attention.store_pair_source(var, pack)}''')
-    # Loaders.  Q part p = row // 64 of the block, row % 64 within it; K rows SW bytes apart
-    # inside each part of SW / 2 columns; V: 8-key atoms of D * 16 bytes.  The parts (above
-    # head_dim 128: 64-column halves; at 96 three of 32 columns): Q's and K's K-major ones 64 *
-    # SW and BN * SW bytes apart, V's 8 * SW (MN-major: its atoms stack along D).
-    _loader(w, "q", BLOCK_M, D, lambda r: (r // 64) * QPB + (r % 64) * SW, 64 * SW)
-    _loader(w, "k", BN, D, lambda r: r * SW, BN * SW)
-    _loader(w, "v", BN, D, lambda r: (r // 8) * D * 16, 8 * SW)
-
-    def softmax(ind, masked_cond, pack_p=True):
-        """Source: mask S (when masked_cond holds), update the running max and sum, P (p_<v>,
-        fp32) and, with pack_p, P as RS A fragments pa_0..; leaves alpha_0, alpha_1 (O's
-        rescale factors for rows g, g + 8)."""
-        out = []
-        o = out.append
-        o(f"{ind}if {masked_cond}:")
-        if column_limit_mask(D, BN):
-            # the thread's S register v is key n0 + tq + c(v), c a constant: FA3's column limit
-            # per row (sm80_attention.column_limit)
-            for h in range(2):
-                o(f"{ind}    lim_{h} = "
-                  + sm80_attention.column_limit(var, f"(row0 + {8 * h})", "n0", "tq", BN))
-            # (nt.frag_mask_cols: keep_below per register, in one call)
-            o(f"{ind}    sacc = nt.frag_mask_cols(sacc, lim_0, lim_1)")
-        else:
-            cols = [f"n0 + tq + {8 * (v // 4) + v % 2}" for v in range(NS)]
-            o(f"{ind}    sacc = " + _tup([f"keep(sacc[{v}], {cols[v]}, row0 + {8 * ((v // 2) % 2)}, "
-                                          "Sk, off)" for v in range(NS)]))
-        # each row half's max over the thread's registers (as _tree('max', ...) in one call)
-        o(f"{ind}rm_0, rm_1 = nt.frag_row_maxes(sacc)")
-        for h in range(2):
-            o(f"{ind}mx = quad_max(rm_{h}) * scale_log2")
-            o(f"{ind}m_new = max(m_{h}, mx)")
-            o(f"{ind}base_{h} = m_new if m_new != NEG_INF else ZERO  # a row with no key yet")
-            if cfg.fast_exp:
-                o(f"{ind}alpha_{h} = nt.ex2_approx(m_{h} - base_{h})")
-                o(f"{ind}nbase_{h} = -base_{h}")
-            else:
-                o(f"{ind}alpha_{h} = math.exp2(m_{h} - base_{h})")
-            o(f"{ind}m_{h} = m_new")
-        if cfg.fast_exp:
-            # NOTE: whole-fragment intrinsics (intrinsics.fastmath): the same instructions as
-            # the per-register expressions, in one numba statement each instead of ~5 per
-            # register (0.6 s of a 2.3 s first compile; docs/PERFORMANCE.md, ninth session)
-            o(f"{ind}p = nt.frag_exp2_fma(sacc, scale_log2, nbase_0, nbase_1)")
-            o(f"{ind}rs_0, rs_1 = nt.frag_row_sums(p)")
-            for h in range(2):
-                o(f"{ind}l_{h} = l_{h} * alpha_{h} + rs_{h}")
-        else:
-            for v in range(NS):
-                o(f"{ind}p_{v} = math.exp2(sacc[{v}] * scale_log2 - base_{(v // 2) % 2})")
-            o(f"{ind}p = " + _tup([f"p_{v}" for v in range(NS)]))
-            for h in range(2):
-                terms = [f"p_{v}" for v in range(NS) if (v // 2) % 2 == h]
-                o(f"{ind}l_{h} = l_{h} * alpha_{h} + {_tree('+', terms)}")
-        if pack_p:
-            out.append(pack_p_source(ind))
-        return "\n".join(out)
-
-    def pack_p_source(ind):
-        """Source: P (the tuple ``p`` softmax_tile returns) as RS A fragments pa_0.. (S registers
-        8c..8c+7 are keys 16c..16c+15), packed by intrinsics.convert's frag_pack_*x2 in one call
-        (the same cvt's as a pack per register pair)."""
-        names = ", ".join(f"pa_{c}" for c in range(KK))
-        return f"{ind}{names}, = {pack.replace('nt.pack_', 'nt.frag_pack_')}(p)"
-
-    def softmax_call(ind, masked_cond, pack_p=True):
-        """Source: one tile's softmax through the device function softmax_tile (written once
-        into the module: :func:`softmax_tile_source`, which tests ``masked_cond`` itself), S
-        as masked back in ``sacc``, P in the tuple ``p`` and, with pack_p, as RS A fragments
-        pa_0..; leaves alpha_0, alpha_1 (O's rescale factors for rows g, g + 8).
-
-        NOTE: the overlapped schedule runs softmax twice (its first tile is peeled); one
-        function instead of two pasted copies halves what numba types and lowers for it (the
-        kernel's first compile).  It returns S as masked and tests the mask condition inside,
-        as the pasted code did: with S left unmasked at the call site, or the condition passed
-        in as a bool, ptxas wrote different SASS.  np.int64(n0): the peeled tile's n0 is the
-        literal 0, which numba would type as Literal[int](0) and compile the function for a
-        second time."""
-        call = (f"{ind}sacc, p, m_0, m_1, l_0, l_1, alpha_0, alpha_1 = softmax_tile(sacc, "
-                f"np.int64(n0), tq, row0, wrow0, Sk, off, m_0, m_1, l_0, l_1, scale_log2)")
-        return call + ("\n" + pack_p_source(ind) if pack_p else "")
-
-    def softmax_tile_source():
-        """Source: the device function softmax_tile (see :func:`softmax_call`)."""
-        return (
-            "@cuda.jit(device=True, forceinline=True)\n"
-            "def softmax_tile(sacc, n0, tq, row0, wrow0, Sk, off, m_0, m_1, l_0, l_1, "
-            "scale_log2):\n"
-            '    """Mask S where the tile crosses the last key (or, causal, the diagonal),\n'
-            '    update the running max and sum of rows g, g + 8; returns (S as masked, P,\n'
-            '    m_0, m_1, l_0, l_1, alpha_0, alpha_1)."""\n'
-            + softmax("    ", mask_cond, pack_p=False)
-            + "\n    return sacc, p, m_0, m_1, l_0, l_1, alpha_0, alpha_1\n")
-
-    def pin(ind, names):
-        """Source: pin registers that ordinary code wrote above the next wgmma_fence.  NOTE:
-        wgmma.fence is a volatile asm, but plain arithmetic (O's rescale, P's conversions, S's
-        mask) is free to sink below it, next to the wgmma that reads it; ptxas then serialises
-        the wgmma (C7513, with C7519 "warpgroup.arrive is injected").  An operand fence is
-        volatile too, so the values are computed above it."""
-        return "\n".join(f"{ind}{x} = nt.wgmma_fence_operand({x})" for x in names)
-
-    P_REGS = [f"pa_{c}" for c in range(KK)]
-
-    def wait_full(ind, ring, stage, parity, fence=True):
-        """Source: wait until K or V (``ring`` 'k' or 'v') of ``stage`` has landed (and, with
-        ``fence``, make it visible to wgmma's async proxy)."""
-        bar = KF if ring == "k" else VF
-        text = f"{ind}nt.mbarrier_wait_parity(bars, {bar} + {stage}, {parity})"
-        if fence:
-            text += f"\n{ind}nt.fence_proxy_async_shared()  # cp.async (generic proxy) -> wgmma (async)"
-        return text
-
-    def st(n):
-        """Source: the stage of the warpgroup's key tile ``n``."""
-        return f"{n} % {S}"
-
-    def par(n):
-        """Source: the full barriers' parity for key tile ``n``."""
-        return f"({n} // {S}) & 1"
-
-    def release(ind, rings, stage):
-        """Source: lane 0 of each consumer warp gives K and/or V (``rings``: 'k', 'v', 'kv') of
-        ``stage`` back to the producer (its warp's wgmma group that read it has retired)."""
-        out = [f"{ind}if lane == 0:"]
-        for ring in rings:
-            bar = KE if ring == "k" else VE
-            index = bar if stage == "0" else f"{bar} + {stage}"
-            out.append(f"{ind}    nt.mbarrier_arrive(bars, {index})")
-        return "\n".join(out)
-
-    def qk_mmas(ind):
-        """Source: the wgmmas of S = Q K(n)^T on K stage s (scale-d 0 first: S starts at 0)."""
-        out = [f"{ind}kst = np.uint64(s * {KB // 16})"]
-        for kk in range(D // 16):
-            qo, ko = q_lay.k_offset(16 * kk) // 16, k_lay.k_offset(16 * kk) // 16
-            out.append(f"{ind}sacc = QK(sacc, dq + np.uint64({qo}), dk + kst + np.uint64({ko}), "
-                       f"{0 if kk == 0 else 1})")
-        return "\n".join(out)
-
-    def pv_mmas(ind, stage):
-        """Source: the wgmmas of O += P V on V stage ``stage`` (P: the RS A fragments pa_c)."""
-        out = [f"{ind}vst = np.uint64({stage} * {KB // 16})"]
-        for c in range(KK):
-            vo = v_lay.k_offset(16 * c) // 16
-            out.append(f"{ind}o = PV(o, pa_{c}, dv + vst + np.uint64({vo}), 1)")
-        return "\n".join(out)
-
-    def group(ind, *parts):
-        return "\n".join([*parts, f"{ind}nt.wgmma_commit_group()"])
-
-    def fenced(ind, names):
-        return pin(ind, names) + f"\n{ind}nt.wgmma_fence()"
-
-    def fence_p(ind):
-        # P(n-1)'s registers stay live (unreused) until its wgmma group retired
-        return "\n".join(f"{ind}pa_{c} = nt.wgmma_fence_operand(pa_{c})" for c in range(KK))
-
-    def turn(ind, op, own):
-        """Source (pingpong): ``op`` ("sync" or "arrive") on this consumer's own named barrier
-        (own=True: id 1 + cw) or the other's (id 2 - cw); "" without pingpong.  The id is a
-        literal in the PTX, hence the branch."""
-        if not cfg.pingpong:
-            return ""
-        ids = (1, 2) if own else (2, 1)
-        return (f"\n{ind}if cw == 0:\n{ind}    nt.named_barrier_{op}({ids[0]}, 256)"
-                f"\n{ind}else:\n{ind}    nt.named_barrier_{op}({ids[1]}, 256)")
-
-    rescale = "o = nt.frag_scale_rows(o, alpha_0, alpha_1)"  # o[v] * alpha of v's row
-    mask_cond = f"n0 + {BN} > Sk"
-    if var.causal:
-        mask_cond += f" or n0 + {BN - 1} > wrow0 + off"
-    zeros_s = _tup(["z"] * NS)
-    zeros_o = _tup(["z"] * NO)
-    zeros_p = "(np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0))"
-
-    w("\n" + softmax_tile_source())
-    # varlen: (total_q, total_k) in place of (Sq, Sk), and the prefix sums cu_q, cu_k last
-    sizes = "total_q, total_k" if var.varlen else "Sq, Sk"
-    extra = ", cu_q, cu_k" if var.varlen else ""
-    w(f'''
-
-@cuda.jit(cache=True, launch_bounds=({cfg.threads}, 1))
-def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss, q_sh, k_sb,
-                     k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh, scale_log2{extra}):
-    # Q ({BLOCK_M}, {D}) as 2 parts of {QPB} bytes | K {S} x ({BN}, {D}) | V {S} x ({BN}, {D}): {shared_bytes(cfg, D)} bytes
-    smem = cuda.shared.array(0, np.uint8, alignment=1024)
-    # q_full = bars[0], k_full[s] = bars[{KF} + s], v_full[s] = bars[{VF} + s]: the producer's 128
-    # cp.async arrivals (.noinc); k_empty[s] = bars[{KE} + s], v_empty[s] = bars[{VE} + s]: one
-    # arrival per consumer warp (8), by lane 0 after its warp's wgmma.wait_group retired the reads
-    bars = cuda.shared.array({1 + 4 * S}, np.uint64, alignment=8)''')
-    w('''    t = cuda.threadIdx.x
-    wg = t // 128''')
-    w(f'''
-    # Blocks of one (batch, head) are neighbours (they share K and V in L2); the last query
-    # blocks, which see the most keys under a causal mask, start first.
-    # NOTE: 32-bit unsigned arithmetic: a 64-bit division by a run-time value is a subroutine
-    # call in SASS, and a call anywhere in the kernel makes ptxas serialize every wgmma (C7509).
-    pid = np.uint32(cuda.blockIdx.x)
-    mb = np.uint32(m_blocks)
-    bh = np.uint32(pid // mb)
-    m0 = np.int64(np.uint32(np.uint32(mb - np.uint32(1)) - np.uint32(pid % mb))) * {BLOCK_M}
-    b = np.int64(np.uint32(bh // np.uint32(Hq)))
-    h = np.int64(np.uint32(bh % np.uint32(Hq)))
-    hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))''')
-    if var.varlen:
-        w(sm80_attention.sequence_bounds_source("    "))
-    w(f'''    off = Sk - Sq  # causal: query i sees keys j <= i + off
-    n_tiles = {div_bn(f'(Sk + {BN - 1})', BN)}''')
-    if var.causal:
-        w(f'''    last = m0 + {BLOCK_M - 1} + off  # the last key the block's last query sees
-    if last < 0:
-        n_tiles = 0
-    else:
-        n_tiles = min(n_tiles, {div_bn('last', BN)} + 1)''')
-    w(f'''
-    if t == 0:
-        nt.mbarrier_init(bars, 0, 128)
-        for s in range({S}):
-            nt.mbarrier_init(bars, {KF} + s, 128)
-            nt.mbarrier_init(bars, {VF} + s, 128)
-            nt.mbarrier_init(bars, {KE} + s, 8)
-            nt.mbarrier_init(bars, {VE} + s, 8)
-        nt.fence_mbarrier_init()
-    cuda.syncthreads()
-
-    # Phase bookkeeping (as sm90_gemm): tile n uses stage s = n % {S} in round r = n // {S};
-    # consumers wait for a full barrier with parity r & 1, the producer for an empty one with
-    # parity (r + 1) & 1 (on a fresh barrier parity 1 reads as complete).
-    if wg == 0:
-        # ---- producer warpgroup --------------------------------------------------------------
-        nt.setmaxnreg_dec({cfg.producer_regs})
-        j = t % {_chunks_per_row(D)}
-        r0 = t // {_chunks_per_row(D)}
-        swz = ((j % {A}) ^ {"(r0 % 8)" if SW == 128 else "((r0 % 8) // 2)"}) * 16  # {SW}B swizzle
-        q_d = (j // {A}) * {64 * SW} + r0 * {SW} + swz
-        k_d = {QB} + (j // {A}) * {BN * SW} + r0 * {SW} + swz
-        v_d = {VB0} + (r0 // 8) * {D * 16} + (j // {A}) * {8 * SW} + (r0 % 8) * {SW} + swz
-        load_q(smem, q_d, q, {rb["q"]} + h * q_sh + (m0 + r0) * q_ss + j * 8, q_ss, Sq - m0 - r0)
-        nt.cp_async_mbarrier_arrive_noinc(bars, 0)
-        # this thread's first copy of key tile n: k_g, v_g; rows of the tile left: left
-        k_g = {rb["k"]} + hk * k_sh + r0 * k_ss + j * 8
-        v_g = {rb["v"]} + hk * v_sh + r0 * v_ss + j * 8
-        left = Sk - r0
-        for n in range(n_tiles):
-            s = n % {S}
-            ph = ((n // {S}) + 1) & 1
-            nt.mbarrier_wait_parity(bars, {KE} + s, ph)
-            load_k(smem, k_d + s * {KB}, k, k_g, k_ss, left)
-            nt.cp_async_mbarrier_arrive_noinc(bars, {KF} + s)
-            nt.mbarrier_wait_parity(bars, {VE} + s, ph)
-            load_v(smem, v_d + s * {KB}, v, v_g, v_ss, left)
-            nt.cp_async_mbarrier_arrive_noinc(bars, {VF} + s)
-            k_g += {BN} * k_ss
-            v_g += {BN} * v_ss
-            left -= {BN}
-        nt.cp_async_wait_all()''')
-    w(f'''    else:
-        # ---- consumer warpgroups ---------------------------------------------------------------
-        nt.setmaxnreg_inc({cfg.consumer_regs})
-        cw = wg - 1
-        lane = t % 32
-        tq = (lane % 4) * 2''')
-    w('''        wrow0 = m0 + cw * 64  # the warpgroup's first query row
-        row0 = wrow0 + ((t % 128) // 32) * 16 + lane // 4  # this thread's rows: row0, row0 + 8
-        # the key tiles this warpgroup's rows see (the block loads those of its last row)
-        n_wg = n_tiles''')
-    if var.causal:
-        w(f'''        wlast = wrow0 + 63 + off
-        if wlast < 0:
-            n_wg = 0
-        else:
-            n_wg = min(n_tiles, {div_bn('wlast', BN)} + 1)''')
-    w(f'''        # descriptors: this warpgroup's Q part; K and V stage 0 (stage s: + s * {KB} bytes)
-        dq = nt.smem_desc(smem, cw * {QPB}, {q_lay.lbo}, {q_lay.sbo}, {SW})
-        dk = nt.smem_desc(smem, {QB}, {k_lay.lbo}, {k_lay.sbo}, {SW})
-        dv = nt.smem_desc(smem, {VB0}, {v_lay.lbo}, {v_lay.sbo}, {SW})
-        z = ZERO
-        m_0 = NEG_INF
-        m_1 = NEG_INF
-        l_0 = ZERO
-        l_1 = ZERO
-        sacc = nt.wgmma_fence_operand({zeros_s})
-        o = nt.wgmma_fence_operand({zeros_o})''')
-    for c in range(KK):
-        w(f"        pa_{c} = {zeros_p}")
-    w("        nt.mbarrier_wait_parity(bars, 0, 0)  # Q landed")
-    if cfg.pingpong:
-        w("""        # ping-pong: consumer 0 takes the first turn (consumer 1 arrives on its barrier once;
-        # consumer 0's last bar.sync, after the key loop, consumes this extra arrival)
-        if cw == 1:
-            nt.named_barrier_arrive(1, 256)""")
-    I = " " * 12
-    if not cfg.overlap:
-        w(f'''
-        # ---- main loop: S = Q K^T, softmax, O += P V, in order ----
-        for n in range(n_wg):
-            s = {st("n")}
-            ph = {par("n")}
-            n0 = n * {BN}
-{wait_full(I, "k", "s", "ph")}
-{group(I, fenced(I, ["sacc"]), qk_mmas(I))}
-            nt.wgmma_wait_group(0)
-            sacc = nt.wgmma_fence_operand(sacc)
-{release(I, "k", "s")}
-{softmax_call(I, mask_cond)}
-            {rescale}
-{wait_full(I, "v", "s", "ph")}
-{group(I, fenced(I, ["o"] + P_REGS), pv_mmas(I, "s"))}
-            nt.wgmma_wait_group(0)
-            o = nt.wgmma_fence_operand(o)
-{release(I, "v", "s")}''')
-    else:
-        w(f'''
-        # ---- main loop, FA3's intra-warpgroup overlap: S(n) and P(n-1) V(n-1) issued back to
-        # back; softmax(S(n)) runs while P(n-1) V(n-1) is on the tensor core ----
-        if n_wg > 0:
-            s = 0
-            ph = 0
-            n0 = 0
-{wait_full(I, "k", "s", "ph")}{turn(I, "sync", True)}
-{group(I, fenced(I, ["sacc"]), qk_mmas(I))}{turn(I, "arrive", False)}
-            nt.wgmma_wait_group(0)
-            sacc = nt.wgmma_fence_operand(sacc)
-{release(I, "k", "0")}
-{softmax_call(I, mask_cond)}
-        for n in range(1, n_wg):
-            s = {st("n")}
-            ph = {par("n")}
-            sp = {st("(n - 1)")}  # the previous tile's stage and parity
-            n0 = n * {BN}
-            # NOTE: both waits before the first wgmma: a wait (a branch loop) between the two
-            # groups made ptxas serialise every wgmma of the kernel (C7513).  V(n-1) has been
-            # in flight a whole tile longer than K(n), so waiting for it early costs nothing.
-{wait_full(I, "k", "s", "ph")}
-{wait_full(I, "v", "sp", par("(n - 1)"))}{turn(I, "sync", True)}
-{fenced(I, ["sacc", "o"] + P_REGS)}
-{group(I, qk_mmas(I))}
-{group(I, pv_mmas(I, "sp"))}{turn(I, "arrive", False)}
-            nt.wgmma_wait_group(1)  # S(n) done; P(n-1) V(n-1) may still run
-            sacc = nt.wgmma_fence_operand(sacc)
-{release(I, "k", "s")}
-{softmax_call(I, mask_cond, pack_p=False)}
-            nt.wgmma_wait_group(0)
-            o = nt.wgmma_fence_operand(o)
-{fence_p(I)}
-{release(I, "v", "sp")}
-            {rescale}
-            # NOTE: P(n) is converted into the A registers only now that P(n-1) V(n-1) retired
-            # (as FA3 does): converting during that wgmma made ptxas serialise every wgmma of
-            # the kernel (C7513, "non wgmma instructions defining input registers of a wgmma
-            # between start and end of the pipeline stage").
-{pack_p_source(I)}
-        if n_wg > 0:
-            sp = {st("(n_wg - 1)")}
-{wait_full(I, "v", "sp", par("(n_wg - 1)"))}
-{group(I, fenced(I, ["o"] + P_REGS), pv_mmas(I, "sp"))}
-            nt.wgmma_wait_group(0)
-            o = nt.wgmma_fence_operand(o)
-{release(I, "v", "sp")}''')
-    w(f'''
-        # tiles the block loaded that this warpgroup's rows do not see (causal): wait, release
-        for n in range(n_wg, n_tiles):
-            s = {st("n")}
-            ph = {par("n")}
-{wait_full(I, "k", "s", "ph", fence=False)}
-{wait_full(I, "v", "s", "ph", fence=False)}
-{release(I, "kv", "s")}{turn(I, "sync", True)}{turn(I, "arrive", False)}''')
-    if cfg.pingpong:
-        w("""        # ping-pong: consume consumer 1's last arrival (one more than consumer 0's turns)
-        if cw == 0:
-            nt.named_barrier_sync(1, 256)""")
-    w(f'''
-        # ---- epilogue: O / l per row (0 for a row that saw no key), stored as {var.dtype} ----''')
-    if D > 128:
-        # NOTE: above head_dim 128 (O: 96 or 128 registers a thread) ptxas spilled b and h (20-44
-        # bytes), live from the kernel's start to here across the key loop; they are computed
-        # again from blockIdx.x, which the opaque operand fence keeps LLVM from reusing.
-        w('''        pid = np.uint32(nt.wgmma_fence_operand(np.int32(cuda.blockIdx.x)))
-        bh = np.uint32(pid // np.uint32(m_blocks))
-        b = np.int64(np.uint32(bh // np.uint32(Hq)))
-        h = np.int64(np.uint32(bh % np.uint32(Hq)))''')
-        if var.varlen:  # q0 and Sq too (the sequence's rows), read again
-            w(sm80_attention.sequence_bounds_source("        ", keys=False))
-    w(f"        o_start = {rb['o']} + h * o_sh")
-    for hh in range(2):
-        w(f"        l = quad_sum(l_{hh})")
-        w(f"        inv_{hh} = np.float32(1) / l if l > ZERO else ZERO")
-        if var.with_lse:
-            w(f"        row = row0 + {8 * hh}")
-            w("        if tq == 0 and row < Sq:")
-            at = "h * total_q + q0 + row" if var.varlen else "np.int64(bh) * Sq + row"
-            w(f"            lse[{at}] = (m_{hh} + math.log2(l)) * LN2 if l > ZERO else NEG_INF")
-    # NOTE (sm80_attention): scaled in place before any store, so that LLVM cannot hoist the
-    # scaled values above the row checks and double O's registers.
-    w("        o = nt.frag_scale_rows(o, inv_0, inv_1)  # o[v] * inv of v's row")
-    sm80_attention.store_o_rows(w, "        ", D, lambda hh: f"row0 + {8 * hh}",
-                                lambda hh, jj, c: f"o[{4 * jj + 2 * hh + c}]")
-    return "\n".join(lines) + "\n"
-
-
 # ---------------------------------------------------------------------------------------------
 # Compilation and launch
 # ---------------------------------------------------------------------------------------------
@@ -912,25 +362,22 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
 
 @functools.cache
 def kernel_for(cfg: Sm90AttnConfig, var: AttnVariant):
-    """The compiled-on-demand kernel for (cfg, var), cached on disk: a TMA configuration's is
-    code (sm90_attention_tma.make_kernel, build.cache_kernel), a cp.async one's generated text
-    (build.load_generated)."""
-    if cfg.tma:
-        from numbatc.kernels import sm90_attention_tma
+    """The compiled-on-demand kernel for (cfg, var), cached on disk
+    (sm90_attention_tma.make_kernel, build.cache_kernel)."""
+    from numbatc.kernels import sm90_attention_tma
 
-        return sm90_attention_tma.make_kernel(cfg, var)
-    return load_generated("sm90_attention", kernel_source(cfg, var), entry="attention_kernel")
+    return sm90_attention_tma.make_kernel(cfg, var)
 
 
 def signature(var: AttnVariant, cfg: Sm90AttnConfig = None):
     """The kernel's argument types on the GPU: sm80_attention's (typed device pointers, int64
     sizes and strides, the float32 scale); for a TMA ``cfg`` sm90_attention_tma's (the tensor
     maps in place of q, k, v and their strides)."""
-    if cfg is not None and cfg.tma:
-        from numbatc.kernels import sm90_attention_tma
+    from numbatc.kernels import sm90_attention_tma
 
+    if cfg is not None and cfg.tma:
         return sm90_attention_tma.signature(var)
-    return sm80_attention.signature(var)
+    return sm90_attention_tma.cp_async_signature(var)
 
 
 def grid_for(batch, heads_q, seqlen_q):
@@ -954,7 +401,7 @@ def launch_flat(cfg: Sm90AttnConfig, var: AttnVariant, q, k, v, out, lse, batch,
     kernel = kernel_for(cfg, var)
     m_blocks = -(-rows // BLOCK_M)
     args = (q, k, v, out, lse, seqlen_q, seqlen_k, heads_q, group, m_blocks, *q_strides,
-            *k_strides, *v_strides, *o_strides, np.float32(scale * LOG2E), *cu)
+            *k_strides, *v_strides, *o_strides, np.float32(scale * LOG2E), tuple(cu))
     sig = None if config.ENABLE_CUDASIM else signature(var)
     launch_kernel(kernel, grid_for(batch, heads_q, rows), cfg.threads, args,
                   shared_bytes=shared_bytes(cfg, var.head_dim), stream=stream, signature=sig)
@@ -974,7 +421,7 @@ def unsupported(p):
                 "or sm80_attention")
     if p.head_dim not in HEAD_DIMS:
         return f"head_dim {p.head_dim} is not one of {HEAD_DIMS}"
-    if p.dtype not in _PTX_TYPE:
+    if p.dtype not in ("bfloat16", "float16"):
         return f"dtype {p.dtype}"
     # the loaders step 16 rows (head_dim 64, 192, 256) or 8 (128) at a time with an int32 increment
     seq = 0 if p.varlen else 1  # the sequence axis: varlen's tensors are (rows, head, dim)

@@ -1,10 +1,11 @@
-"""sm90_attention's TMA configurations (the ``_tma`` names), written as code: one thread of
+"""sm90_attention's kernel, written as code (:func:`make_kernel`: an ordinary ``@cuda.jit``
+function of closure constants), and its TMA configurations (the ``_tma`` names): one thread of
 the producer warpgroup loads Q once per query block and drives the K and V rings with tensor
 copies (``cp.async.bulk.tensor``, 128B swizzle; 64B at head_dim 96) that complete on
 mbarriers; the two wgmma consumer warpgroups run sm90_attention's schedules (in order, FA3's
-overlap, the ping-pong: that module's docstring).  :func:`make_kernel` makes the kernel, an
-ordinary ``@cuda.jit`` function of closure constants (sm90_attention's cp.async
-configurations are still generated text).
+overlap, the ping-pong: that module's docstring).  The other configurations' producer is 128
+threads of cp.async copies (:func:`_cp_loader`; sm90_attention's docstring), with the same
+consumers.
 
     block = 384 threads = 3 warpgroups, launch_bounds (384, 1)
       WG0  producer  setmaxnreg.dec 24   thread 0: expect_tx(q_full, Q bytes) -> Q boxes; per key
@@ -61,9 +62,10 @@ is not a multiple of 16 bytes -- and seqlen_k == 0 run the cp.async twin
 
 The kernel is this module's code: :func:`make_kernel`'s closure constants are the whole of what
 a configuration and variant change, and ``scripts/diag/sass_counts.py`` prints the SASS
-instruction counts of any of them (the moves from generated text were checked so: the
-instruction histograms equal within a few moves and NOPs, except the per-register causal mask,
-now one compare per register against min(Sk, row + off + 1): 104-200 fewer instructions at
+instruction counts of any of them (the moves from generated text were checked so: the TMA
+kernels' instruction histograms equal within a few moves and NOPs, the cp.async kernels' within
+1 % (their barrier arrays are three, the loaders' compares turned around), except the
+per-register key mask, now one 32-bit compare per register: 72-576 fewer instructions at
 head_dim 192 and 256; docs/PERFORMANCE.md).
 """
 
@@ -77,20 +79,26 @@ from numba import cuda  # a module global: the simulator swaps it in device func
 import intrinsics as nt
 from numbatc.kernels.epilogue import quad_max, quad_sum
 
-__all__ = ["box_columns", "launch_attention", "layouts", "make_kernel", "make_producer",
-           "operand_map", "out_fits", "signature", "unsupported"]
+__all__ = ["box_columns", "chunks_per_row", "cp_async_signature", "launch_attention", "layouts",
+           "make_kernel", "make_producer", "operand_map", "out_fits", "signature", "unsupported"]
 
 _TMA_DTYPE = {"bfloat16": "bf16", "float16": "f16"}
 
 
 def layouts(cfg, D):
-    """(Q, K stage, V stage) shared layouts as the boxes write them, and the byte offset of
-    consumer 1's Q rows (row 64)."""
+    """(Q, K stage, V stage) shared layouts, and the byte offset of consumer 1's Q rows (row
+    64): as the TMA boxes write them, or (a cp.async configuration) as its copies do -- Q as two
+    parts of 64 rows, V's MN-major atoms ordered MN-first."""
     from intrinsics.layout import SmemLayout
     from numbatc.kernels.sm90_attention import swizzle_for
     from numbatc.kernels.sm90_gemm_tma import MnKFirstLayout
 
     sw = swizzle_for(D)
+    if not cfg.tma:
+        return (SmemLayout("K", sw, 64, D, 2),             # Q part of one consumer
+                SmemLayout("K", sw, cfg.block_n, D, 2),    # K stage
+                SmemLayout("MN", sw, D, cfg.block_n, 2),   # V stage (mn = D, k = keys)
+                64 * D * 2)                                # consumer 1's Q part
     q = SmemLayout("K", sw, 128, D, 2)
     return (q, SmemLayout("K", sw, cfg.block_n, D, 2),
             MnKFirstLayout("MN", sw, D, cfg.block_n, 2), int(q.offset(64, 0)))
@@ -112,7 +120,7 @@ def make_producer(stages, block_n, D, q_bytes, stage_bytes, v0, work_tile=None):
     ``work_tile``, ``*tile`` is the block's (m0, b, h, hk, n_tiles, k0): Q's first row m0 and
     K's and V's k0 in batch entry b (a varlen kernel passes its sequence's rows q0 + m0 and k0
     of the packed tensors, whose maps have one batch entry); with it (persistent
-    configurations, the generated module's ``work_tile``) it is (n_work, bhn, m_blocks, Hq,
+    configurations, :func:`make_kernel`'s ``work_tile``) it is (n_work, bhn, m_blocks, Hq,
     group, Sk, off) and the thread walks the work tiles blockIdx.x, + gridDim.x, ..., each
     tile's Q waiting for q_empty (the previous tile's Q K^T retired; the ring's (index, phase)
     runs on across tiles).
@@ -289,14 +297,17 @@ def _pv_chain(mma, b_steps):
     return chain
 
 
-def _softmax(block_n, causal, column_limit):
+def _softmax(block_n, causal, column_limit, fast_exp, pin_ends=False):
     """``softmax_tile(sacc, n0, tq, row0, wrow0, Sk, off, m_0, m_1, l_0, l_1, scale_log2)``: mask
     S where the tile crosses the last key (or, causal, the diagonal), update the running max and
     sum of the thread's rows row0, row0 + 8 (log2 domain, FA3's two instructions per score:
     ex2.approx(fma(s, scale_log2, -max))); returns (S as masked, P, m_0, m_1, l_0, l_1, alpha_0,
     alpha_1), alpha_h O's rescale factor of row half h.  ``column_limit``: the mask is FA3's
     per-row column limit (two int32 limits, a compare per register; sm90_attention.
-    column_limit_mask), else a 64-bit compare of each register's key.
+    column_limit_mask), else a compare of each register's key.  Without ``fast_exp`` the
+    exponentials are numba's ``math.exp2`` of ``s * scale_log2 - max`` (libdevice's exp2f:
+    denormal-scaled ex2.approx after a separate multiply and subtraction).  ``pin_ends``: the
+    key mask's bounds pass through ``opaque`` (varlen kernels; see the NOTE below).
 
     NOTE: one device function, called twice by the overlapped schedule (its first tile is
     peeled): half of what numba types and lowers for two pasted copies (the first compile)."""
@@ -319,6 +330,16 @@ def _softmax(block_n, causal, column_limit):
                     lim_0 = np.int32(min(max(Sk - n0 - tq, 0), BN))
                     lim_1 = lim_0
                 sacc = nt.frag_mask_cols(sacc, lim_0, lim_1)
+            elif pin_ends:
+                # NOTE: a varlen kernel's Sk and off are loaded values, not parameters: LLVM
+                # hoisted the ends out of the key loop and ptxas spilled them (36-60 bytes at
+                # head_dim 256, cp.async); through opaque they are computed where they are used
+                # (the same pins cost a parameter's Sk 172 bytes of spill: they are varlen's)
+                if causal:
+                    sacc = nt.frag_mask_keys_causal(sacc, n0 + tq, nt.opaque(Sk), row0,
+                                                    nt.opaque(off))
+                else:
+                    sacc = nt.frag_mask_keys(sacc, n0 + tq, nt.opaque(Sk))
             elif causal:
                 sacc = nt.frag_mask_keys_causal(sacc, n0 + tq, Sk, row0, off)
             else:
@@ -327,16 +348,25 @@ def _softmax(block_n, causal, column_limit):
         mx = quad_max(rm_0) * scale_log2
         m_new = max(m_0, mx)
         base_0 = m_new if m_new != NEG_INF else ZERO  # a row with no key yet
-        alpha_0 = nt.ex2_approx(m_0 - base_0)
-        nbase_0 = -base_0
+        if fast_exp:
+            alpha_0 = nt.ex2_approx(m_0 - base_0)
+            nbase_0 = -base_0
+        else:
+            alpha_0 = math.exp2(m_0 - base_0)
         m_0 = m_new
         mx = quad_max(rm_1) * scale_log2
         m_new = max(m_1, mx)
         base_1 = m_new if m_new != NEG_INF else ZERO
-        alpha_1 = nt.ex2_approx(m_1 - base_1)
-        nbase_1 = -base_1
+        if fast_exp:
+            alpha_1 = nt.ex2_approx(m_1 - base_1)
+            nbase_1 = -base_1
+        else:
+            alpha_1 = math.exp2(m_1 - base_1)
         m_1 = m_new
-        p = nt.frag_exp2_fma(sacc, scale_log2, nbase_0, nbase_1)
+        if fast_exp:
+            p = nt.frag_exp2_fma(sacc, scale_log2, nbase_0, nbase_1)
+        else:
+            p = nt.frag_exp2(sacc, scale_log2, base_0, base_1)
         rs_0, rs_1 = nt.frag_row_sums(p)
         l_0 = l_0 * alpha_0 + rs_0
         l_1 = l_1 * alpha_1 + rs_1
@@ -495,13 +525,115 @@ def _sequence(cu_q, cu_k, b, total_q, total_k):
     return q0, Sq, k0, Sk
 
 
+def chunks_per_row(D, swizzle):
+    """Producer threads that share one row of a tile in the cp.async loaders: D / 8 (one 16-byte
+    chunk each) up to head_dim 128 with the 128B swizzle; otherwise the chunks of one swizzle
+    row (8 of 128 B above head_dim 128, 4 of 64 B at 96), each thread copying its chunk of
+    every part of the row in turn, so that the rows a thread steps stay a multiple of 8."""
+    return D // 8 if D <= 128 and swizzle == 128 else swizzle // 16
+
+
+def _cp_loader(rows, D, swizzle, delta, part_bytes):
+    """``load(smem, d, src, g, ld, rows_left)``: one producer thread's 16-byte cp.async copies of
+    a (rows, D) tile (the cp.async configurations).
+
+    Thread p copies chunk j = p % C of rows r0 + i * STEP (C = :func:`chunks_per_row`, r0 = p //
+    C < STEP = 128 / C, a multiple of 8): in every layout here the shared offset of copy i is
+    the thread's swizzled base ``d`` plus a constant ``delta(i * STEP)`` (a swizzle depends on
+    the row mod 8 only), and the global index ``g`` advances by STEP rows (``ld`` each) per
+    copy.  Where a thread's chunks cover one swizzle row only (above head_dim 128: C = 8 of 128
+    B; head_dim 96: C = 4 of 64 B) each row step copies chunk j of every part of the row (64 or
+    32 columns): ``part_bytes`` further in shared memory, a part's columns further in global
+    memory.  Rows at or past ``rows_left`` (counted from r0) are zero-filled (0 source bytes).
+
+    NOTE: the producer runs in few registers and LLVM's LICM would hoist per-copy invariants
+    out of the key loop (and spill them): STEP * ld and the rows left pass through
+    ``wgmma_fence_operand`` (an empty volatile asm) so that everything derived from them is
+    computed per tile.  The copies are written out (up to 16 row steps, 4 parts) under pruned
+    branches on their counts."""
+    C = chunks_per_row(D, swizzle)
+    step = 128 // C
+    count = rows // step
+    parts = D // 8 // C
+    cols = swizzle // 2  # columns of one swizzle row: a part
+    assert step % 8 == 0 and rows % step == 0 and parts * C * 8 == D, (rows, D)
+    assert count in (1, 2, 4, 5, 6, 7, 8, 16), count  # the written-out row steps below
+    lim = tuple(i * step for i in range(count)) + (0,) * (16 - count)
+    at = tuple(delta(i * step) for i in range(count)) + (0,) * (16 - count)
+    copy = nt.cp_async_op(16, zfill=True)
+
+    @cuda.jit(device=True, forceinline=True)
+    def row_copy(smem, d, src, g, keep):
+        # chunk j of each part of one row (zero-filled past the tile's rows)
+        if keep:
+            copy(smem, d, src, g, 16)
+            if parts > 1:
+                copy(smem, d + part_bytes, src, g + cols, 16)
+            if parts > 2:
+                copy(smem, d + 2 * part_bytes, src, g + 2 * cols, 16)
+            if parts > 3:
+                copy(smem, d + 3 * part_bytes, src, g + 3 * cols, 16)
+        else:
+            copy(smem, d, src, 0, 0)
+            if parts > 1:
+                copy(smem, d + part_bytes, src, 0, 0)
+            if parts > 2:
+                copy(smem, d + 2 * part_bytes, src, 0, 0)
+            if parts > 3:
+                copy(smem, d + 3 * part_bytes, src, 0, 0)
+
+    @cuda.jit(device=True, forceinline=True)
+    def load(smem, d, src, g, ld, rows_left):
+        row_ld = np.int64(nt.wgmma_fence_operand(np.int32(step * ld)))
+        left = np.int64(nt.wgmma_fence_operand(np.int32(max(min(rows_left, rows), -1))))
+        row_copy(smem, d + at[0], src, g, lim[0] < left)
+        if count > 1:
+            g += row_ld
+            row_copy(smem, d + at[1], src, g, lim[1] < left)
+        if count > 2:
+            g += row_ld
+            row_copy(smem, d + at[2], src, g, lim[2] < left)
+            g += row_ld
+            row_copy(smem, d + at[3], src, g, lim[3] < left)
+        if count > 4:
+            g += row_ld
+            row_copy(smem, d + at[4], src, g, lim[4] < left)
+        if count > 5:
+            g += row_ld
+            row_copy(smem, d + at[5], src, g, lim[5] < left)
+        if count > 6:
+            g += row_ld
+            row_copy(smem, d + at[6], src, g, lim[6] < left)
+        if count > 7:
+            g += row_ld
+            row_copy(smem, d + at[7], src, g, lim[7] < left)
+        if count > 8:
+            g += row_ld
+            row_copy(smem, d + at[8], src, g, lim[8] < left)
+            g += row_ld
+            row_copy(smem, d + at[9], src, g, lim[9] < left)
+            g += row_ld
+            row_copy(smem, d + at[10], src, g, lim[10] < left)
+            g += row_ld
+            row_copy(smem, d + at[11], src, g, lim[11] < left)
+            g += row_ld
+            row_copy(smem, d + at[12], src, g, lim[12] < left)
+            g += row_ld
+            row_copy(smem, d + at[13], src, g, lim[13] < left)
+            g += row_ld
+            row_copy(smem, d + at[14], src, g, lim[14] < left)
+            g += row_ld
+            row_copy(smem, d + at[15], src, g, lim[15] < left)
+    return load
+
+
 @functools.cache
 def make_kernel(cfg, var):
-    """The TMA configuration ``cfg``'s kernel for variant ``var`` (sm90_attention's module
-    docstring: roles, schedules, causal and GQA; this module's: the producer and the maps): an
-    ordinary ``@cuda.jit`` function whose constants -- tiles, stages, layouts, the schedule, the
-    variant -- are closure values, so every branch on them is pruned before typing and LLVM
-    folds the rest.
+    """Configuration ``cfg``'s kernel for variant ``var`` (sm90_attention's module docstring:
+    roles, schedules, causal and GQA; this module's: the TMA producer and the maps): an
+    ordinary ``@cuda.jit`` function whose constants -- tiles, stages, layouts, the producer,
+    the schedule, the variant -- are closure values, so every branch on them is pruned before
+    typing and LLVM folds the rest.
 
     ``attention_kernel(tma_q, tma_k, tma_v, tma_o, out, lse, Sq, Sk, Hq, group, m_blocks,
     n_work, o_sb, o_ss, o_sh, scale_log2, cu)``: ``tma_o`` is out's tensor map with
@@ -509,10 +641,14 @@ def make_kernel(cfg, var):
     Sk then the packed tensors' rows), else ``()``.  An empty tuple is no kernel parameter, a
     tuple's members are parameters in order (:func:`signature`).
 
+    A cp.async configuration's kernel is ``attention_kernel_cp(q, k, v, out, lse, Sq, Sk, Hq,
+    group, m_blocks, q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh,
+    scale_log2, cu)`` (:func:`cp_async_signature`): flat operands and their strides.
+
     The consumers' work on one tile (``consume``) is a device function: the persistent kernel
-    calls it in its tile loop, the others once."""
+    calls it in its tile loop, the others once; both kernels share it."""
     from numbatc.kernels import sm90_attention as attn
-    from numbatc.kernels.pipeline import named_barrier_of, tma_pipeline
+    from numbatc.kernels.pipeline import cp_async_pipeline, named_barrier_of, tma_pipeline
 
     D, BN, S = var.head_dim, cfg.block_n, cfg.stages
     if D not in attn.HEAD_DIMS:
@@ -526,7 +662,7 @@ def make_kernel(cfg, var):
     if varlen and pers:
         raise ValueError(f"{cfg.name}: a persistent configuration has no varlen variant (its "
                          "work tiles assume one sequence length)")
-    assert cfg.tma and cfg.fast_exp, cfg  # (the libdevice exponential is the cp.async twins')
+    cp = not cfg.tma  # the cp.async producer (sm90_attention's docstring)
     with_lse, tma_store = var.with_lse, var.tma_store
     assert not (tma_store and varlen), "a box of O would write the next sequence's rows"
     overlap, pingpong = cfg.overlap, cfg.pingpong
@@ -553,7 +689,7 @@ def make_kernel(cfg, var):
                    tuple(k_lay.k_offset(16 * i) // 16 for i in range(D // 16)))
     pv = _pv_chain(nt.wgmma_mma_async(D, ptx, acc="f32", a_from="reg", trans_b=1),
                    tuple(v_lay.k_offset(16 * c) // 16 for c in range(KK)))
-    softmax_tile = _softmax(BN, causal, attn.column_limit_mask(D, BN))
+    softmax_tile = _softmax(BN, causal, attn.column_limit_mask(D, BN), cfg.fast_exp, varlen)
     store_row0, store_row1 = (None, None) if tma_store else _row_stores(var.dtype,
                                                                         var.pair_stores, D)
     stage_o = _staging(var.dtype, D, SW) if tma_store else None
@@ -565,9 +701,24 @@ def make_kernel(cfg, var):
         return m0, b, h, hk, bh, key_tiles(m0, Sk, off)
 
     work_tile = cuda.jit(device=True, forceinline=True)(work_tile)
-    produce = make_producer(S, BN, D, QB, KB, VB0, work_tile if pers else None)
-    ring = tma_pipeline(S)
+    ring = cp_async_pipeline(S) if cp else tma_pipeline(S)
     ring_init, wait, release = ring.init, ring.consumer_wait, ring.consumer_release
+    if cp:
+        # the loaders: Q part p = row // 64 of the block, row % 64 within it; K rows SW bytes
+        # apart inside each part of SW / 2 columns; V: 8-key atoms of D * 16 bytes.  The parts
+        # (above head_dim 128: 64-column halves; at 96 three of 32 columns): Q's and K's
+        # K-major ones 64 * SW and BN * SW bytes apart, V's 8 * SW (MN-major: its atoms stack
+        # along D)
+        load_q = _cp_loader(128, D, SW, lambda r: (r // 64) * QPB + (r % 64) * SW, 64 * SW)
+        load_k = _cp_loader(BN, D, SW, lambda r: r * SW, BN * SW)
+        load_v = _cp_loader(BN, D, SW, lambda r: (r // 8) * D * 16, 8 * SW)
+        C = chunks_per_row(D, SW)
+        A = SW // 16  # 16-byte chunks of one swizzle row
+        produce = None
+    else:
+        produce = make_producer(S, BN, D, QB, KB, VB0, work_tile if pers else None)
+        load_q = load_k = load_v = None
+        C = A = 0
     turn_sync = named_barrier_of((1, 2), 256)  # ping-pong: consumer cw's turn ...
     turn_pass = named_barrier_of((2, 1), 256, arrive=True)  # ... handed to the other
     wg_sync = named_barrier_of((4, 5), 128)  # consumer cw's 128 threads (the TMA store)
@@ -725,8 +876,8 @@ def make_kernel(cfg, var):
         for n in range(n_wg, n_tiles):
             s = (it + n) % S
             ph = ((it + n) // S) & 1
-            wait(kbars, s, ph)
-            wait(vbars, s, ph)
+            nt.mbarrier_wait_parity(kbars, s, ph)  # (no wgmma reads them: no proxy fence)
+            nt.mbarrier_wait_parity(vbars, s, ph)
             if lane == 0:
                 release(kbars, s)
                 release(vbars, s)
@@ -795,6 +946,19 @@ def make_kernel(cfg, var):
             if row < Sq:
                 store_row1(out, o_start + row * o_ss + tq, o)
 
+    @cuda.jit(device=True, forceinline=True)
+    def block_top(Sq, Sk, Hq, group, m_blocks, cu):
+        # a block per tile: one (batch, head)'s query blocks are neighbours (they share K and V
+        # in L2), the last ones, which see the most keys under a causal mask, first.  Varlen:
+        # the sequence's rows q0 .. of q and k0 .. of k and v, its Sq and Sk
+        m0, b, h, hk, bh = block_coords(cuda.blockIdx.x, 0, m_blocks, Hq, group)
+        q0 = np.int64(0)
+        k0 = np.int64(0)
+        if varlen:
+            cu_q, cu_k = cu
+            q0, Sq, k0, Sk = _sequence(cu_q, cu_k, b, Sq, Sk)
+        return m0, b, h, hk, bh, q0, k0, Sq, Sk
+
     @cuda.jit(cache=False, launch_bounds=(cfg.threads, 1))
     def attention_kernel(tma_q, tma_k, tma_v, tma_o, out, lse, Sq, Sk, Hq, group, m_blocks,
                          n_work, o_sb, o_ss, o_sh, scale_log2, cu):
@@ -809,19 +973,14 @@ def make_kernel(cfg, var):
         vbars = cuda.shared.array(n_ring, np.uint64, alignment=8)
         t = cuda.threadIdx.x
         wg = t // 128
-        q0 = np.int64(0)
-        k0 = np.int64(0)
         total_q = Sq  # varlen: the packed tensors' rows (Sq becomes the sequence's)
         if pers:  # each role finds its tiles' coordinates in its tile loop
+            q0 = np.int64(0)
             off = Sk - Sq  # causal: query i sees keys j <= i + off
             bhn = np.uint32(np.uint32(n_work) // np.uint32(m_blocks))  # (batch, head) pairs
         else:
-            # a block per tile: one (batch, head)'s query blocks are neighbours (they share K
-            # and V in L2), the last ones, which see the most keys under a causal mask, first
-            m0, b, h, hk, bh = block_coords(cuda.blockIdx.x, 0, m_blocks, Hq, group)
+            m0, b, h, hk, bh, q0, k0, Sq, Sk = block_top(Sq, Sk, Hq, group, m_blocks, cu)
             if varlen:
-                cu_q, cu_k = cu
-                q0, Sq, k0, Sk = _sequence(cu_q, cu_k, b, Sq, Sk)
                 if m0 >= Sq:
                     return  # a block past its sequence's end (before any barrier)
             off = Sk - Sq  # causal: query i sees keys j <= i + off
@@ -879,9 +1038,102 @@ def make_kernel(cfg, var):
                         o_ss, o_sh, scale_log2, cu, total_q, m0, b, h, bh, q0, n_tiles, off,
                         np.int64(0), np.int64(0), t, cw, lane, tq)
 
+    @cuda.jit(cache=False, launch_bounds=(cfg.threads, 1))
+    def attention_kernel_cp(q, k, v, out, lse, Sq, Sk, Hq, group, m_blocks, q_sb, q_ss, q_sh,
+                            k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh, scale_log2,
+                            cu):
+        # the cp.async producer: Q (128, D) as 2 parts of 64 rows | K S x (BN, D) | V S x
+        # (BN, D), SW-byte swizzle
+        smem = cuda.shared.array(0, np.uint8, alignment=1024)
+        # q_full = qbar[0], full[s] = kbars[s] / vbars[s]: the producer's 128 cp.async arrivals
+        # (.noinc); empty[s] = kbars[S + s] / vbars[S + s]: one arrival per consumer warp (8)
+        qbar = cuda.shared.array(1, np.uint64, alignment=8)
+        kbars = cuda.shared.array(n_ring, np.uint64, alignment=8)
+        vbars = cuda.shared.array(n_ring, np.uint64, alignment=8)
+        t = cuda.threadIdx.x
+        wg = t // 128
+        total_q = Sq  # varlen: the packed tensors' rows (Sq becomes the sequence's)
+        m0, b, h, hk, bh, q0, k0, Sq, Sk = block_top(Sq, Sk, Hq, group, m_blocks, cu)
+        if varlen:
+            if m0 >= Sq:
+                return  # a block past its sequence's end (before any barrier)
+        off = Sk - Sq  # causal: query i sees keys j <= i + off
+        n_tiles = key_tiles(m0, Sk, off)
+        if t == 0:
+            nt.mbarrier_init(qbar, 0, 128)
+            ring_init(kbars, 128, 8)
+            ring_init(vbars, 128, 8)
+        cuda.syncthreads()
+
+        # tile n uses stage s = n % S in round r = n // S: consumers wait for a full barrier
+        # with parity r & 1, the producer for an empty one with parity (r + 1) & 1 (on a
+        # fresh barrier parity 1 reads as complete)
+        if wg == 0:
+            # ---- producer warpgroup: every thread copies 16-byte chunks -------------------
+            nt.setmaxnreg_dec(producer_regs)
+            j = t % C
+            r0 = t // C
+            if SW == 128:
+                swz = ((j % A) ^ (r0 % 8)) * 16
+            else:
+                swz = ((j % A) ^ ((r0 % 8) // 2)) * 16
+            q_d = (j // A) * (64 * SW) + r0 * SW + swz
+            k_d = QB + (j // A) * (BN * SW) + r0 * SW + swz
+            v_d = VB0 + (r0 // 8) * (D * 16) + (j // A) * (8 * SW) + (r0 % 8) * SW + swz
+            # row 0 of the block's sequence in q, k and v (computed here: at head_dim 256 the
+            # producer's 40 registers spilled them when the kernel's top computed them)
+            if varlen:
+                rq, rk, rv = q0 * q_ss, k0 * k_ss, k0 * v_ss
+            else:
+                rq, rk, rv = b * q_sb, b * k_sb, b * v_sb
+            load_q(smem, q_d, q, rq + h * q_sh + (m0 + r0) * q_ss + j * 8, q_ss, Sq - m0 - r0)
+            nt.cp_async_mbarrier_arrive_noinc(qbar, 0)
+            # this thread's first copy of key tile n: k_g, v_g; rows of the tile left: left
+            k_g = rk + hk * k_sh + r0 * k_ss + j * 8
+            v_g = rv + hk * v_sh + r0 * v_ss + j * 8
+            left = Sk - r0
+            for n in range(n_tiles):
+                s = n % S
+                ph = ((n // S) + 1) & 1
+                nt.mbarrier_wait_parity(kbars, S + s, ph)
+                load_k(smem, k_d + s * KB, k, k_g, k_ss, left)
+                nt.cp_async_mbarrier_arrive_noinc(kbars, s)
+                nt.mbarrier_wait_parity(vbars, S + s, ph)
+                load_v(smem, v_d + s * KB, v, v_g, v_ss, left)
+                nt.cp_async_mbarrier_arrive_noinc(vbars, s)
+                k_g += BN * k_ss
+                v_g += BN * v_ss
+                left -= BN
+            nt.cp_async_wait_all()
+        else:
+            # ---- consumer warpgroups ---------------------------------------------------------
+            nt.setmaxnreg_inc(consumer_regs)
+            cw = wg - 1
+            lane = t % 32
+            tq = (lane % 4) * 2
+            consume(smem, qbar, kbars, vbars, (), out, lse, Sq, Sk, Hq, m_blocks, o_sb, o_ss,
+                    o_sh, scale_log2, cu, total_q, m0, b, h, bh, q0, n_tiles, off, np.int64(0),
+                    np.int64(0), t, cw, lane, tq)
+
     from numbatc.kernels import build
 
+    if cp:
+        return build.cache_kernel(attention_kernel_cp, "sm90_attention_cp",
+                                  f"{cfg!r}|{var!r}")
     return build.cache_kernel(attention_kernel, "sm90_attention_tma", f"{cfg!r}|{var!r}")
+
+
+def cp_async_signature(var):
+    """A cp.async configuration's kernel's argument types (see :func:`make_kernel`):
+    sm80_attention's -- typed device pointers, int64 sizes and strides, the float32 scale --
+    with a varlen variant's prefix sums cu_q, cu_k as a tuple (else an empty one)."""
+    from numba import types
+
+    from numbatc.kernels import sm80_attention
+
+    plain = sm80_attention.AttnVariant(var.head_dim, var.dtype, var.causal, var.with_lse)
+    cu = types.UniTuple(types.CPointer(types.int32), 2) if var.varlen else types.Tuple(())
+    return sm80_attention.signature(plain) + (cu,)
 
 
 def signature(var):

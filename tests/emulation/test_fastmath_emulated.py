@@ -85,6 +85,16 @@ def test_column_forms():
         assert y == np.float32(p[v] * np.float32(x[v] - c[2 * (v // 4) + v % 2]))
 
 
+def test_libdevice_exponential():
+    """frag_exp2: exp2 of the float32 multiply and subtraction, rounded to float32, per row
+    half's bias."""
+    s = tuple(np.float32(x) for x in np.linspace(-6, 3, 32))
+    scale, b0, b1 = np.float32(0.9), np.float32(1.5), np.float32(-2.25)
+    for v, y in enumerate(nt.frag_exp2(s, scale, b0, b1)):
+        arg = np.float32(np.float32(s[v] * scale) - (b0, b1)[(v // 2) % 2])
+        assert y == np.float32(np.exp2(np.float64(arg))) and isinstance(y, np.float32)
+
+
 def test_key_masks():
     """frag_mask_keys and frag_mask_keys_causal against the per-register rule: key col0 +
     column(v) below the end, and at most row0 + 8 h + off with the causal form."""
