@@ -550,7 +550,7 @@ if [[ $what == hopper ]]; then
     cases="memcheck:attention_backward_sm90 racecheck:attention_backward_sm90 synccheck:attention_backward_sm90 memcheck:attention_sm90 racecheck:attention_sm90"
   fi
   $py scripts/pytest_shards.py --shards ${HOPPER_SHARDS:-14} --timeout ${HOPPER_TIMEOUT:-400} \
-    --out /tmp/shards_hopper $suites -- --tb=short > /tmp/hopper_tests.txt 2>&1 &
+    --out /tmp/shards_hopper ${HOPPER_SUITES:-$suites} -- --tb=short > /tmp/hopper_tests.txt 2>&1 &
   { for case in ${HOPPER_SANITIZE:-$cases}; do
       set -- ${case/:/ }
       echo "== $1 $2"

@@ -615,12 +615,14 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
                 nt.wgmma_wait_group(0)
                 dvacc = nt.wgmma_fence_operand(dvacc)
                 dkacc = nt.wgmma_fence_operand(dkacc)
-                # NOTE: lse2 and D were read by every lane with ld.shared, and lane 0's arrive
-                # releases only its own reads (PTX memory model): the warp barrier orders the
-                # others' before it, so the producer's next bulk copy cannot overwrite a value
-                # still being read (the kernel's one generic read of what the async proxy wrote;
-                # compute-sanitizer racecheck reported 6 hazards in the kernel on the H200
-                # before this barrier, their places not yet read)
+                # NOTE: lse2 and D were read by every lane with ld.shared (the generic proxy),
+                # and the producer's next bulk copy writes them through the async proxy: a
+                # proxy fence orders the reads before that write (a write-after-read across
+                # proxies), and the warp barrier orders every lane's before lane 0's arrive,
+                # which releases only its own (PTX memory model).  compute-sanitizer racecheck
+                # reported 6 hazards with the barrier alone (H100, 2026-12-05: the bulk copies
+                # UBLKCP at +0x92c0 / +0x9360 against these LDS.64 at +0x20e0 / +0x2c70, d128)
+                nt.fence_proxy_async_shared()
                 cuda.syncwarp()
                 if lane == 0:
                     release(bars, index)  # Q, dO, lse2 and D of this stage are read
