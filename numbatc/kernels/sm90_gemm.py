@@ -3,15 +3,17 @@ consumer warpgroups through an mbarrier pipeline, fp32 accumulation in registers
 fused epilogue as every GEMM kernel (numbatc.kernels.epilogue: alpha, beta * C, bias,
 activation).
 
-Two producers.  This module's: the producer warpgroup's 128 threads issue 16-byte ``cp.async``
-copies straight into their 128B-swizzled places and signal the stage's *full* mbarrier with
-``cp.async.mbarrier.arrive.noinc`` (the arrive-on fires once all of the thread's earlier copies
-have landed); it was written when TMA tensor copies were believed to fault on the H200 (they
-fault only for a box whose innermost start is not a multiple of 16 bytes).  The ``_tma``
-configurations (``producer="tma"``) run numbatc.kernels.sm90_gemm_tma's kernel: one thread issues
-the stage's tensor copies with expect_tx over numbatc.kernels.pipeline's ring, and the same
-consumers, epilogue, split-K, FP8 and persistent tiles.  :data:`DEFAULT_PRODUCER` says which one
-numbatc.gemm's heuristic picks.
+This module holds the configurations, the heuristic and the launch; the kernel is Python code,
+numbatc.kernels.sm90_gemm_tma.make_kernel, for both producers.  The ``_tma`` configurations
+(``producer="tma"``): one thread issues the stage's tensor copies with expect_tx over
+numbatc.kernels.pipeline's ring.  The others (``producer="cp.async"``): the producer
+warpgroup's 128 threads issue 16-byte ``cp.async`` copies straight into their 128B-swizzled
+places and signal the stage's *full* mbarrier with ``cp.async.mbarrier.arrive.noinc`` (the
+arrive-on fires once all of the thread's earlier copies have landed); written when TMA tensor
+copies were believed to fault on the H200 (they fault only for a box whose innermost start is
+not a multiple of 16 bytes), they now run operands a tensor map cannot describe.  Both have the
+same consumers, epilogue, split-K, FP8 and persistent tiles.  :data:`DEFAULT_PRODUCER` says
+which one numbatc.gemm's heuristic picks.
 
     block = 384 threads = 3 warpgroups, launch_bounds (384, 1)
       WG0  producer   setmaxnreg.dec 40    wait empty[s] -> cp.async A, B tiles -> arrive full[s]
@@ -45,8 +47,10 @@ must be cheap -- tiles wholly inside the operands take unchecked copies (``load_
 ~2.5 SASS instructions per 16-byte copy: byte-addressed operands, 128-byte column steps as
 immediate offsets), only edge tiles the checked ones (~17); the epilogue stores straight from
 registers, a bf16/f16 column pair as one 32-bit store where out allows it
-(``GemmVariant.out_pairs``).  Not written: an epilogue overlapped with another tile's main loop
-(consumers on different tiles, or a TMA store).
+(``GemmVariant.out_pairs``); the TMA configurations also have a TMA store epilogue and a
+ping-pong schedule (sm90_gemm_tma's docstring).  Written and measured slower, then removed (see
+docs/PERFORMANCE.md, 2026-11-30): two-CTA clusters sharing B through DSMEM, and the proxy fence
+on the producer side.
 
 FP8 (:data:`FP8_CONFIGS`, :class:`Sm90Fp8Variant`): a float8_e4m3fn or float8_e5m2, b either
 (they mix), both K-major -- wgmma's 8-bit forms have no transposes: a row-major (M, K), b
@@ -59,18 +63,15 @@ m64nBNk32 (e4m3/e5m2 -> f32) per k tile.  Per-tensor scales cost nothing in the 
 import functools
 import os
 import sys
-import textwrap
 from dataclasses import dataclass
 
-import numpy as np
-
 from intrinsics.setmaxnreg import register_pool
-from numbatc.kernels import build, epilogue, operands, split_k
+from numbatc.kernels import epilogue, operands, split_k
 
 __all__ = ["Sm90Config", "Sm90Variant", "Sm90Fp8Variant", "CONFIGS", "FP8_CONFIGS",
            "FP8_DTYPES", "DEFAULT_PRODUCER", "SMALL_TILES", "MID_TILES", "SPLIT_TWIN", "unsupported",
            "choose", "compiled", "split", "launch", "small_tile", "fp8_small_tile",
-           "small_tiles_skip", "small_split", "tensor_maps_unsupported", "kernel_for", "kernel_source", "mma_for",
+           "small_tiles_skip", "small_split", "tensor_maps_unsupported", "kernel_for", "mma_for",
            "kernel_signature", "launch_flat", "signature", "grid_for", "with_producer",
            "with_store", "tma_store_unsupported", "TMA_STORE_FORM",
            "BLOCKWISE_CONFIGS", "blockwise_config",
@@ -142,14 +143,7 @@ class Sm90Config:
     producer_regs: int = 40
     consumer_regs: int = 232
     inflight: int = 0  # wgmma groups left in flight when a stage is released (0 or 1)
-    cluster_m: int = 1  # CTAs along M sharing each B tile (2: each loads half, see the docstring)
     elem_bytes: int = 2  # 2: bf16/f16 (bk = 64); 1: fp8 (bk = 128)
-    # The fence.proxy.async between cp.async's generic-proxy writes and wgmma's async-proxy
-    # reads: False, by each consumer after its full-barrier wait; True, by each producer thread
-    # after its own copies of the tile landed (cp.async.wait_group 1: one tile behind), before a
-    # plain arrival on the full barrier -- the writer-side pattern CUTLASS uses for generic
-    # stores read by the async proxy; keeps the consumers' loop free of MEMBAR.
-    pfence: bool = False
     # One block per SM walking tiles (blockIdx.x, + gridDim.x, ...): the producer fills the next
     # tile's stages while the consumers store this one, and no block launches per tile.
     # Split-K variants ignore it (one block per tile and K slice).
@@ -183,8 +177,6 @@ class Sm90Config:
             problems.append(f"store must be 'direct' or 'tma', got {self.store!r}")
         elif self.store == "tma" and self.producer != "tma":
             problems.append("the TMA store epilogue is implemented with the TMA producer only")
-        elif self.producer == "tma" and (self.cluster_m > 1 or self.pfence):
-            problems.append("the TMA producer is implemented for cluster_m = 1 without pfence")
         if self.elem_bytes not in (1, 2):
             problems.append(f"elem_bytes must be 2 (bf16/f16) or 1 (fp8), got {self.elem_bytes}")
         elif self.bk * self.elem_bytes != _SWIZZLE:
@@ -199,23 +191,6 @@ class Sm90Config:
                             f"bm={self.bm}, consumers={self.consumers}")
         if self.inflight not in (0, 1):
             problems.append(f"inflight must be 0 or 1, got {self.inflight}")
-        if self.cluster_m not in (1, 2):
-            problems.append(f"cluster_m must be 1 or 2, got {self.cluster_m}")
-        if self.pfence and self.cluster_m > 1:
-            problems.append("pfence is implemented for cluster_m = 1 only")
-        if self.persistent and (self.cluster_m > 1 or self.pfence):
-            problems.append("persistent is implemented for cluster_m = 1 without pfence")
-        if self.pfence and self.stages < self.inflight + 2:
-            # the arrival for tile kt comes after the wait for tile kt + 1's stage
-            problems.append(f"pfence needs stages >= inflight + 2, got stages={self.stages}, "
-                            f"inflight={self.inflight}")
-        if self.cluster_m > 1 and self.stages < self.inflight + 3:
-            # NOTE: the forwarding thread sends k tile kt - 1 after its wait for stage kt's
-            # empty barrier; that wait needs tile kt - stages + inflight released, hence
-            # forwarded: stages >= inflight + 2 avoids the deadlock, one more keeps a stage of
-            # slack.
-            problems.append(f"a cluster needs stages >= inflight + 3, got stages={self.stages}, "
-                            f"inflight={self.inflight}")
         if self.stages < 2:
             problems.append(f"stages must be >= 2, got {self.stages}")
         regs = (self.producer_regs * _THREADS_PER_WG
@@ -245,11 +220,6 @@ class Sm90Config:
     @property
     def stage_bytes(self):
         return (self.bm + self.bn) * self.bk * self.elem_bytes
-
-    @property
-    def b_part_bytes(self):
-        """Bytes of the B tile each CTA of a cluster loads from global memory (and forwards)."""
-        return self.bn * self.bk * self.elem_bytes // self.cluster_m
 
     @property
     def staging_bytes(self):
@@ -289,18 +259,12 @@ CONFIGS = {
         Sm90Config("128x256x64_4s_w1", 256, 4, inflight=1),
         Sm90Config("128x128x64_4s_w1", 128, 4, inflight=1),
         Sm90Config("128x128x64_6s_w1", 128, 6, inflight=1),
-        # the proxy fence on the producer side (see Sm90Config.pfence)
-        Sm90Config("128x256x64_4s_w1_pf", 256, 4, inflight=1, pfence=True),
-        Sm90Config("128x128x64_4s_w1_pf", 128, 4, inflight=1, pfence=True),
         # one block per SM walking the tiles (the tile loop's state needs more than 40 producer
         # registers; the consumers use 168)
         Sm90Config("128x256x64_4s_pt", 256, 4, persistent=True, producer_regs=56,
                    consumer_regs=224),
         Sm90Config("128x256x64_4s_w1_pt", 256, 4, inflight=1, persistent=True, producer_regs=56,
                    consumer_regs=224),
-        # pairs of CTAs along M share B: each loads half from global memory and forwards it
-        Sm90Config("128x256x64_4s_c2", 256, 4, cluster_m=2),
-        Sm90Config("128x256x64_4s_w1_c2", 256, 4, inflight=1, cluster_m=2),
         # the TMA producer (sm90_gemm_tma): one thread issues the stage's tensor copies; the
         # producer warpgroup gives 16 more registers per thread to the consumers
         Sm90Config("128x256x64_4s_tma", 256, 4, producer="tma", **_TMA_REGS),
@@ -398,7 +362,7 @@ FP8_CONFIGS = {
 def with_producer(cfg: Sm90Config, producer: str) -> Sm90Config:
     """The configuration with the same tile, stages and schedule and the given producer
     ("cp.async" or "tma"): the ``_tma`` name's twin and back; ``cfg`` itself where it has no
-    twin (clusters, pfence, the TMA store epilogue)."""
+    twin (the TMA store epilogue, the TMA-only tiles)."""
     if cfg.producer == producer:
         return cfg
     table = FP8_CONFIGS if cfg.elem_bytes == 1 else CONFIGS
@@ -460,115 +424,10 @@ def check_variant(var: Sm90Variant):
 
 
 # ---------------------------------------------------------------------------------------------
-# Source generation
+# The wgmma of a configuration
 # ---------------------------------------------------------------------------------------------
 
 _PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
-
-
-def _layout(cfg, op, k_major):
-    """The wgmma SmemLayout of operand ``op``'s whole tile (A: BM x BK, B: BN x BK)."""
-    from intrinsics.layout import SmemLayout
-
-    mn = cfg.bn if op == "b" else cfg.bm
-    return SmemLayout("K" if k_major else "MN", _SWIZZLE, mn, cfg.bk, cfg.elem_bytes)
-
-
-def _loader(w, cfg, op, k_major, part=1):
-    """Emit ``load_<op>``: one producer thread's 16-byte cp.async copies of one tile.
-
-    Tile rows run along the operand's non-contiguous dimension (K-major: mn rows of 128 bytes;
-    MN-major: BK k rows of mn * 2 bytes, stored as 8-k atoms of 8 x 128 B), 16 bytes per copy
-    (8 bf16/f16 values, 16 fp8; fp8 tiles are K-major only).
-    Thread p copies column chunk p % CPR of rows r0 + i * RSTEP (r0 = p // CPR < RSTEP).
-
-    NOTE: the producer runs with 40 registers (setmaxnreg); LLVM's LICM hoists every
-    loop-invariant value out of the k loop, and per-copy invariants (24 shared offsets, 24
-    64-bit global offsets, 24 row predicates) spilled hundreds of bytes there.  So: the shared
-    offset of copy i is one of at most two per-thread swizzled bases plus a constant (the
-    swizzle depends only on the row mod 8, which RSTEP steps by 0 or 4), and the global index
-    advances by a chain of adds of RSTEP * ld from the k tile's start.  A chain alone is not
-    enough (LLVM reassociates it into hoisted invariants again), so RSTEP * ld and the rows left
-    pass through ``wgmma_fence_operand`` -- an empty volatile asm, opaque to LLVM, used here as
-    an optimisation barrier -- inside the loop: everything derived from them is computed per
-    k tile, in a few short-lived registers."""
-    mn = cfg.bn if op == "b" else cfg.bm
-    eb = cfg.elem_bytes
-    epc = 16 // eb  # elements per 16-byte copy
-    assert k_major or eb == 2, "MN-major tiles are bf16/f16 only"
-    rows, cols = (mn, cfg.bk) if k_major else (cfg.bk, mn)
-    rows //= part  # a cluster's CTAs each load 1/part of the tile: leading rows, contiguous
-    per_row = cols // epc
-    step = _THREADS_PER_WG // per_row
-    count = rows * per_row // _THREADS_PER_WG
-    assert step % 8 == 0 or 8 % step == 0, step
-    row_lim, col_lim = ("mn_lim", "k_lim") if k_major else ("k_lim", "mn_lim")
-    # src is a byte pointer and start, ld are in bytes (r0, c0 and the limits in elements)
-    koff = f"k0 * {eb}" if k_major else "k0 * ld"
-
-    def offset(r):
-        """Source text: the unswizzled byte offset of (row r0 + r, column c0) in the tile."""
-        if k_major:
-            return f"(r0 + {r}) * 128 + c0 * {eb}"
-        return f"((r0 + {r}) // 8) * {mn * 16} + (c0 // 64) * 1024 + ((r0 + {r}) % 8) * 128 + (c0 % 64) * 2"
-
-    def delta(i, q):
-        """offset(i * step) - offset(q): a constant, since r0 + q < 8 (or q = 0, step % 8 = 0)."""
-        d = i * step - q
-        return d * 128 if k_major else (d // 8) * mn * 16
-
-    w(f"""
-@cuda.jit(device=True, forceinline=True)
-def load_{op}(smem, base, src, start, ld, r0, c0, mn_lim, k0, k_lim):
-    # {op.upper()}: {rows} x {cols} tile ({'K' if k_major else 'MN'}-major), {count} copies of 16 bytes
-    g = start + {koff}
-    cc = {col_lim} - c0
-    nbytes = min(cc, {epc}) * {eb}
-    row_ld = np.int64(nt.wgmma_fence_operand(np.int32({step} * ld)))
-    rows_left = np.int64(nt.wgmma_fence_operand(np.int32({row_lim} - r0)))""")
-    bases = []
-    for i in range(count):
-        q = (i * step) % 8
-        if q not in bases:
-            bases.append(q)
-            w(f"    d{q} = base + swz({offset(q)})")
-        if i:
-            w("    g += row_ld")
-        w(f"""    if {i * step} < rows_left and cc > 0:
-        CP(smem, d{q} + {delta(i, q)}, src, g, nbytes)
-    else:
-        CP(smem, d{q} + {delta(i, q)}, src, 0, 0)""")
-    # The same tile when it lies wholly inside the operand (the producer checks that once per
-    # k tile): plain 16-byte copies, no bounds or byte counts, and a mapping of threads that
-    # keeps addresses cheap.  Thread p copies the 16 bytes at byte column 16 * (p % 8) + 128 * j
-    # of rows p // 8 + 16 * i: a warp covers 4 rows x 128 contiguous bytes per copy (whole
-    # lines); the swizzle depends on the row mod 8 alone, constant for the thread; the
-    # column's 128-byte steps j are immediate offsets on both sides (MN-major tiles: one atom,
-    # 1024 bytes, further in shared memory); rows step by 16 * ld, one multiply-add each.
-    per_thread_row = per_row // 8
-    passes = rows // 16
-    assert per_row % 8 == 0 and rows % 16 == 0, (per_row, rows)
-
-    def inside_delta(i, j):
-        if k_major:
-            return i * 16 * 128
-        return i * 2 * mn * 16 + j * 1024
-
-    first = "(p // 8) * 128 + (p % 8) * 16" if k_major else \
-        f"((p // 8) // 8) * {mn * 16} + ((p // 8) % 8) * 128 + (p % 8) * 16"
-    w(f"""
-@cuda.jit(device=True, forceinline=True)
-def load_{op}_inside(smem, base, src, org, ld, p, k0):
-    # {rows} x {cols} tile, {passes * per_thread_row} copies per thread, no bounds
-    g = org + (p // 8) * ld + (p % 8) * 16 + {koff}
-    row16 = np.int64(nt.wgmma_fence_operand(np.int32(16 * ld)))
-    d = base + swz({first})""")
-    for i in range(passes):
-        for j in range(per_thread_row):
-            src = "g" if i == 0 else f"g + {i} * row16"
-            src += f" + {128 * j}" if j else ""
-            w(f"    CP_IN(smem, d + {inside_delta(i, j)}, src, {src})")
-    return per_row
 
 
 def mma_for(bn, var, a_kmajor, b_kmajor):
@@ -583,350 +442,39 @@ def mma_for(bn, var, a_kmajor, b_kmajor):
                               trans_a=0 if a_kmajor else 1, trans_b=0 if b_kmajor else 1)
 
 
-def mma_line(bn, var, a_kmajor, b_kmajor):
-    """The generated module's wgmma intrinsic: bf16/f16 with the layouts' transposes, or fp8
-    (e4m3/e5m2, K-major, no transpose immediates)."""
-    if var.in_dtype in FP8_DTYPES:
-        return (f'MMA = nt.wgmma_mma_async({bn}, "{FP8_DTYPES[var.in_dtype]}", '
-                f'"{FP8_DTYPES[var.b_dtype]}", acc="f32")')
-    return (f'MMA = nt.wgmma_mma_async({bn}, "{_PTX_TYPE[var.in_dtype]}", acc="f32", '
-            f'trans_a={0 if a_kmajor else 1}, trans_b={0 if b_kmajor else 1})')
-
-
-def _epilogue_helpers(var):
-    """The shared epilogue device functions (bf16/f16 decoding, activation, store_pair,
-    store_tile), so that both kernels store identically.  store_tile(acc4, r, col) stores
-    (acc[0], acc[1]) at (r, col..col+1) and (acc[2], acc[3]) at (r + 8, col..col+1): exactly one
-    8-column group of a wgmma accumulator (registers 4j..4j+3)."""
-    return epilogue.epilogue_source(var)
-
-
-def kernel_source(cfg: Sm90Config, var: Sm90Variant) -> str:
-    """Python source of the kernel for one configuration and variant (TMA configurations:
-    numbatc.kernels.sm90_gemm_tma's)."""
-    check_variant(var)
-    fp8 = var.in_dtype in FP8_DTYPES
-    if cfg.elem_bytes != (1 if fp8 else 2):
-        raise ValueError(f"sm90 config {cfg.name} is for {'fp8' if cfg.elem_bytes == 1 else 'bf16/f16'} "
-                         f"inputs, the variant's are {var.in_dtype}: use "
-                         f"{'FP8_CONFIGS' if fp8 else 'CONFIGS'}")
-    if cfg.producer == "tma":
-        raise ValueError(f"{cfg.name} is written as code, not generated: see "
-                         "numbatc.kernels.sm90_gemm_tma.make_kernel (and its describe())")
-    BM, BN, BK, S = cfg.bm, cfg.bn, cfg.bk, cfg.stages
-    epc = 16 // cfg.elem_bytes  # elements per 16-byte cp.async
-    kinst = 32 // cfg.elem_bytes  # K of one wgmma: 16 (bf16/f16), 32 (fp8)
-    a_kmajor, b_kmajor = var.a_layout == "row", var.b_layout == "col"
-    a_lay, b_lay = _layout(cfg, "a", a_kmajor), _layout(cfg, "b", b_kmajor)
-    # Each consumer's A part: rows 64 * cw .. of the tile.  K-major: 64 rows of 128 B further;
-    # MN-major: one 128-byte atom (64 m values) further along M.
-    a_part = int(a_lay.offset(64, 0))
-    lines = []
-    w = lines.append
-    w(f'''"""Generated by numbatc.kernels.sm90_gemm for {cfg.name}, {var}. Do not edit."""
-import math
-import numpy as np
-from numba import cuda
-import intrinsics as nt
-
-{mma_line(BN, var, a_kmajor, b_kmajor)}
-CP = nt.cp_async_op(16, zfill=True)
-CP_IN = nt.cp_async_op(16)
-
-
-@cuda.jit(device=True, forceinline=True)
-def swz(o):
-    # 128B swizzle of a byte offset from a 1024-aligned base: 16-byte chunk ^= row % 8
-    return o ^ ((o >> 3) & 0x70)
-''')
-    w(_epilogue_helpers(var))
-    C = cfg.cluster_m
-    a_per_row = _loader(w, cfg, "a", a_kmajor)
-    b_per_row = _loader(w, cfg, "b", b_kmajor, part=C)
-
-    a_start = "(m0 + p_ar0) * lda + p_ac0" if a_kmajor else "p_ar0 * lda + m0 + p_ac0"
-    b_start = "(n0 + p_br0) * ldb + p_bc0" if b_kmajor else "p_br0 * ldb + n0 + p_bc0"
-    eb = cfg.elem_bytes
-    # With a cluster, CTA rank q loads part q of B: K-major B, rows (n) q * BN/C ..; MN-major B,
-    # k rows q * BK/C .. of every k tile.  Either way part q is bytes q * b_part_bytes .. of the
-    # tile in shared memory (whole 1024-byte swizzle repeats), which the bulk copy to the peer
-    # moves unchanged.
-    if C == 1:
-        b_part = dict(start=b_start, smem="0", n_lim="N - n0", k0="k0")
-    elif b_kmajor:
-        b_part = dict(start=f"(n0 + rank * {BN // C} + p_br0) * ldb + p_bc0",
-                      smem=f"rank * {cfg.b_part_bytes}", n_lim=f"N - n0 - rank * {BN // C}",
-                      k0="k0")
-    else:
-        b_part = dict(start=b_start, smem=f"rank * {cfg.b_part_bytes}", n_lim="N - n0",
-                      k0=f"k0 + rank * {BK // C}")
-    ea = ", eargs" if var.epilogue is not None else ""  # a user epilogue's extra arrays
-    # split-K (epilogue.GemmVariant.split_k): this block's K slice; the producer's start
-    # indices move to its first k; the consumers' epilogue goes through the workspace
-    if var.split_k and C > 1:
-        raise ValueError(f"sm90 config {cfg.name}: split-K is for single-CTA configs")
-    split_args, split_range, split_a, split_b = epilogue.split_source(var, a_kmajor, b_kmajor)
-    forward_loop = ""
-    if C > 1:
-        w(f"""
-
-@cuda.jit(device=True, forceinline=True)
-def forward(smem, bars, j, rank):
-    # k tile j: once this CTA's copies have landed (half[s] = bars[{2 * S} + s]), send its part
-    # of B ({cfg.b_part_bytes} bytes) to the same place in the peer CTA, completing there on
-    # full[s]; then arrive on this CTA's full[s], expecting the peer's part.
-    s = j % {S}
-    nt.mbarrier_wait_parity(bars, {2 * S} + s, (j // {S}) & 1)
-    # NOTE: the copies landed as generic-proxy writes; the bulk copy reads through the async
-    # proxy.
-    nt.fence_proxy_async_shared()
-    off = s * {cfg.stage_bytes} + {cfg.a_bytes} + rank * {cfg.b_part_bytes}
-    nt.bulk_copy_s2s_cluster(smem, off, smem, off, {cfg.b_part_bytes}, bars, s, 1 - rank)
-    nt.mbarrier_arrive_expect_tx(bars, s, {cfg.b_part_bytes})""")
-        # One thread forwards, one k tile behind its own copies: by the time it waits for tile
-        # kt - 1 those copies have had a whole stage to land.  The last tile after the loop.
-        forward_loop = """
-            if t == 0 and kt > 0:
-                forward(smem, bars, kt - 1, rank)
-        if t == 0 and k_tiles > 0:
-            forward(smem, bars, k_tiles - 1, rank)"""
-    if cfg.pfence:
-        publish = f"""            nt.cp_async_commit_group()
-            if kt > 0:
-                # this thread's copies of tile kt - 1 have landed: fence them into the async
-                # proxy, then publish them (a plain arrival: full[s] counts 128)
-                nt.cp_async_wait_group(1)
-                nt.fence_proxy_async_shared()
-                nt.mbarrier_arrive(bars, (kt - 1) % {S})
-        if k_tiles > 0:
-            nt.cp_async_wait_group(0)
-            nt.fence_proxy_async_shared()
-            nt.mbarrier_arrive(bars, (k_tiles - 1) % {S})"""
-    else:
-        publish = f"""            # fires once this thread's copies (all of them so far) have landed
-            nt.cp_async_mbarrier_arrive_noinc(bars, {"s" if C == 1 else f"{2 * S} + s"})"""
-    release = f"nt.mbarrier_arrive(bars, {S} + {{s}})"
-    if C > 1:
-        release += f"\n{{pad}}nt.mbarrier_arrive_cluster(bars, {S} + {{s}}, 1 - rank)"
-    # NOTE: a literal tuple of more than 30 values compiles (CPython 3.11) to BUILD_LIST +
-    # LIST_TO_TUPLE, which numba's IR peephole rejects; a sum of 16-value tuples types as one
-    # UniTuple and folds away.
-    zeros = " + ".join(["(" + "z, " * 16 + ")"] * (BN // 32))
-    # A persistent kernel (cfg.persistent; split-K variants keep one block per tile and slice)
-    # walks tiles blockIdx.x, + gridDim.x, ...; its stage counter ``it`` runs on across tiles,
-    # so the producer fills the next tile's stages while the consumers store this one.
-    pers = cfg.persistent and not var.split_k
-    ix = "it" if pers else "kt"  # the stage/phase counter
-    w(f"""
-from numbatc.kernels.tiles import make_tile_coords
-# the rasterisation: GROUP_M tile-rows (of cluster_m CTAs each) at a time, in 32-bit arithmetic
-tile_coords = make_tile_coords({BM * C}, {BN})""")
-    rank = "np.int64(nt.cluster_ctarank())" if C > 1 else "0"
-    origin = [f"m0 = (np.int64(tm) * {C} + rank) * {BM}", f"n0 = np.int64(tn) * {BN}"]
-    if pers:
-        head = f"""    rank = 0
-    n_tiles = np.int64((M + {BM - 1}) // {BM}) * np.int64((N + {BN - 1}) // {BN})
-"""
-    else:
-        head = (f"    tm, tn = tile_coords(np.uint32(cuda.blockIdx.x // {C}), M, N, group_m)\n"
-                f"    rank = {rank}\n" + "".join(f"    {x}\n" for x in origin))
-    w(f'''
-
-@cuda.jit(cache={var.epilogue is None}, launch_bounds=({cfg.threads}, 1))
-def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, group_m{split_args}{ea}):
-    # {S} stages of [A (BM={BM}, BK={BK}) | B (BN={BN}, BK={BK})], {cfg.stage_bytes} bytes each
-    smem = cuda.shared.array(0, np.uint8, alignment=1024)
-    # full[s] = bars[s]: the producer's 128 cp.async arrivals (.noinc) complete its phase.
-    # empty[s] = bars[{S} + s]: one arrival per consumer warp ({4 * cfg.consumers}), made by
-    # lane 0 after that warp's wgmma.wait_group retired the stage's reads.  (Per warp rather than
-    # per warpgroup: each warp's own wait is what the arrival then vouches for.)
-    bars = cuda.shared.array({(2 if C == 1 else 3) * S}, np.uint64, alignment=8)
-    t = cuda.threadIdx.x
-    wg = t // 128
-
-{head}{split_range}    k_tiles = (K + {BK - 1}) // {BK}
-
-    if t == 0:
-        for s in range({S}):
-            nt.mbarrier_init(bars, s, {128 if C == 1 else 1})
-            nt.mbarrier_init(bars, {S} + s, {4 * cfg.consumers * C})
-{"" if C == 1 else f"            nt.mbarrier_init(bars, {2 * S} + s, 128)"}
-        nt.fence_mbarrier_init()
-    {"cuda.syncthreads()" if C == 1 else "nt.cluster_sync()  # the peer's barriers are initialised before any remote use"}
-
-    # Phase bookkeeping: k tile {ix} uses stage s = {ix} % {S} in round r = {ix} // {S}.  full[s]
-    # completes phase r when fill r has landed: consumers wait with parity r & 1.  The producer
-    # may refill stage s for round r once empty[s] completed phase r - 1: it waits with parity
-    # (r + 1) & 1 -- for r = 0 that is parity 1 on a fresh barrier (phase 0), which reads as
-    # complete at once, so the first round needs no special case.  Neither side can run two
-    # phases ahead of the other, so a parity names one phase unambiguously.
-    if wg == 0:
-        # ---- producer warpgroup ----------------------------------------------------------
-        nt.setmaxnreg_dec({cfg.producer_regs})
-        p = t
-        p_ar0 = p // {a_per_row}
-        p_ac0 = (p % {a_per_row}) * {epc}
-        p_br0 = p // {b_per_row}
-        p_bc0 = (p % {b_per_row}) * {epc}
-        lda_b = lda * {eb}
-        ldb_b = ldb * {eb}''')
-    # NOTE: a while loop: numba's range() with a run-time step divides for its trip count, a
-    # 64-bit division that compiles to a call, and a call serialises every wgmma (C7509)
-    tile_loop = ["it = 0",
-                 "tile = np.int64(cuda.blockIdx.x)",
-                 "while tile < n_tiles:",
-                 "    tm, tn = tile_coords(np.uint32(tile), M, N, group_m)"] + \
-        [f"    {x}" for x in origin]
-    x8 = " " * 8
-    if pers:
-        w("\n".join(x8 + x for x in tile_loop))
-    body = f"""# byte offsets: this thread's first copy (a_start, b_start), the tile's origin (a_org,
-# b_org); the leading dimensions in bytes (lda_b, ldb_b)
-a_start = ({a_start}{split_a}) * {eb}
-a_org = ({a_start.replace("p_ar0", "0").replace("p_ac0", "0")}{split_a}) * {eb}
-m_lim = M - m0
-n_lim = {b_part["n_lim"]}
-b_start = ({b_part["start"]}{split_b}) * {eb}
-b_org = ({b_part["start"].replace("p_br0", "0").replace("p_bc0", "0")}{split_b}) * {eb}
-# the tile's M and N extents lie inside the operands: then every k tile but a ragged last
-# one is copied without bounds checks
-inside = m_lim >= {BM} and n_lim >= {BN // C if b_kmajor else BN}
-for kt in range(k_tiles):
-    s = {ix} % {S}
-    nt.mbarrier_wait_parity(bars, {S} + s, (({ix} // {S}) + 1) & 1)
-    base = s * {cfg.stage_bytes}
-    k0 = kt * {BK}
-    kb = {b_part["k0"]}
-    if inside and k0 + {BK} <= K:
-        load_a_inside(smem, base, a, a_org, lda_b, p, k0)
-        load_b_inside(smem, base + {cfg.a_bytes} + {b_part["smem"]}, b, b_org, ldb_b, p, kb)
-    else:
-        load_a(smem, base, a, a_start, lda_b, p_ar0, p_ac0, m_lim, k0, K - k0)
-        load_b(smem, base + {cfg.a_bytes} + {b_part["smem"]}, b, b_start, ldb_b, p_br0, p_bc0, n_lim, kb, K - kb)"""
-    pad = x8 + ("    " if pers else "")
-    w("\n".join(pad + x for x in body.split("\n")))
-    w(textwrap.indent(publish, "    " if pers else "") + forward_loop)
-    if pers:
-        w(pad + "    it += 1")
-        w(pad + "tile += cuda.gridDim.x")
-    w(f'''        nt.cp_async_wait_all()
-    else:
-        # ---- consumer warpgroups -----------------------------------------------------------
-        nt.setmaxnreg_inc({cfg.consumer_regs})
-        cw = wg - 1
-        # (64, BK) part of A for this warpgroup, (BN, BK) of B; stage s and K slice ks move the
-        # descriptors' start address (bits 0-13 hold address >> 4; no carry leaves the field).
-        da0 = nt.smem_desc(smem, cw * {a_part}, {a_lay.lbo}, {a_lay.sbo}, {_SWIZZLE})
-        db0 = nt.smem_desc(smem, {cfg.a_bytes}, {b_lay.lbo}, {b_lay.sbo}, {_SWIZZLE})
-        z = np.float32(0)''')
-    if pers:
-        w("\n".join(x8 + x for x in tile_loop))
-    cons = [f"acc = nt.wgmma_fence_operand({zeros})  # written by ordinary code: pin before wgmma",
-            "for kt in range(k_tiles):",
-            f"    s = {ix} % {S}",
-            f"    nt.mbarrier_wait_parity(bars, s, ({ix} // {S}) & 1)"]
-    cons += """    # NOTE: the PTX ISA's async-proxy operations are the bulk copies, wgmma and the
-    # like; plain cp.async is not one of them, so its writes are generic-proxy writes,
-    # and wgmma.mma_async reads shared memory through the async proxy: the two need a
-    # fence.proxy.async between them ("accessing the same memory location across
-    # multiple proxies needs a cross-proxy fence").  The writer cannot fence after its
-    # copies land (only the mbarrier sees that), so the reader fences, after the
-    # full-barrier wait (an acquire) made the copies visible to it.  Not yet confirmed
-    # on hardware; the CPU emulation tracks ordinary stores only, not cp.async landings.""".split("\n")
-    cons.append("    # (With pfence the producer fenced instead.)")
-    if not cfg.pfence:
-        cons.append("    nt.fence_proxy_async_shared()")
-    cons += [f"    st = np.uint64(s * {cfg.stage_bytes // 16})", "    nt.wgmma_fence()"]
-    for ks in range(BK // kinst):
-        a_k = a_lay.k_offset(ks * kinst) // 16
-        b_k = b_lay.k_offset(ks * kinst) // 16
-        cons.append(f"    acc = MMA(acc, da0 + st + np.uint64({a_k}), db0 + st + np.uint64({b_k}), 1)")
-    if cfg.inflight == 0:
-        cons += f"""    nt.wgmma_commit_group()
-    # Wait for this tile's wgmma group, then release its stage.
-    nt.wgmma_wait_group(0)
-    acc = nt.wgmma_fence_operand(acc)
-    if t % 32 == 0:
-        {release.format(s="s", pad=" " * 8)}""".split("\n")
-        if pers:
-            cons.append("    it += 1")
-        cons.append("")
-    else:
-        last = ("The\n    # last tile's stage is never released: nobody waits for it." if not pers else
-                "The\n    # last k tile's stage is released after the loop (the next tile's fill waits for it).")
-        cons += f"""    nt.wgmma_commit_group()
-    # Keep this tile's group in flight (it overlaps the next full-barrier wait); the
-    # previous tile's group has retired, so its stage goes back to the producer.  {last}
-    nt.wgmma_wait_group(1)
-    acc = nt.wgmma_fence_operand(acc)
-    if kt > 0 and t % 32 == 0:
-        {release.format(s=f"({ix} - 1) % {S}", pad=" " * 8)}""".split("\n")
-        if pers:
-            cons.append("    it += 1")
-        cons += ["nt.wgmma_wait_group(0)", "acc = nt.wgmma_fence_operand(acc)"]
-        if pers:
-            cons += ["if k_tiles > 0 and t % 32 == 0:",
-                     f"    {release.format(s=f'(it - 1) % {S}', pad=' ' * 4)}"]
-        cons.append("")
-    cons += """# ---- epilogue: thread (warp w, lane l) of the warpgroup holds rows 16w + l/4 (+8) and
-# columns 8j + 2(l%4) (+1) in registers 4j..4j+3 (intrinsics.wgmma.accumulator_coords)
-lane = t % 32
-row_base = m0 + cw * 64 + ((t % 128) // 32) * 16 + lane // 4
-col_base = n0 + (lane % 4) * 2""".split("\n")
-    w("\n".join((pad + x) if x else "" for x in cons))
-    tiles = [(f"(acc[{4 * j}], acc[{4 * j + 1}], acc[{4 * j + 2}], acc[{4 * j + 3}])", "row_base",
-              f"col_base + {8 * j}") for j in range(BN // 8)]
-    if var.split_k:
-        # the 256 consumer threads synchronise on named barrier 1 (the producer has left);
-        # thread 128 (consumer warpgroup 0's first) counts the tile's arrivals
-        epilogue.split_epilogue_source(w, tiles, var, "cuda.blockIdx.x",
-                                       f"nt.named_barrier_sync(1, {128 * cfg.consumers})",
-                                       "t == 128", indent="        ")
-    else:
-        # this warpgroup's 64 rows: the whole (64 x BN) part inside the matrix or not
-        epilogue.full_tile_epilogue(w, tiles, var, f"m0 + cw * 64 + 64 <= M and n0 + {BN} <= N",
-                                    indent=pad)
-        if pers:
-            w(pad + "tile += cuda.gridDim.x")
-    if C > 1:
-        w("    # a CTA's shared memory and barriers must outlive its peer's last copy and arrival")
-        w("    nt.cluster_sync()")
-    if var.split_k:
-        w(epilogue.SPLIT_HELPERS)
-    return "\n".join(lines) + "\n"
-
-
 # ---------------------------------------------------------------------------------------------
 # Compilation and caching (numbatc.kernels.build)
 # ---------------------------------------------------------------------------------------------
 
 @functools.cache
 def kernel_for(cfg: Sm90Config, var: Sm90Variant):
-    """The compiled-on-demand kernel for (cfg, var) (see build.load_generated); a variant
-    with a user epilogue is compiled in this process only, as in sm80_gemm."""
-    if cfg.producer == "tma":  # written as code: numbatc.kernels.sm90_gemm_tma.make_kernel
-        from numbatc.kernels import sm90_gemm_tma
+    """The kernel for (cfg, var): numbatc.kernels.sm90_gemm_tma.make_kernel's (both producers
+    are code; cached on disk but for a variant with a user epilogue, compiled in this process
+    only); a ValueError naming the valid values for a variant or configuration it does not
+    implement."""
+    from numbatc.kernels import sm90_gemm_tma
 
-        return sm90_gemm_tma.make_kernel(cfg, var)
-    extra = {} if var.epilogue is None else {"USER_EPILOGUE": var.epilogue}
-    return build.load_generated("sm90_gemm", kernel_source(cfg, var), **extra)
+    check_variant(var)
+    fp8 = var.in_dtype in FP8_DTYPES
+    if cfg.elem_bytes != (1 if fp8 else 2):
+        raise ValueError(f"sm90 config {cfg.name} is for "
+                         f"{'fp8' if cfg.elem_bytes == 1 else 'bf16/f16'} inputs, the variant's "
+                         f"are {var.in_dtype}: use {'FP8_CONFIGS' if fp8 else 'CONFIGS'}")
+    return sm90_gemm_tma.make_kernel(cfg, var)
 
 
 def grid_for(cfg: Sm90Config, m: int, n: int):
-    """Blocks: clusters of cluster_m CTAs, each cluster covering cluster_m * BM rows (a CTA past
-    the last row still loads and forwards its part of B, and stores nothing)."""
-    bm = cfg.bm * cfg.cluster_m
-    return cfg.cluster_m * ((m + bm - 1) // bm) * ((n + cfg.bn - 1) // cfg.bn)
+    """Blocks: one per BM x BN tile (a persistent launch takes fewer: :func:`launch_flat`)."""
+    return ((m + cfg.bm - 1) // cfg.bm) * ((n + cfg.bn - 1) // cfg.bn)
 
 
 def kernel_signature(cfg: Sm90Config, var: Sm90Variant):
-    """The argument types of (cfg, var)'s kernel: :func:`signature`'s, or with tensor maps for
-    a and b under the TMA producer (sm90_gemm_tma.signature)."""
-    if cfg.producer == "tma":
-        from numbatc.kernels import sm90_gemm_tma
+    """The argument types of (cfg, var)'s kernel (sm90_gemm_tma.signature): tensor maps of a and
+    b under the TMA producer, byte pointers under the cp.async one."""
+    from numbatc.kernels import sm90_gemm_tma
 
-        return sm90_gemm_tma.signature(var, tma_store=cfg.store == "tma")
-    return signature(var)
+    return sm90_gemm_tma.signature(var, tma_store=cfg.store == "tma",
+                                   cp_async=cfg.producer == "cp.async")
 
 
 def launch_flat(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, lda, ldb, ldc,
@@ -940,31 +488,16 @@ def launch_flat(cfg: Sm90Config, var: Sm90Variant, a, b, c, bias, out, m, n, k, 
     instruction).  ``block_scales``: a blockwise variant's (scale_a, scale_b, their row and
     column element strides) -- flat as the operands; such a launch is never prepared (the
     relaunch contract has no place for the scales)."""
-    cluster = (cfg.cluster_m, 1, 1) if cfg.cluster_m > 1 else None
+    from numbatc.kernels import sm90_gemm_tma
+
     grid = grid_for(cfg, m, n)
     if cfg.persistent and split is None:
         grid = min(grid, persistent_blocks())
     if split is not None:  # split-K (sm80_gemm.launch_flat's ``split``)
         grid = (grid, split(stream)[3])
-    if cfg.producer == "tma":
-        from numbatc.kernels import sm90_gemm_tma
-
-        return sm90_gemm_tma.launch(cfg, var, kernel_for(cfg, var), grid, a, b, c, bias, out,
-                                    m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m,
-                                    epilogue_args, prepare and not block_scales, split,
-                                    block_scales)
-    # the kernel reads a and b through byte pointers (see signature): the emulation's flat
-    # arrays are viewed as bytes; on the GPU they are device pointers already
-    a, b = (x if isinstance(x, (int, np.integer)) else _byte_view(x) for x in (a, b))
-    return epilogue.launch_gemm_kernel(
-        kernel_for(cfg, var), var, grid, cfg.threads, cfg.shared_bytes, cluster,
-        a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m,
-        epilogue_args, prepare, split=split, kernel_signature=signature(var))
-
-
-def _byte_view(x):
-    """A flat emulated operand (numpy array, or numba's simulated device array) as uint8."""
-    return getattr(x, "_ary", x).view(np.uint8)
+    return sm90_gemm_tma.launch(cfg, var, kernel_for(cfg, var), grid, a, b, c, bias, out, m, n,
+                                k, lda, ldb, ldc, ldo, alpha, beta, stream, group_m,
+                                epilogue_args, prepare and not block_scales, split, block_scales)
 
 
 def persistent_blocks():
@@ -1165,14 +698,11 @@ def small_split(p, cfg: Sm90Config):
 def split(p, cfg: Sm90Config):
     """(K slices, k_chunk) of ``cfg``'s launch for ``p``: the small tiles' own rule
     (:func:`small_split`), else split_k.choose_split for one 384-thread block per SM and
-    M <= 256 (M = 128 / 256 at N = 8192 give 32 / 64 tiles); (1, K): none.  Clusters do not
-    split."""
+    M <= 256 (M = 128 / 256 at N = 8192 give 32 / 64 tiles); (1, K): none."""
     forced = os.environ.get("NUMBATC_SPLIT_K")
     # NOTE: FP8 splits where NUMBATC_SPLIT_K asks and on its small tiles' own rule (the split
     # form ran on the H200 in the FP8 sweep of 2026-12-02, 1 to 8 slices, every result checked);
     # the other FP8 configurations do not split by themselves.
-    if cfg.cluster_m != 1:
-        return 1, p.k
     if not forced:
         small = small_split(p, cfg)
         if small is not None:
@@ -1215,7 +745,7 @@ def choose(p, name=None):
         # NOTE: measured on the H200 (docs/PERFORMANCE.md, 2026-11-30), same runs: the
         # persistent 128x256x64_4s_pt 668 / 617 TFLOP/s at 4096^3 / 8192^3 against 638 / 581
         # for one block per tile (128x256x64_4s), itself 1-4 % ahead of _w1; the two-CTA
-        # cluster form (_c2, half of B's L2 traffic) 378 / 435: L2 is not the limit.
+        # cluster form (half of B's L2 traffic, since removed) 378 / 435: L2 is not the limit.
         name = small_tile(p) or ("128x256x64_4s_pt" if p.n > 128 else "128x128x64_4s_w1")
     cfg = _producer_for(p, with_producer(table[name], DEFAULT_PRODUCER))
     store = TMA_STORE_FORM.get(cfg.name)

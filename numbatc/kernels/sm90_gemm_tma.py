@@ -1,7 +1,9 @@
-"""sm90_gemm's TMA producer (the ``_tma`` configurations): one thread of the producer
-warpgroup arms each stage's full mbarrier with the stage's byte count and issues the A and B
-tensor copies (``cp.async.bulk.tensor``, 128B swizzle) into it; the two wgmma consumer
-warpgroups, the epilogue, split-K, FP8 and persistent tiles are sm90_gemm's.
+"""sm90_gemm's kernel as code (:func:`make_kernel`), for both producers.  The TMA producer (the
+``_tma`` configurations, described here): one thread of the producer warpgroup arms each
+stage's full mbarrier with the stage's byte count and issues the A and B tensor copies
+(``cp.async.bulk.tensor``, 128B swizzle) into it.  The cp.async producer (sm90_gemm's
+docstring; :func:`make_cp_producer`): the warpgroup's 128 threads copy 16 bytes each.  The two
+wgmma consumer warpgroups, the epilogue, split-K, FP8 and persistent tiles are the same code.
 
     block = 384 threads = 3 warpgroups, launch_bounds (384, 1)
       WG0  producer   setmaxnreg.dec 24    thread 0: acquire empty[s] -> expect_tx(full[s],
@@ -125,7 +127,7 @@ from intrinsics.layout.smem import encode_wgmma_smem_desc
 from numbatc.kernels import build
 from numbatc.kernels import tensor_maps as tensor_maps_cache
 from numbatc.kernels.epilogue import ZERO4, add_partial, epilogue_for, put_partial
-from numbatc.kernels.pipeline import named_barrier_of, tma_pipeline
+from numbatc.kernels.pipeline import cp_async_pipeline, named_barrier_of, tma_pipeline
 from numbatc.kernels.tiles import make_tile_coords
 
 __all__ = ["MnKFirstLayout", "describe", "make_kernel", "launch", "make_producer", "out_map",
@@ -165,10 +167,12 @@ class MnKFirstLayout(SmemLayout):
 
 
 def operand_layout(cfg, op, k_major):
-    """The shared-memory layout of operand ``op`` ('a' or 'b')'s tile as the TMA boxes write it."""
+    """The shared-memory layout of operand ``op`` ('a' or 'b')'s tile as the producer writes it:
+    K-major, wgmma's canonical 128B layout; MN-major, :class:`MnKFirstLayout` as the TMA boxes
+    write it, or the canonical one (atoms MN-first) as the cp.async producer's copies do."""
     mn = cfg.bn if op == "b" else cfg.bm
-    if k_major:
-        return SmemLayout("K", _SWIZZLE, mn, cfg.bk, cfg.elem_bytes)
+    if k_major or cfg.producer != "tma":
+        return SmemLayout("K" if k_major else "MN", _SWIZZLE, mn, cfg.bk, cfg.elem_bytes)
     return MnKFirstLayout("MN", _SWIZZLE, mn, cfg.bk, cfg.elem_bytes)
 
 
@@ -249,15 +253,267 @@ def make_producer(bm, bn, bk, stages, a_kmajor, b_kmajor, persistent, elem_bytes
     return produce
 
 
+# ---------------------------------------------------------------------------------------------
+# Device code: the cp.async producer warpgroup, factory-made
+# ---------------------------------------------------------------------------------------------
+
+@cuda.jit(device=True, forceinline=True)
+def _swz128(o):
+    # the 128B swizzle of a byte offset from a 1024-aligned base: 16-byte chunk ^= row % 8
+    return o ^ ((o >> 3) & 0x70)
+
+
+def _pad16(values):
+    """``values`` padded with zeros to 16 (the written-out steps below index up to 15)."""
+    values = tuple(values)
+    return values + (0,) * (16 - len(values))
+
+
 @functools.cache
-def signature(var, tma_store=False):
+def make_cp_loaders(mn, bk, elem_bytes, k_major):
+    """``(load, load_inside, chunks)`` for one operand's tile (A: mn = BM, B: mn = BN) of the
+    cp.async producer warpgroup, 128 threads of 16-byte copies (8 bf16 / f16, 16 fp8 values)
+    into sm90_gemm's 128B-swizzled layout (K-major: mn rows of 128 bytes; MN-major, bf16 / f16
+    only: BK k rows of mn values, stored as 8-k atoms of 8 x 128 B, MN-first); ``chunks`` is
+    the 16-byte chunks of a tile row.  Offsets and leading dimensions are in bytes.
+
+    ``load(smem, base, src, start, ld, r0, c0, mn_lim, k0, k_lim)``, the checked copies: thread
+    p copies chunk c0 (p % chunks) of rows r0 + i * STEP (r0 = p // chunks < STEP = 128 /
+    chunks), from ``start`` (its first copy's byte offset at k = 0) plus k0; rows at or past
+    the operand's end are zero-filled, a ragged last chunk copies the bytes left.  The shared
+    offset of copy i is one of at most two per-thread swizzled bases (the swizzle depends on
+    the row mod 8 only, which STEP moves by 0 or 4) plus a constant; the source address
+    advances by STEP rows per copy.
+
+    ``load_inside(smem, base, src, org, ld, p, k0)``: the same tile wholly inside the operand
+    (the producer checks that once per k tile), plain copies with a mapping that keeps
+    addresses cheap: thread p copies the 16 bytes at byte column 16 (p % 8) + 128 j of rows
+    p // 8 + 16 i -- a warp covers 4 rows x 128 contiguous bytes per copy, the swizzle is
+    constant for the thread, and the 128-byte steps j are immediate offsets on both sides
+    (MN-major: one 1024-byte atom further in shared memory); rows step by 16 ld.
+
+    NOTE: the producer runs in 40 registers (56 persistent; setmaxnreg), and LLVM's LICM hoists
+    every loop-invariant value out of the k loop: per-copy offsets, 64-bit source offsets and
+    row predicates spilled hundreds of bytes.  So STEP * ld and the rows left pass through
+    ``wgmma_fence_operand`` (an empty volatile asm, opaque to LLVM) inside the loop, and
+    everything derived from them is computed per k tile in a few short-lived registers.  The
+    copies are written out (4, 8 or 16 of them) under pruned branches on their count."""
+    eb = elem_bytes
+    epc = 16 // eb  # values per copy
+    assert k_major or eb == 2, "MN-major tiles are bf16 / f16 only"
+    rows, cols = (mn, bk) if k_major else (bk, mn)
+    chunks = cols // epc
+    step = 128 // chunks
+    count = rows * chunks // 128
+    assert (step % 8 == 0 or 8 % step == 0) and count in (4, 8, 16), (mn, bk, k_major)
+    atom = mn * 16  # MN-major: bytes between 8-k atoms' rows of atoms (mn / 64 atoms)
+
+    def delta(r):
+        # offset(r0 + r) - offset(r0 + r % 8): r - r % 8 rows further
+        d = r - r % 8
+        return d * 128 if k_major else (d // 8) * atom
+
+    at = _pad16(delta(i * step) for i in range(count))
+    upper = _pad16((i * step) % 8 != 0 for i in range(count))  # from the base 4 rows down
+    lim = _pad16(i * step for i in range(count))
+    # the inside copies: (pass i, 128-byte column j) -> shared offset, source row, source column
+    per_thread = chunks // 8
+    passes = rows // 16
+    assert chunks % 8 == 0 and rows % 16 == 0 and passes * per_thread in (4, 8, 16)
+    n_in = passes * per_thread
+    in_at = _pad16((i * 16 * 128) if k_major else (i * 2 * atom + j * 1024)
+                   for i in range(passes) for j in range(per_thread))
+    in_row = _pad16(i for i in range(passes) for j in range(per_thread))
+    in_col = _pad16(128 * j for i in range(passes) for j in range(per_thread))
+    copy = nt.cp_async_op(16, zfill=True)
+    copy_in = nt.cp_async_op(16)
+
+    @cuda.jit(device=True, forceinline=True)
+    def offset(r, c):
+        # the unswizzled byte offset of (row r, column c) in the tile
+        if k_major:
+            return r * 128 + c * eb
+        return (r // 8) * atom + (c // 64) * 1024 + (r % 8) * 128 + (c % 64) * 2
+
+    @cuda.jit(device=True, forceinline=True)
+    def put(smem, dst, src, g, nbytes, keep):
+        if keep:
+            copy(smem, dst, src, g, nbytes)
+        else:
+            copy(smem, dst, src, 0, 0)
+
+    @cuda.jit(device=True, forceinline=True)
+    def load(smem, base, src, start, ld, r0, c0, mn_lim, k0, k_lim):
+        if k_major:
+            g = start + k0 * eb
+            cc = k_lim - c0
+            left = mn_lim - r0
+        else:
+            g = start + k0 * ld
+            cc = mn_lim - c0
+            left = k_lim - r0
+        nbytes = min(cc, epc) * eb
+        row_ld = np.int64(nt.wgmma_fence_operand(np.int32(step * ld)))
+        left = np.int64(nt.wgmma_fence_operand(np.int32(left)))
+        ok = cc > 0
+        d0 = base + _swz128(offset(r0, c0))
+        d4 = base + _swz128(offset(r0 + 4, c0))  # (used where STEP is 4)
+        put(smem, (d4 if upper[0] else d0) + at[0], src, g, nbytes, (lim[0] < left) & ok)
+        g += row_ld
+        put(smem, (d4 if upper[1] else d0) + at[1], src, g, nbytes, (lim[1] < left) & ok)
+        g += row_ld
+        put(smem, (d4 if upper[2] else d0) + at[2], src, g, nbytes, (lim[2] < left) & ok)
+        g += row_ld
+        put(smem, (d4 if upper[3] else d0) + at[3], src, g, nbytes, (lim[3] < left) & ok)
+        if count > 4:
+            g += row_ld
+            put(smem, (d4 if upper[4] else d0) + at[4], src, g, nbytes, (lim[4] < left) & ok)
+            g += row_ld
+            put(smem, (d4 if upper[5] else d0) + at[5], src, g, nbytes, (lim[5] < left) & ok)
+            g += row_ld
+            put(smem, (d4 if upper[6] else d0) + at[6], src, g, nbytes, (lim[6] < left) & ok)
+            g += row_ld
+            put(smem, (d4 if upper[7] else d0) + at[7], src, g, nbytes, (lim[7] < left) & ok)
+        if count > 8:
+            g += row_ld
+            put(smem, (d4 if upper[8] else d0) + at[8], src, g, nbytes, (lim[8] < left) & ok)
+            g += row_ld
+            put(smem, (d4 if upper[9] else d0) + at[9], src, g, nbytes, (lim[9] < left) & ok)
+            g += row_ld
+            put(smem, (d4 if upper[10] else d0) + at[10], src, g, nbytes,
+                (lim[10] < left) & ok)
+            g += row_ld
+            put(smem, (d4 if upper[11] else d0) + at[11], src, g, nbytes,
+                (lim[11] < left) & ok)
+            g += row_ld
+            put(smem, (d4 if upper[12] else d0) + at[12], src, g, nbytes,
+                (lim[12] < left) & ok)
+            g += row_ld
+            put(smem, (d4 if upper[13] else d0) + at[13], src, g, nbytes,
+                (lim[13] < left) & ok)
+            g += row_ld
+            put(smem, (d4 if upper[14] else d0) + at[14], src, g, nbytes,
+                (lim[14] < left) & ok)
+            g += row_ld
+            put(smem, (d4 if upper[15] else d0) + at[15], src, g, nbytes,
+                (lim[15] < left) & ok)
+
+    @cuda.jit(device=True, forceinline=True)
+    def load_inside(smem, base, src, org, ld, p, k0):
+        if k_major:
+            g = org + (p // 8) * ld + (p % 8) * 16 + k0 * eb
+            d = base + _swz128((p // 8) * 128 + (p % 8) * 16)
+        else:
+            g = org + (p // 8) * ld + (p % 8) * 16 + k0 * ld
+            d = base + _swz128(((p // 8) // 8) * atom + ((p // 8) % 8) * 128 + (p % 8) * 16)
+        row16 = np.int64(nt.wgmma_fence_operand(np.int32(16 * ld)))
+        copy_in(smem, d + in_at[0], src, g + in_row[0] * row16 + in_col[0])
+        copy_in(smem, d + in_at[1], src, g + in_row[1] * row16 + in_col[1])
+        copy_in(smem, d + in_at[2], src, g + in_row[2] * row16 + in_col[2])
+        copy_in(smem, d + in_at[3], src, g + in_row[3] * row16 + in_col[3])
+        if n_in > 4:
+            copy_in(smem, d + in_at[4], src, g + in_row[4] * row16 + in_col[4])
+            copy_in(smem, d + in_at[5], src, g + in_row[5] * row16 + in_col[5])
+            copy_in(smem, d + in_at[6], src, g + in_row[6] * row16 + in_col[6])
+            copy_in(smem, d + in_at[7], src, g + in_row[7] * row16 + in_col[7])
+        if n_in > 8:
+            copy_in(smem, d + in_at[8], src, g + in_row[8] * row16 + in_col[8])
+            copy_in(smem, d + in_at[9], src, g + in_row[9] * row16 + in_col[9])
+            copy_in(smem, d + in_at[10], src, g + in_row[10] * row16 + in_col[10])
+            copy_in(smem, d + in_at[11], src, g + in_row[11] * row16 + in_col[11])
+            copy_in(smem, d + in_at[12], src, g + in_row[12] * row16 + in_col[12])
+            copy_in(smem, d + in_at[13], src, g + in_row[13] * row16 + in_col[13])
+            copy_in(smem, d + in_at[14], src, g + in_row[14] * row16 + in_col[14])
+            copy_in(smem, d + in_at[15], src, g + in_row[15] * row16 + in_col[15])
+
+    return load, load_inside, chunks
+
+
+@functools.cache
+def make_cp_producer(bm, bn, bk, stages, a_kmajor, b_kmajor, persistent, elem_bytes=2):
+    """``produce(smem, bars, a, b, M, N, K, lda, ldb, group_m, kbeg, p)``: producer thread p's
+    whole job (all 128 threads of the warpgroup run it; ``a``, ``b`` byte pointers, ``lda``,
+    ``ldb`` in elements) -- for each of the block's tiles (as :func:`make_producer`) and each k
+    tile from ``kbeg`` on: acquire the next stage of numbatc.kernels.pipeline's
+    cp_async_pipeline ring, issue the thread's copies of A's and B's tiles into it (plain
+    copies where the tile lies inside the operands, else checked ones: :func:`make_cp_loaders`)
+    and arrive on its full barrier with ``cp.async.mbarrier.arrive.noinc`` (the arrival fires
+    once the thread's copies so far have landed; the full barrier counts 128)."""
+    from numbatc.kernels.pipeline import cp_async_pipeline
+
+    eb = elem_bytes
+    epc = 16 // eb
+    load_a, load_a_inside, a_chunks = make_cp_loaders(bm, bk, eb, a_kmajor)
+    load_b, load_b_inside, b_chunks = make_cp_loaders(bn, bk, eb, b_kmajor)
+    ring = cp_async_pipeline(stages)
+    acquire, commit, advance = ring.producer_acquire, ring.producer_commit, ring.advance
+    tile_coords = make_tile_coords(bm, bn)
+    a_bytes = bm * bk * eb
+    stage_bytes = (bm + bn) * bk * eb
+
+    @cuda.jit(device=True, forceinline=True)
+    def load_tile(smem, bars, a, b, M, N, K, lda, ldb, kbeg, m0, n0, p, index, phase):
+        # the tile's origin in bytes at its first k, this thread's first copy's (row r0,
+        # column c0) of each tile and byte offset; the tile's M and N extents inside the
+        # operands: then every k tile but a ragged last one is copied without bounds checks
+        ar0 = p // a_chunks
+        ac0 = (p % a_chunks) * epc
+        br0 = p // b_chunks
+        bc0 = (p % b_chunks) * epc
+        lda_b = lda * eb
+        ldb_b = ldb * eb
+        a_org = ((m0 * lda + kbeg) if a_kmajor else (m0 + kbeg * lda)) * eb
+        b_org = ((n0 * ldb + kbeg) if b_kmajor else (n0 + kbeg * ldb)) * eb
+        a_start = a_org + ar0 * lda_b + ac0 * eb
+        b_start = b_org + br0 * ldb_b + bc0 * eb
+        m_lim = M - m0
+        n_lim = N - n0
+        inside = m_lim >= bm and n_lim >= bn
+        for kt in range((K + (bk - 1)) // bk):
+            acquire(bars, index, phase)
+            base = index * stage_bytes
+            k0 = kt * bk
+            if inside and k0 + bk <= K:
+                load_a_inside(smem, base, a, a_org, lda_b, p, k0)
+                load_b_inside(smem, base + a_bytes, b, b_org, ldb_b, p, k0)
+            else:
+                load_a(smem, base, a, a_start, lda_b, ar0, ac0, m_lim, k0, K - k0)
+                load_b(smem, base + a_bytes, b, b_start, ldb_b, br0, bc0, n_lim, k0, K - k0)
+            commit(bars, index, 0)  # fires once this thread's copies so far have landed
+            index, phase = advance(index, phase)
+        return index, phase
+
+    @cuda.jit(device=True, forceinline=True)
+    def produce(smem, bars, a, b, M, N, K, lda, ldb, group_m, kbeg, p):
+        index = np.int64(0)  # (not the literal 0: see the consumers' note in make_kernel)
+        phase = np.int64(0)
+        if persistent:
+            n_tiles = np.int64((M + (bm - 1)) // bm) * np.int64((N + (bn - 1)) // bn)
+            tile = np.int64(cuda.blockIdx.x)
+            while tile < n_tiles:
+                tm, tn = tile_coords(np.uint32(tile), M, N, group_m)
+                index, phase = load_tile(smem, bars, a, b, M, N, K, lda, ldb, kbeg,
+                                         np.int64(tm) * bm, np.int64(tn) * bn, p, index, phase)
+                tile += cuda.gridDim.x
+        else:
+            tm, tn = tile_coords(np.uint32(cuda.blockIdx.x), M, N, group_m)
+            load_tile(smem, bars, a, b, M, N, K, lda, ldb, kbeg, np.int64(tm) * bm,
+                      np.int64(tn) * bn, p, index, phase)
+        nt.cp_async_wait_all()
+
+    return produce
+
+
+@functools.cache
+def signature(var, tma_store=False, cp_async=False):
     """The kernel's argument types (see :func:`make_kernel`): the tensor maps of a and b (passed
     by value, ``TensorMap.param``: intrinsics.grid_constant), out's with ``tma_store`` (the TMA
     store epilogue; else an empty tuple), the pointers and sizes sm90_gemm.signature gives
     c, bias, out and the rest, then the blockwise scales, split-K's arguments and -- without a
     user epilogue -- the empty ``eargs`` as tuples (epilogue.with_epilogue_args appends a user
     epilogue's).  Flattened, the parameters are sm90_gemm.signature's order with the maps in
-    place of the operand pointers."""
+    place of the operand pointers.  ``cp_async``: the cp.async producer's kernel, a's and b's
+    byte pointers in place of the maps (sm90_gemm.signature's order exactly)."""
     from numba import types
 
     from intrinsics.grid_constant import tensormap_param as tmap
@@ -269,7 +525,8 @@ def signature(var, tma_store=False):
     scales = types.Tuple(tail[:6]) if blockwise else types.Tuple(())
     split = types.Tuple(tail[6:] if blockwise else tail) if var.split_k else types.Tuple(())
     eargs = (types.Tuple(()),) if var.epilogue is None else ()
-    return (tmap, tmap, tmap if tma_store else types.Tuple(())) + head + (scales, split) + eargs
+    ops = base[:2] if cp_async else (tmap, tmap)
+    return ops + (tmap if tma_store else types.Tuple(()),) + head + (scales, split) + eargs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,7 +645,7 @@ def make_kernel(cfg, var):
     a 2-core host), which a helper per step would add to the first call (issue 18)."""
     from numbatc.kernels import sm90_gemm
 
-    assert cfg.producer == "tma" and cfg.cluster_m == 1, cfg
+    cp_async = cfg.producer == "cp.async"
     tma_store = cfg.store == "tma"
     assert not (tma_store and var.split_k), "a K slice's partial sums are not stored by TMA"
     assert not tma_store or (var.out_dtype in _TMA_DTYPE and var.out_layout == "row"), var
@@ -425,11 +682,15 @@ def make_kernel(cfg, var):
 
     mma = sm90_gemm.mma_for(BN, var, a_kmajor, b_kmajor)
     zeros = (np.float32(0),) * (BN // 2)
-    ring = tma_pipeline(S)
+    # the cp.async producer: 128 arrivals (.noinc) complete a full barrier, and a consumer's
+    # wait is followed by a proxy fence (pipeline.cp_async_pipeline)
+    ring = cp_async_pipeline(S) if cp_async else tma_pipeline(S)
     ring_init, advance = ring.init, ring.advance
     wait, release = ring.consumer_wait, ring.consumer_release
+    producer_arrivals = 128 if cp_async else 1
     tile_coords = make_tile_coords(BM, BN)
-    produce = make_producer(BM, BN, BK, S, a_kmajor, b_kmajor, pers, cfg.elem_bytes)
+    maker = make_cp_producer if cp_async else make_producer
+    produce = maker(BM, BN, BK, S, a_kmajor, b_kmajor, pers, cfg.elem_bytes)
     ep = epilogue_for(var)
     value_frags, put_frags, store_frags = ep.value_frags, ep.put_frags, ep.store_frags
     stage_frags = _stage_frags(var.out_dtype) if tma_store else None
@@ -445,6 +706,10 @@ def make_kernel(cfg, var):
         consumer_arrivals = 4
 
     every_pass = not pingpong  # each pass of the tile loop is a tile's first (see the loop)
+    # one tile a block (neither persistent nor ping-pong): the loop ends after its first pass.
+    # NOTE: without the break LLVM keeps the loop's state (tile, step, the ring's position)
+    # live across the epilogue; a user epilogue's at 232 consumer registers spilled 24 bytes
+    one_tile = not pers and not pingpong
     wg_sync = named_barrier_of((2, 3), 128)  # consumer warpgroup cw's 128 threads
     turn_sync = named_barrier_of((4, 5), 256)  # ping-pong: warpgroup cw's turn at the main loop
     turn_pass = named_barrier_of((5, 4), 256, arrive=True)  # ... handed to the other
@@ -467,13 +732,16 @@ def make_kernel(cfg, var):
         k_tiles = (K + (BK - 1)) // BK
 
         if t == 0:
-            ring_init(bars, 1, consumer_arrivals)
+            ring_init(bars, producer_arrivals, consumer_arrivals)
         cuda.syncthreads()
 
         if wg == 0:
-            # ---- producer warpgroup: thread 0 issues every copy --------------------------------
+            # ---- producer warpgroup: thread 0 issues every copy (cp.async: every thread
+            # copies; tma_a and tma_b are then a's and b's byte pointers) ---------------------
             nt.setmaxnreg_dec(producer_regs)
-            if t == 0:
+            if cp_async:
+                produce(smem, bars, tma_a, tma_b, M, N, K, lda, ldb, group_m, kbeg, t)
+            elif t == 0:
                 produce(smem, bars, tma_a, tma_b, M, N, K, group_m, kbeg)
             return
 
@@ -738,6 +1006,8 @@ def make_kernel(cfg, var):
                     tile += step
                 else:
                     second = True
+            elif one_tile:
+                break
             else:
                 tile += step
         if pingpong:
@@ -857,11 +1127,12 @@ def tensor_maps(cfg, var, a, b, m, n, k, lda, ldb):
 
 def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, ldo, alpha, beta,
            stream, group_m, epilogue_args, prepare, split, block_scales=()):
-    """sm90_gemm.launch_flat for a TMA configuration (``a``, ``b`` flat as there: device pointers
-    or emulated arrays): the tensor maps of a and b (and of out for the TMA store epilogue) lead
-    the kernel's arguments.  With ``prepare`` (GPU only) returns the relaunch function of
-    sm80_gemm.launch_flat's contract (epilogue.launch_gemm_kernel's), which looks up (or builds)
-    the maps of its pointers.  ``block_scales``: a blockwise variant's scale arguments (after
+    """sm90_gemm.launch_flat (``a``, ``b`` flat as there: device pointers or emulated arrays):
+    the tensor maps of a and b (and of out for the TMA store epilogue) lead the kernel's
+    arguments; a cp.async configuration's kernel takes a and b themselves (byte pointers).
+    With ``prepare`` (GPU only) returns the relaunch function of sm80_gemm.launch_flat's
+    contract (epilogue.launch_gemm_kernel's), which looks up (or builds) the maps of its
+    pointers.  ``block_scales``: a blockwise variant's scale arguments (after
     group_m; such a launch is never prepared, see sm90_gemm.launch_flat)."""
     from numba import config
 
@@ -869,9 +1140,13 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
     from numbatc.kernels import epilogue
 
     tma_store = cfg.store == "tma"
+    cp_async = cfg.producer == "cp.async"
     assert not (tma_store and split), "a K slice's partial sums are not stored by TMA"
-    sig = signature(var, tma_store=tma_store)
+    sig = signature(var, tma_store=tma_store, cp_async=cp_async)
     sizes = (m, n, k, lda, ldb, ldc, ldo)
+    if cp_async and not isinstance(a, (int, np.integer)):
+        # the emulation's flat operands, viewed as bytes (the kernel reads byte pointers)
+        a, b = (getattr(x, "_ary", x).view(np.uint8) for x in (a, b))
 
     def maps(a, b, out):
         ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb)
@@ -888,7 +1163,10 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
             last = tensor_maps_cache.LastMaps()
 
             def relaunch(a, b, c, bias, out, alpha, beta, stream, eflat=()):
-                params = last.params((a, b, out) if tma_store else (a, b), maps, a, b, out)
+                if cp_async:
+                    params = (a, b)
+                else:
+                    params = last.params((a, b, out) if tma_store else (a, b), maps, a, b, out)
                 extra = () if split is None else split(stream)
                 prepared(stream, *params, c, bias, out, *sizes, alpha, beta, group_m, *extra,
                          *eflat)
@@ -904,7 +1182,7 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
         c, bias, out = (FakeCUDAArray(x) if isinstance(x, np.ndarray) else x
                         for x in (c, bias, out))
     # the kernel's tuple arguments (see make_kernel): out's map or (), the scales, split-K's
-    tmaps = tuple(tm.param for tm in maps(a, b, out))
+    tmaps = (a, b) if cp_async else tuple(tm.param for tm in maps(a, b, out))
     if not tma_store:
         tmaps += ((),)
     splits = ()

@@ -7,7 +7,8 @@ rule: a kernel moved from generated text to code keeps its instructions).
 A CASE is ``config:head_dim:flags`` for sm90_attention, flags from c (causal), l (lse), h
 (float16; else bfloat16), v (varlen), t (TMA store of O), p (pair stores); or
 ``gemm:config[:flags]`` for sm90_gemm (bf16, row x col, bf16 out, out pairs), flags from c
-(a bf16 c), b (a bf16 bias), g (GELU), s (split-K), a / n (A col-major, B row-major).  Without
+(a bf16 c), b (a bf16 bias), g (GELU), s (split-K), a / n (A col-major, B row-major), f (FP8:
+e4m3 a and b, an FP8_CONFIGS name).  Without
 CASEs a default list of the attention TMA configurations.  Each kernel is compiled for sm_90a
 as numbatc launches it, assembled whole-program with ptxas -v (as the driver JITs a setmaxnreg
 kernel) and disassembled with nvdisasm; the record holds the opcode histogram (the mnemonic
@@ -43,13 +44,14 @@ def _kernel(case):
 
         _, name, *rest = case.split(":")
         flags = rest[0] if rest else ""
-        cfg = sm90_gemm.CONFIGS[name]
+        fp8 = "f" in flags
+        cfg = (sm90_gemm.FP8_CONFIGS if fp8 else sm90_gemm.CONFIGS)[name]
         bf16 = "bfloat16"
-        var = sm90_gemm.Sm90Variant("col" if "a" in flags else "row",
-                                    "row" if "n" in flags else "col", bf16, bf16,
-                                    bf16 if "c" in flags else None, bf16 if "b" in flags else None,
-                                    "gelu" if "g" in flags else None, split_k="s" in flags,
-                                    out_pairs=True)
+        make = sm90_gemm.Sm90Fp8Variant if fp8 else sm90_gemm.Sm90Variant
+        var = make("col" if "a" in flags else "row", "row" if "n" in flags else "col",
+                   "float8_e4m3fn" if fp8 else bf16, bf16, bf16 if "c" in flags else None,
+                   bf16 if "b" in flags else None, "gelu" if "g" in flags else None,
+                   split_k="s" in flags, out_pairs=True)
         return (sm90_gemm.kernel_for(cfg, var), sm90_gemm.kernel_signature(cfg, var),
                 cfg.threads)
     from numbatc.kernels import sm90_attention as attn

@@ -27,15 +27,6 @@ WRAP = sm90_gemm.Sm90Config("128x128x64_2s", 128, 2)
 # The same with one wgmma group left in flight: a stage released before its group retired, or
 # refilled while the tensor core may still read it, is an EmulationError.
 WRAP_W1 = sm90_gemm.Sm90Config("128x128x64_2s_w1", 128, 2, inflight=1)
-# The proxy fence on the producer side (each thread waits for its own copies of the previous
-# tile, fences, arrives): wrapping two stages, and three with a group in flight.
-WRAP_PF = sm90_gemm.Sm90Config("128x128x64_2s_pf", 128, 2, pfence=True)
-WRAP_PF_W1 = sm90_gemm.Sm90Config("128x128x64_3s_w1_pf", 128, 3, inflight=1, pfence=True)
-# Clusters of two CTAs along M sharing B (each loads half and forwards it to the other with a
-# DSMEM bulk copy), wrapping two stages: a forward into a stage the peer still reads, or a
-# barrier phase miscounted, is an EmulationError or a deadlock report.
-WRAP_C2 = sm90_gemm.Sm90Config("128x128x64_3s_c2", 128, 3, cluster_m=2)
-WRAP_C2_W1 = sm90_gemm.Sm90Config("128x128x64_4s_w1_c2", 128, 4, inflight=1, cluster_m=2)
 # persistent: the emulation launches 2 blocks (sm90_gemm.persistent_blocks), each walking tiles
 WRAP_PT = sm90_gemm.Sm90Config("128x128x64_2s_pt", 128, 2, persistent=True)
 WRAP_PT_W1 = sm90_gemm.Sm90Config("128x128x64_3s_w1_pt", 128, 3, inflight=1, persistent=True)
@@ -91,16 +82,13 @@ CASES = [
     (40, 24, 33, "128x128x64_4s", "col", "row", "bfloat16", None),        # MN-major A
     (65, 136, 200, WRAP_W1, "row", "col", "bfloat16", "gelu"),            # in flight, wraps
     (130, 72, 136, "128x256x64_4s_w1", "col", "col", "float16", None),    # in flight, 3 tiles
-    (72, 40, 200, WRAP_PF, "col", "row", "bfloat16", "gelu"),             # producer fence
-    (65, 136, 264, WRAP_PF_W1, "row", "col", "float16", None),            # ... with a group in flight
-    (130, 136, 264, WRAP_C2, "row", "row", "bfloat16", None),             # cluster, B split by k
-    (72, 40, 328, WRAP_C2_W1, "col", "col", "float16", "gelu"),           # cluster, B split by n,
-                                                                          # rank 1 past M
+    (72, 40, 200, WRAP, "col", "row", "bfloat16", "gelu"),                # MN-major, wraps
+    (65, 136, 264, WRAP_W1, "row", "row", "float16", None),               # MN-major B in flight
     # tiles wholly inside the operands take the producer's unchecked copies (load_*_inside),
     # their ragged last k tile and the edge tiles the checked ones
     (160, 136, 200, WRAP_W1, "row", "col", "bfloat16", None),             # K-major A and B
     (136, 130, 128, WRAP, "col", "row", "float16", "gelu"),               # MN-major A and B
-    (260, 136, 200, WRAP_C2_W1, "row", "col", "bfloat16", None),          # cluster, B split by n
+    (260, 264, 200, WRAP_PT_W1, "col", "row", "bfloat16", None),          # MN-major, persistent
     # persistent: 9 and 4 tiles over 2 blocks, the stage counter running on across tiles
     (260, 264, 200, WRAP_PT, "row", "row", "bfloat16", None),
     (200, 136, 136, WRAP_PT_W1, "col", "col", "float16", "gelu"),
@@ -126,7 +114,7 @@ CASES = [
 PAIR_CASES = [
     (160, 136, 200, WRAP_W1, "row", "col", "bfloat16", "gelu"),
     (136, 130, 128, WRAP, "col", "row", "float16", "silu"),
-    (260, 136, 200, WRAP_C2_W1, "row", "row", "bfloat16", "gelu"),
+    (260, 136, 200, WRAP_W1, "row", "row", "bfloat16", "gelu"),
     (260, 264, 136, WRAP_PT_W1, "row", "col", "bfloat16", "silu"),
     (260, 264, 136, WRAP_PP_W1, "row", "col", "bfloat16", "silu"),
 ]
@@ -249,21 +237,14 @@ def test_sm90_gemm_tma_store_in_the_emulation(barriers_left, m, n, k, cfg, a_lay
 def test_bad_config_is_named():
     with pytest.raises(ValueError, match="bn must be"):
         sm90_gemm.Sm90Config("bad", 100, 3)
-    with pytest.raises(ValueError, match="stages >= inflight"):
-        sm90_gemm.Sm90Config("c2", 128, 3, inflight=1, cluster_m=2)
-    with pytest.raises(ValueError, match="persistent is implemented for cluster_m = 1"):
-        sm90_gemm.Sm90Config("pt_c2", 128, 4, persistent=True, cluster_m=2)
-    with pytest.raises(ValueError, match="pfence needs stages >= inflight"):
-        sm90_gemm.Sm90Config("pf", 128, 2, inflight=1, pfence=True)
+    with pytest.raises(ValueError, match="stages must be >= 2"):
+        sm90_gemm.Sm90Config("one", 128, 1)
     with pytest.raises(ValueError, match="more than the 64512 a block of 384 threads"):
         sm90_gemm.Sm90Config("regs", 128, 4, producer_regs=64, consumer_regs=224)
     with pytest.raises(ValueError, match="exceed 227 KB"):
         sm90_gemm.Sm90Config("big", 256, 5)
     with pytest.raises(ValueError, match="TMA store epilogue is implemented with the TMA"):
         sm90_gemm.Sm90Config("ts", 128, 3, store="tma")
-    with pytest.raises(ValueError, match="TMA producer is implemented for cluster_m = 1"):
-        sm90_gemm.Sm90Config("tma_c2", 128, 4, cluster_m=2, producer="tma", producer_regs=24,
-                             consumer_regs=240)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ from tests.helpers.gemm import check
 pytestmark = [pytest.mark.gpu(cc=(9, 0)), pytest.mark.hardware_only]
 
 
-@pytest.fixture(params=["sm90:128x256x64_4s_c2", "sm90:128x256x64_4s_w1_pf", "sm90:128x128x64_4s",
-                        "sm90:128x256x64_4s_w1", "sm90:128x256x64_4s", "sm90:128x256x64_4s_pt",
+@pytest.fixture(params=["sm90:128x128x64_4s", "sm90:128x128x64_4s_w1", "sm90:128x256x64_4s_w1",
+                        "sm90:128x256x64_4s", "sm90:128x256x64_4s_pt",
                         "sm90:128x256x64_4s_w1_pt"])
 def sm90(request, monkeypatch):
     monkeypatch.setenv("NUMBATC_GEMM_KERNEL", request.param)
