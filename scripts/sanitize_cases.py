@@ -249,6 +249,13 @@ def gemm_sm90_persistent():
     gemm("sm90:128x256x64_4s_pt_tma")
 
 
+def gemm_sm90_cp():
+    # the cp.async producer (operands a tensor map cannot describe run it), persistent or not
+    GEMM.append((2056, 4360, 136))
+    gemm("sm90:128x256x64_4s_pt")
+    gemm("sm90:128x128x64_4s_w1")
+
+
 def gemm_sm90_ts():
     # the TMA store epilogue, persistent: each block reuses its staging tile for several tiles
     # (shapes whose operands and out a tensor map describes: the config loads by TMA only)
@@ -283,7 +290,7 @@ def gemm_sm90_split():
 KINDS = {
     "gemm_sm80": lambda: gemm("sm80"), "gemm_sm90": lambda: gemm("sm90"), "gemm_fp8": gemm_fp8,
     "gemm_sm90_split": gemm_sm90_split, "gemm_sm90_persistent": gemm_sm90_persistent,
-    "gemm_sm90_ts": gemm_sm90_ts, "gemm_fp8_block": gemm_fp8_block,
+    "gemm_sm90_ts": gemm_sm90_ts, "gemm_sm90_cp": gemm_sm90_cp, "gemm_fp8_block": gemm_fp8_block,
     "attention_sm80": lambda: attention("sm80"), "attention_sm90": lambda: attention("sm90"),
     "attention_sm90_large": lambda: attention("sm90", ATTN_LARGE),
     "attention_warm": lambda: attention(None, ATTN, repeat=3), "decode": decode,
