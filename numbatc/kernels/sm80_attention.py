@@ -415,7 +415,8 @@ import numpy as np
 from numba import cuda
 import intrinsics as nt
 
-MMA = nt.mma_sync("m16n8k16", "{ptx}", "{ptx}", "f32")
+from numbatc.kernels.tiles import make_mma_pairs
+mma_pair, ldsm_pair, ldsm_pair_t = make_mma_pairs("{ptx}")
 CP = nt.cp_async_op(16, zfill=True)
 NEG_INF = np.float32(-np.inf)
 ZERO = np.float32(0)
@@ -566,10 +567,14 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
             for i in range(MI):
                 w(f"        qf_{i}_{ks} = nt.ldmatrix_x4(smem, {off('qa', 16 * i, 2 * ks)})")
         for j in range(0, NJ, 2):
-            w(f"        fb = nt.ldmatrix_x4(smem, kst + {off('kb', 8 * j, 2 * ks)})")
+            # (one ldmatrix for the MI row tiles' products; pairs: tiles.make_mma_pairs)
+            addr = f"kst + {off('kb', 8 * j, 2 * ks)}"
+            if MI > 1:
+                w(f"        fb = nt.ldmatrix_x4(smem, {addr})")
             for i in range(MI):
-                w(f"        s_{i}_{j} = MMA(qf_{i}_{ks}, (fb[0], fb[1]), s_{i}_{j})")
-                w(f"        s_{i}_{j + 1} = MMA(qf_{i}_{ks}, (fb[2], fb[3]), s_{i}_{j + 1})")
+                c = f"s_{i}_{j}, s_{i}_{j + 1}"
+                src = f"fb, {c}" if MI > 1 else f"smem, {addr}, {c}"
+                w(f"        {c} = {'mma_pair' if MI > 1 else 'ldsm_pair'}(qf_{i}_{ks}, {src})")
 
     mask_cond = f"n0 + {BN} > Sk"
     if var.causal:
@@ -618,10 +623,13 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
     w("\n        # O += P V")
     for c in range(KK):
         for d in range(0, ND, 2):
-            w(f"        fb = nt.ldmatrix_x4_trans(smem, vst + {off('vb', 16 * c, d)})")
+            addr = f"vst + {off('vb', 16 * c, d)}"
+            if MI > 1:
+                w(f"        fb = nt.ldmatrix_x4_trans(smem, {addr})")
             for i in range(MI):
-                w(f"        o_{i}_{d} = MMA(pa_{i}_{c}, (fb[0], fb[1]), o_{i}_{d})")
-                w(f"        o_{i}_{d + 1} = MMA(pa_{i}_{c}, (fb[2], fb[3]), o_{i}_{d + 1})")
+                o = f"o_{i}_{d}, o_{i}_{d + 1}"
+                src = f"fb, {o}" if MI > 1 else f"smem, {addr}, {o}"
+                w(f"        {o} = {'mma_pair' if MI > 1 else 'ldsm_pair_t'}(pa_{i}_{c}, {src})")
 
     w(f'''
     nt.cp_async_wait_all()

@@ -200,7 +200,8 @@ import numpy as np
 from numba import cuda
 import intrinsics as nt
 
-MMA = nt.mma_sync("m16n8k16", "{ptx}", "{ptx}", "f32")
+from numbatc.kernels.tiles import make_mma_pairs
+mma_pair, ldsm_pair, ldsm_pair_t = make_mma_pairs("{ptx}")
 CP = nt.cp_async_op(16, zfill=True)
 NEG_INF = np.float32(-np.inf)
 ZERO = np.float32(0)
@@ -275,9 +276,8 @@ def _mma_rows(w, ind, fr, acc, n8_tiles, ks_steps, a_name, a_base, b_base, a_in_
         if not a_in_regs:
             w(f"{ind}{a} = nt.ldmatrix_x4(smem, {a_base} + {fr.off('a', 0, 2 * ks)})")
         for j in range(0, n8_tiles, 2):
-            w(f"{ind}fb = nt.ldmatrix_x4(smem, {b_base} + {fr.off('b', 8 * j, 2 * ks)})")
-            w(f"{ind}{acc}_{j} = MMA({a}, (fb[0], fb[1]), {acc}_{j})")
-            w(f"{ind}{acc}_{j + 1} = MMA({a}, (fb[2], fb[3]), {acc}_{j + 1})")
+            c = f"{acc}_{j}, {acc}_{j + 1}"
+            w(f"{ind}{c} = ldsm_pair({a}, smem, {b_base} + {fr.off('b', 8 * j, 2 * ks)}, {c})")
 
 
 def _mma_acc_trans(w, ind, fr, acc, nd, kk, a_name, b_base):
@@ -285,9 +285,9 @@ def _mma_acc_trans(w, ind, fr, acc, nd, kk, a_name, b_base):
     registers, B by ldmatrix.trans at ``b_base`` (k index = rows)."""
     for c in range(kk):
         for d in range(0, nd, 2):
-            w(f"{ind}fb = nt.ldmatrix_x4_trans(smem, {b_base} + {fr.off('t', 16 * c, d)})")
-            w(f"{ind}{acc}_{d} = MMA({a_name}_{c}, (fb[0], fb[1]), {acc}_{d})")
-            w(f"{ind}{acc}_{d + 1} = MMA({a_name}_{c}, (fb[2], fb[3]), {acc}_{d + 1})")
+            o = f"{acc}_{d}, {acc}_{d + 1}"
+            w(f"{ind}{o} = ldsm_pair_t({a_name}_{c}, smem, "
+              f"{b_base} + {fr.off('t', 16 * c, d)}, {o})")
 
 
 def _store_rows(w, ind, acc, D, row, lim, base, stride, scale):
