@@ -401,6 +401,7 @@ def kernel_source(cfg: AttnConfig, var: AttnVariant) -> str:
     QE, KE = BM * PE, BN * PE  # elements of the Q tile and of one K (or V) stage
     ptx = _PTX_TYPE[var.dtype]
     pack = "nt.pack_bf16x2" if var.dtype == "bfloat16" else "nt.pack_f16x2"
+    frag_pack = "nt.frag_pack_bf16x2" if var.dtype == "bfloat16" else "nt.frag_pack_f16x2"
     lines = []
     w = lines.append
 
@@ -602,23 +603,17 @@ def attention_kernel(q, k, v, out, lse, {sizes}, Hq, group, m_blocks, q_sb, q_ss
             w(f"        base_{h} = m_new if m_new != NEG_INF else ZERO  # a row with no key yet")
             w(f"        alpha_{h} = math.exp2(m_{i}_{h} - base_{h})")
             w(f"        m_{i}_{h} = m_new")
-        for j in range(NJ):
-            w(f"        p_{j} = (math.exp2(s_{i}_{j}[0] * scale_log2 - base_0), "
-              f"math.exp2(s_{i}_{j}[1] * scale_log2 - base_0), "
-              f"math.exp2(s_{i}_{j}[2] * scale_log2 - base_1), "
-              f"math.exp2(s_{i}_{j}[3] * scale_log2 - base_1))")
+        for j in range(NJ):  # math.exp2(s * scale_log2 - base_h) per register
+            w(f"        p_{j} = nt.frag_exp2(s_{i}_{j}, scale_log2, base_0, base_1)")
         for h in range(2):
             e0, e1 = 2 * h, 2 * h + 1
             total = " + ".join(f"p_{j}[{e0}] + p_{j}[{e1}]" for j in range(NJ))
             w(f"        l_{i}_{h} = l_{i}_{h} * alpha_{h} + ({total})")
         for d in range(ND):
-            w(f"        o_{i}_{d} = (o_{i}_{d}[0] * alpha_0, o_{i}_{d}[1] * alpha_0, "
-              f"o_{i}_{d}[2] * alpha_1, o_{i}_{d}[3] * alpha_1)")
+            w(f"        o_{i}_{d} = nt.frag_scale_rows(o_{i}_{d}, alpha_0, alpha_1)")
         w("        # P as A fragments: key tiles 2c and 2c + 1 make the k16 step c.")
-        for c in range(KK):
-            a, b_ = 2 * c, 2 * c + 1
-            w(f"        pa_{i}_{c} = ({pack}(p_{a}[0], p_{a}[1]), {pack}(p_{a}[2], p_{a}[3]), "
-              f"{pack}(p_{b_}[0], p_{b_}[1]), {pack}(p_{b_}[2], p_{b_}[3]))")
+        for c in range(KK):  # each register pair as {pack} does
+            w(f"        pa_{i}_{c} = {frag_pack}(p_{2 * c} + p_{2 * c + 1})[0]")
 
     w("\n        # O += P V")
     for c in range(KK):

@@ -189,6 +189,7 @@ def choose_config(head_dim: int, cc=None) -> BwdConfig:
 def _header(var, what):
     ptx = _PTX_TYPE[var.dtype]
     pack = "nt.pack_bf16x2" if var.dtype == "bfloat16" else "nt.pack_f16x2"
+    frag_pack = "nt.frag_pack_bf16x2" if var.dtype == "bfloat16" else "nt.frag_pack_f16x2"
     pitch, swizzled = sm80_attention.shared_layout(var.padded_dim)
     if swizzled:
         soff = "r * %d + ((c ^ (r & 7)) << 3)" % pitch
@@ -202,6 +203,7 @@ import intrinsics as nt
 
 from numbatc.kernels.tiles import make_mma_pairs
 mma_pair, ldsm_pair, ldsm_pair_t = make_mma_pairs("{ptx}")
+frag_pack = {frag_pack}
 CP = nt.cp_async_op(16, zfill=True)
 NEG_INF = np.float32(-np.inf)
 ZERO = np.float32(0)
@@ -260,10 +262,9 @@ class _Frags:
 
 
 def _pack_a(w, ind, dst, src, c):
-    """A fragment ``dst`` of k16 step c from the C fragments src_2c, src_2c+1."""
-    a, b = 2 * c, 2 * c + 1
-    w(f"{ind}{dst}_{c} = (pack({src}_{a}[0], {src}_{a}[1]), pack({src}_{a}[2], {src}_{a}[3]), "
-      f"pack({src}_{b}[0], {src}_{b}[1]), pack({src}_{b}[2], {src}_{b}[3]))")
+    """A fragment ``dst`` of k16 step c from the C fragments src_2c, src_2c+1 (frag_pack: each
+    register pair as pack does)."""
+    w(f"{ind}{dst}_{c} = frag_pack({src}_{2 * c} + {src}_{2 * c + 1})[0]")
 
 
 def _mma_rows(w, ind, fr, acc, n8_tiles, ks_steps, a_name, a_base, b_base, a_in_regs):
@@ -295,8 +296,7 @@ def _store_rows(w, ind, acc, D, row, lim, base, stride, scale):
     ``base + row * stride``, each value times ``scale`` (or as they are)."""
     for d in range(D // 8):
         if scale:
-            w(f"{ind}{acc}_{d} = ({acc}_{d}[0] * {scale}, {acc}_{d}[1] * {scale}, "
-              f"{acc}_{d}[2] * {scale}, {acc}_{d}[3] * {scale})")
+            w(f"{ind}{acc}_{d} = nt.frag_scale_rows({acc}_{d}, {scale}, {scale})")
     for h in range(2):
         w(f"{ind}r = {row} + {8 * h}")
         w(f"{ind}if r < {lim}:")
@@ -487,8 +487,7 @@ def dkdv_kernel(q, k, v, do, out_dk, out_dv, lse2, dd, Sq, Sk, Hq, group, n_bloc
         w("\n        # dS^T = P^T (dP^T - D[query])")
         for j in range(NJ):
             w(f"        d0 = dd[lb + {8 * j}]\n        d1 = dd[lb + {8 * j + 1}]")
-            w(f"        p_{j} = (p_{j}[0] * (dp_{j}[0] - d0), p_{j}[1] * (dp_{j}[1] - d1), "
-              f"p_{j}[2] * (dp_{j}[2] - d0), p_{j}[3] * (dp_{j}[3] - d1))")
+            w(f"        p_{j} = nt.frag_mul_diff_cols(p_{j}, dp_{j}, (d0, d1))")
         for c in range(KK):
             _pack_a(w, "        ", "da", "p", c)
         w("\n        # dK += dS^T Q")
@@ -605,10 +604,8 @@ def dq_kernel(q, k, v, do, out_dq, lse2, dd, Sq, Sk, Hq, group, m_blocks, pad_q,
     for j in range(NJ):
         w(f"            s_{j} = mask_tile(s_{j}, n0 + {8 * j} + tq, row_base, Sk, off)")
     w("\n        # P = exp2(S * scale * log2(e) - lse2[row])")
-    for j in range(NJ):
-        w(f"        p_{j} = (math.exp2(s_{j}[0] * scale_log2 - lse_0), "
-          f"math.exp2(s_{j}[1] * scale_log2 - lse_0), math.exp2(s_{j}[2] * scale_log2 - lse_1), "
-          f"math.exp2(s_{j}[3] * scale_log2 - lse_1))")
+    for j in range(NJ):  # math.exp2(s * scale_log2 - lse_h) per register
+        w(f"        p_{j} = nt.frag_exp2(s_{j}, scale_log2, lse_0, lse_1)")
     w("\n        # dP = dO V^T")
     _mma_rows(w, "        ", fr, "dp", NJ, KS, "of", str(QE), "vst", cfg.q_in_regs)
     w("\n        # dS = P (dP - D[row]), as A fragments")

@@ -221,11 +221,10 @@ def make_mma_pairs(ptx_type):
 
     The same instructions as the statements written out (PTX opcode counts equal), in one
     statement of the generated kernels instead of three with four tuple reads and two tuple
-    builds: numba types and lowers each statement on its own, and the portable attention's
-    kernels compile 12-34 % faster this way (issue 18: forward d128 3.47 -> 2.84 s, backward
-    dQ 2.46 -> 2.16 s, dK / dV at d64 4.16 -> 2.73 s on the 2-core host).  (sm80_gemm's main
-    loop, whose B fragments serve several row tiles, gained nothing measurable: not used
-    there.)"""
+    builds: numba types and lowers each statement on its own (issue 18: with the fragment
+    intrinsics for the softmax steps, the portable attention's kernels compile 17-39 % faster,
+    docs/PERFORMANCE.md).  (sm80_gemm's main loop, whose B fragments serve several row tiles,
+    gained nothing measurable: not used there.)"""
     mma = nt.mma_sync("m16n8k16", ptx_type, ptx_type, "f32")
 
     @cuda.jit(device=True, forceinline=True)
