@@ -300,10 +300,13 @@ def _fastmath_probes():
         p = fm.frag_exp2_fma_cols(s, x[4], (x[5], x[6]))
         x[0], x[1], x[2], x[3] = fm.frag_mul_diff_cols(p, (x[7], x[8], x[9], x[10]),
                                                        (x[11], x[12]))
+        x[4], x[5], x[6], x[7] = fm.frag_exp2_cols(s, x[13], (x[14], x[15]))
+        x[8], x[9], x[10], x[11] = fm.frag_mul_diff_rows(p, s, x[16], x[17])
 
-    yield Probe("fast math", "whole fragments by column: mask from, ex2(fma), p * (x - c)",
-                columns, (types.float32[:], types.int32[:]), SM75,
-                ("ex2.approx.ftz.f32", "fma.rn.f32", "selp.f32", "sub.f32", "mul.f32"))
+    yield Probe("fast math", "whole fragments by column: mask from, ex2(fma), p * (x - c), "
+                "exp2f; p * (x - c) by rows", columns, (types.float32[:], types.int32[:]), SM75,
+                ("ex2.approx.ftz.f32", "fma.rn.f32", "selp.f32", "sub.f32", "mul.f32",
+                 "ex2.approx.f32"))
 
 
     def keys(x, k):

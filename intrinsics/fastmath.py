@@ -30,7 +30,11 @@ are the rows, queries the columns, and the per-query values vary along the colum
 a ``UniTuple(float32, n / 2)``: entry 2 * (v // 4) + v % 2 belongs to register v's column::
 
     p = frag_exp2_fma_cols(s, scale, c)  # p[v] = ex2_approx(fma_f32(s[v], scale, c[col(v)]))
+    p = frag_exp2_cols(s, scale, c)      # p[v] = math.exp2(s[v] * scale - c[col(v)])
     d = frag_mul_diff_cols(p, x, c)      # p[v] * (x[v] - c[col(v)])
+
+and, by rows, ``d = frag_mul_diff_rows(p, x, c0, c1)`` (p[v] * (x[v] - c_h): dS = P (dP - D) of
+a row fragment)
     s = frag_mask_cols_from(s, lo0, lo1) # s[v] where column(v) >= lo_h (int32), else -inf
 
 are the same instructions as the expressions written register by register (the same asm, the
@@ -50,10 +54,10 @@ from numba import types
 
 from intrinsics._core import SM75, asm, intrinsic, require_arch
 
-__all__ = ["ex2_approx", "fma_f32", "frag_exp2", "frag_exp2_fma", "frag_exp2_fma_cols",
-           "frag_mask_cols", "frag_mask_cols_from", "frag_mask_keys", "frag_mask_keys_causal",
-           "frag_mul_diff_cols", "frag_row_maxes", "frag_row_sums", "frag_scale_rows",
-           "frag_tree_order", "tanh_approx"]
+__all__ = ["ex2_approx", "fma_f32", "frag_exp2", "frag_exp2_cols", "frag_exp2_fma",
+           "frag_exp2_fma_cols", "frag_mask_cols", "frag_mask_cols_from", "frag_mask_keys",
+           "frag_mask_keys_causal", "frag_mul_diff_cols", "frag_mul_diff_rows", "frag_row_maxes",
+           "frag_row_sums", "frag_scale_rows", "frag_tree_order", "tanh_approx"]
 
 F32 = ir.FloatType()
 
@@ -351,6 +355,57 @@ def frag_exp2_fma_cols(typingctx, s, scale, c):
             e = _exp2_fma(builder, builder.extract_value(args[0], v), scale_v,
                           builder.extract_value(args[2], _col(v)))
             out = builder.insert_value(out, e, v)
+        return out
+
+    return sig, codegen
+
+
+@intrinsic
+def frag_exp2_cols(typingctx, s, scale, c):
+    """``p[v] = exp2f(s[v] * scale - c[2 * (v // 4) + v % 2])`` for every register v of fragment
+    ``s``: :func:`frag_exp2` (a multiply, a subtraction, libdevice's ``__nv_exp2f``) with one
+    bias per column (``c``: a UniTuple(float32, n / 2)) -- P^T of a transposed score tile with
+    the exponential ``math.exp2`` compiles to."""
+    _frag_type("frag_exp2_cols", s)
+    _check("frag_exp2_cols", (scale,))
+    _col_type("frag_exp2_cols", s, c)
+    sig = s(s, scale, c)
+
+    def codegen(context, builder, sig, args):
+        from numba.cuda import cgutils
+
+        scale_v = context.cast(builder, args[1], sig.args[1], types.float32)
+        exp2f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, (F32,)),
+                                               "__nv_exp2f")
+        out = ir.Constant(args[0].type, ir.Undefined)
+        for v in range(sig.args[0].count):
+            x = builder.fsub(builder.fmul(builder.extract_value(args[0], v), scale_v),
+                             builder.extract_value(args[2], _col(v)))
+            out = builder.insert_value(out, builder.call(exp2f, [x]), v)
+        return out
+
+    return sig, codegen
+
+
+@intrinsic
+def frag_mul_diff_rows(typingctx, p, x, c0, c1):
+    """``p[v] * (x[v] - c_h)`` for every register v (h its row half; ``fsub`` then ``fmul``,
+    each rounded): attention's dS = P * (dP - D) on a row fragment, D one value per row."""
+    _frag_type("frag_mul_diff_rows", p)
+    _frag_type("frag_mul_diff_rows", x)
+    if x.count != p.count:
+        from numba.cuda.core.errors import NumbaTypeError
+
+        raise NumbaTypeError(f"frag_mul_diff_rows: fragments of {p.count} and {x.count} registers")
+    _check("frag_mul_diff_rows", (c0, c1))
+    sig = p(p, x, c0, c1)
+
+    def codegen(context, builder, sig, args):
+        rows = _f32_args(context, builder, sig, args, first=2)
+        out = ir.Constant(args[0].type, ir.Undefined)
+        for v in range(sig.args[0].count):
+            d = builder.fsub(builder.extract_value(args[1], v), rows[_half(v)])
+            out = builder.insert_value(out, builder.fmul(builder.extract_value(args[0], v), d), v)
         return out
 
     return sig, codegen

@@ -168,6 +168,36 @@ def test_libdevice_exponential_is_the_per_register_expression():
 
 
 @pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")
+def test_column_exponential_and_row_difference_are_the_per_register_expressions():
+    """frag_exp2_cols and frag_mul_diff_rows on an 8-register fragment compile to the PTX of
+    ``math.exp2(s[v] * scale - c[col(v)])`` and ``p[v] * (x[v] - c_h)`` written register by
+    register: the same opcode counts (the portable attention backward's P^T and dS)."""
+
+    def fragment(out, x):
+        s = (x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
+        p = nt.frag_exp2_cols(s, x[8], (x[9], x[10], x[11], x[12]))
+        d = nt.frag_mul_diff_rows(p, s, x[13], x[14])
+        out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7] = d
+
+    def per_register(out, x):
+        sc, c0, c1, c2, c3, r0, r1 = x[8], x[9], x[10], x[11], x[12], x[13], x[14]
+        p = (math.exp2(x[0] * sc - c0), math.exp2(x[1] * sc - c1), math.exp2(x[2] * sc - c0),
+             math.exp2(x[3] * sc - c1), math.exp2(x[4] * sc - c2), math.exp2(x[5] * sc - c3),
+             math.exp2(x[6] * sc - c2), math.exp2(x[7] * sc - c3))
+        out[0], out[1], out[2], out[3] = (p[0] * (x[0] - r0), p[1] * (x[1] - r0),
+                                          p[2] * (x[2] - r1), p[3] * (x[3] - r1))
+        out[4], out[5], out[6], out[7] = (p[4] * (x[4] - r0), p[5] * (x[5] - r0),
+                                          p[6] * (x[6] - r1), p[7] * (x[7] - r1))
+
+    sig = (types.float32[:], types.float32[:])
+    got = _opcodes(compile_ptx(fragment, sig, "sm_90a"))
+    want = _opcodes(compile_ptx(per_register, sig, "sm_90a"))
+    for op in ("ex2.approx.f32", "mul.f32", "sub.f32", "fma.rn.f32"):
+        assert got[op] == want[op], (op, got, want)
+    assert got["ex2.approx.f32"] == 8 and got["sub.f32"] == 16
+
+
+@pytest.mark.skipif(config.ENABLE_CUDASIM, reason="compiles PTX")
 def test_key_masks_are_the_per_register_compares():
     """frag_mask_keys and frag_mask_keys_causal on a 32-register fragment, against the same
     kernel without them: one select per register and one 32-bit unsigned compare (the keys in

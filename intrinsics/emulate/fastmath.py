@@ -66,6 +66,19 @@ def frag_exp2_fma_cols(s, scale, c):
     return tuple(ex2_approx(fma_f32(x, scale, c[_col(v)])) for v, x in enumerate(s))
 
 
+def frag_exp2_cols(s, scale, c):
+    # frag_exp2 with one bias per column
+    return tuple(np.float32(np.exp2(np.float64(np.float32(np.float32(x) * np.float32(scale))
+                                               - np.float32(c[_col(v)]))))
+                 for v, x in enumerate(s))
+
+
+def frag_mul_diff_rows(p, x, c0, c1):
+    rows = (np.float32(c0), np.float32(c1))
+    return tuple(np.float32(np.float32(a) * np.float32(np.float32(b) - rows[_half(v)]))
+                 for v, (a, b) in enumerate(zip(p, x)))
+
+
 def frag_mul_diff_cols(p, x, c):
     return tuple(np.float32(np.float32(a) * np.float32(np.float32(b) - np.float32(c[_col(v)])))
                  for v, (a, b) in enumerate(zip(p, x)))
@@ -131,4 +144,5 @@ EMULATIONS = {"ex2_approx": ex2_approx, "fma_f32": fma_f32, "tanh_approx": tanh_
               "frag_mask_cols": frag_mask_cols, "frag_row_sums": frag_row_sums,
               "frag_row_maxes": frag_row_maxes, "frag_exp2_fma_cols": frag_exp2_fma_cols,
               "frag_mul_diff_cols": frag_mul_diff_cols, "frag_mask_cols_from": frag_mask_cols_from,
+              "frag_exp2_cols": frag_exp2_cols, "frag_mul_diff_rows": frag_mul_diff_rows,
               "frag_mask_keys": frag_mask_keys, "frag_mask_keys_causal": frag_mask_keys_causal}

@@ -46,7 +46,6 @@ sm80_attention_backward as b; print(b.dkdv_source(b.CONFIGS['d64'], b.BwdVariant
 """
 
 import functools
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -466,15 +465,13 @@ def dkdv_kernel(q, k, v, do, out_dk, out_dv, lse2, dd, Sq, Sk, Hq, group, n_bloc
     _mma_rows(w, "        ", fr, "s", NJ, KS, "kf", "0", "qst", cfg.kv_in_regs)
     if var.causal:
         w("\n        # The causal diagonal (keys past query + off).")
-        w(f"        if m0 + off < n0 + wrow + 15:")
+        w("        if m0 + off < n0 + wrow + 15:")
         for j in range(NJ):
             w(f"            s_{j} = mask_t(s_{j}, key_base, m0 + {8 * j} + tq, off)")
     w("\n        # P^T = exp2(S^T * scale * log2(e) - lse2[query]); padding queries: 0")
     for j in range(NJ):
         w(f"        l0 = lse2[lb + {8 * j}]\n        l1 = lse2[lb + {8 * j + 1}]")
-        w(f"        p_{j} = (math.exp2(s_{j}[0] * scale_log2 - l0), "
-          f"math.exp2(s_{j}[1] * scale_log2 - l1), math.exp2(s_{j}[2] * scale_log2 - l0), "
-          f"math.exp2(s_{j}[3] * scale_log2 - l1))")
+        w(f"        p_{j} = nt.frag_exp2_cols(s_{j}, scale_log2, (l0, l1))")
     if want_dv:
         w("        # P^T as A fragments: query tiles 2c and 2c + 1 make the k16 step c.")
         for c in range(KK):
@@ -610,8 +607,7 @@ def dq_kernel(q, k, v, do, out_dq, lse2, dd, Sq, Sk, Hq, group, m_blocks, pad_q,
     _mma_rows(w, "        ", fr, "dp", NJ, KS, "of", str(QE), "vst", cfg.q_in_regs)
     w("\n        # dS = P (dP - D[row]), as A fragments")
     for j in range(NJ):
-        w(f"        p_{j} = (p_{j}[0] * (dp_{j}[0] - d_0), p_{j}[1] * (dp_{j}[1] - d_0), "
-          f"p_{j}[2] * (dp_{j}[2] - d_1), p_{j}[3] * (dp_{j}[3] - d_1))")
+        w(f"        p_{j} = nt.frag_mul_diff_rows(p_{j}, dp_{j}, d_0, d_1)")
     for c in range(KK):
         _pack_a(w, "        ", "da", "p", c)
     w("\n        # dQ += dS K")

@@ -95,6 +95,21 @@ def test_libdevice_exponential():
         assert y == np.float32(np.exp2(np.float64(arg))) and isinstance(y, np.float32)
 
 
+def test_column_exponential_and_row_difference():
+    """frag_exp2_cols: exp2 of the float32 multiply and subtraction of each column's bias,
+    rounded to float32; frag_mul_diff_rows: p * (x - c_h) per row half, each step rounded."""
+    rng = np.random.default_rng(7)
+    s = tuple(np.float32(x) for x in rng.standard_normal(16))
+    x = tuple(np.float32(v) for v in rng.standard_normal(16))
+    c = tuple(np.float32(v) for v in rng.standard_normal(8))
+    scale, r0, r1 = np.float32(0.9), np.float32(0.5), np.float32(-1.25)
+    for v, y in enumerate(nt.frag_exp2_cols(s, scale, c)):
+        arg = np.float32(np.float32(s[v] * scale) - c[2 * (v // 4) + v % 2])
+        assert y == np.float32(np.exp2(np.float64(arg))) and isinstance(y, np.float32)
+    for v, y in enumerate(nt.frag_mul_diff_rows(s, x, r0, r1)):
+        assert y == np.float32(s[v] * np.float32(x[v] - (r0, r1)[(v // 2) % 2]))
+
+
 def test_key_masks():
     """frag_mask_keys and frag_mask_keys_causal against the per-register rule: key col0 +
     column(v) below the end, and at most row0 + 8 h + off with the causal form."""

@@ -27,12 +27,17 @@ def _forms(s, f, lim, key, out, pair):
     x = (s[t, 0], s[t, 1], s[t, 2], s[t, 3], s[t, 4], s[t, 5], s[t, 6], s[t, 7],
          s[t, 8], s[t, 9], s[t, 10], s[t, 11], s[t, 12], s[t, 13], s[t, 14], s[t, 15])
     scale, b0, b1, a0, a1 = f[t, 0], f[t, 1], f[t, 2], f[t, 3], f[t, 4]
+    c = (f[t, 1], f[t, 2], f[t, 3], f[t, 4], f[t, 2], f[t, 1], f[t, 4], f[t, 3])  # per column
+    y = (x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15], x[0], x[1], x[2], x[3], x[4],
+         x[5], x[6], x[7])  # a second fragment
     forms = (nt.frag_exp2_fma(x, scale, b0, b1), nt.frag_exp2(x, scale, b0, b1),
              nt.frag_scale_rows(x, a0, a1), nt.frag_mask_cols(x, lim[t, 0], lim[t, 1]),
              nt.frag_mask_cols_from(x, lim[t, 2], lim[t, 3]),
              nt.frag_mask_keys(x, key[t, 0], key[t, 1]),
-             nt.frag_mask_keys_causal(x, key[t, 0], key[t, 1], key[t, 2], key[t, 3]))
-    for k in range(7):
+             nt.frag_mask_keys_causal(x, key[t, 0], key[t, 1], key[t, 2], key[t, 3]),
+             nt.frag_exp2_fma_cols(x, scale, c), nt.frag_exp2_cols(x, scale, c),
+             nt.frag_mul_diff_cols(x, y, c), nt.frag_mul_diff_rows(x, y, b0, b1))
+    for k in range(11):
         y = forms[k]
         for v in range(R):
             out[k, t, v] = y[v]
@@ -41,8 +46,8 @@ def _forms(s, f, lim, key, out, pair):
         pair[k, t, 0] = pairs[k][0]
         pair[k, t, 1] = pairs[k][1]
     for v in range(R):  # the scalar forms, register by register
-        out[7, t, v] = nt.ex2_approx(nt.fma_f32(x[v], scale, b0))
-        out[8, t, v] = nt.tanh_approx(x[v] * np.float32(0.25))
+        out[11, t, v] = nt.ex2_approx(nt.fma_f32(x[v], scale, b0))
+        out[12, t, v] = nt.tanh_approx(x[v] * np.float32(0.25))
 
 
 def _inputs(gen):
@@ -74,7 +79,7 @@ def _ulps(got, want):
 def test_fragment_forms_match_the_emulation_lane_by_lane():
     gen = lanes.rng()
     s, f, lim, key = _inputs(gen)
-    out = cuda.to_device(np.full((9, T, R), np.nan, np.float32))
+    out = cuda.to_device(np.full((13, T, R), np.nan, np.float32))
     pair = cuda.to_device(np.full((2, T, 2), np.nan, np.float32))
     _forms[T // 128, 128](cuda.to_device(s), cuda.to_device(f), cuda.to_device(lim),
                           cuda.to_device(key), out, pair)
@@ -91,18 +96,24 @@ def test_fragment_forms_match_the_emulation_lane_by_lane():
         want[4, t] = emu.frag_mask_cols_from(x, lim[t, 2], lim[t, 3])
         want[5, t] = emu.frag_mask_keys(x, key[t, 0], key[t, 1])
         want[6, t] = emu.frag_mask_keys_causal(x, *key[t])
+        c = (f[t, 1], f[t, 2], f[t, 3], f[t, 4], f[t, 2], f[t, 1], f[t, 4], f[t, 3])
+        y = x[8:] + x[:8]
+        want[7, t] = emu.frag_exp2_fma_cols(x, scale, c)
+        want[8, t] = emu.frag_exp2_cols(x, scale, c)
+        want[9, t] = emu.frag_mul_diff_cols(x, y, c)
+        want[10, t] = emu.frag_mul_diff_rows(x, y, b0, b1)
         want_pair[0, t] = emu.frag_row_sums(x)
         want_pair[1, t] = emu.frag_row_maxes(x)
-        want[7, t] = [emu.ex2_approx(emu.fma_f32(v, scale, b0)) for v in x]
-        want[8, t] = [emu.tanh_approx(np.float32(v) * np.float32(0.25)) for v in x]
-    for k in (2, 3, 4, 5, 6):  # selects and one multiply: bit-exact
+        want[11, t] = [emu.ex2_approx(emu.fma_f32(v, scale, b0)) for v in x]
+        want[12, t] = [emu.tanh_approx(np.float32(v) * np.float32(0.25)) for v in x]
+    for k in (2, 3, 4, 5, 6, 9, 10):  # selects, one multiply or a subtraction and a multiply
         np.testing.assert_array_equal(got[k], want[k], err_msg=f"form {k}")
     np.testing.assert_array_equal(got_pair, want_pair)
-    for k in (0, 1, 7):  # ex2.approx (and exp2f, itself ex2.approx): within 2 ulp
+    for k in (0, 1, 7, 8, 11):  # ex2.approx (and exp2f, itself ex2.approx): within 2 ulp
         assert not np.isnan(got[k]).any(), k
         assert _ulps(got[k], want[k]).max() <= 2, (k, _ulps(got[k], want[k]).max())
-    rel = np.abs(got[8].astype(np.float64) - want[8]) / np.maximum(np.abs(want[8]), 2.0**-126)
-    finite = np.isfinite(want[8])
+    rel = np.abs(got[12].astype(np.float64) - want[12]) / np.maximum(np.abs(want[12]), 2.0**-126)
+    finite = np.isfinite(want[12])
     assert rel[finite].max() <= 2.0**-10.987, rel[finite].max()
     # the masks did mask something and kept something (the inputs reach both sides)
     for k in (3, 4, 5, 6):
