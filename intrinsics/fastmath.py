@@ -173,19 +173,25 @@ def frag_exp2(typingctx, s, scale, b0, b1):
     sig = s(s, scale, b0, b1)
 
     def codegen(context, builder, sig, args):
-        from numba.cuda import cgutils
-
         scale_v, *bases = _f32_args(context, builder, sig, args)
-        exp2f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, (F32,)),
-                                               "__nv_exp2f")
-        out = ir.Constant(args[0].type, ir.Undefined)
-        for v in range(sig.args[0].count):
-            x = builder.fsub(builder.fmul(builder.extract_value(args[0], v), scale_v),
-                             bases[_half(v)])
-            out = builder.insert_value(out, builder.call(exp2f, [x]), v)
-        return out
+        return _exp2f_frag(builder, args[0], sig.args[0].count, scale_v,
+                           lambda v: bases[_half(v)])
 
     return sig, codegen
+
+
+def _exp2f_frag(builder, s, n, scale, bias):
+    """exp2f(s[v] * scale - bias(v)) of the n registers of fragment ``s`` (an IR aggregate):
+    fmul, fsub and libdevice's __nv_exp2f each, as numba compiles ``math.exp2``."""
+    from numba.cuda import cgutils
+
+    exp2f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, (F32,)),
+                                           "__nv_exp2f")
+    out = ir.Constant(s.type, ir.Undefined)
+    for v in range(n):
+        x = builder.fsub(builder.fmul(builder.extract_value(s, v), scale), bias(v))
+        out = builder.insert_value(out, builder.call(exp2f, [x]), v)
+    return out
 
 
 @intrinsic
@@ -372,17 +378,9 @@ def frag_exp2_cols(typingctx, s, scale, c):
     sig = s(s, scale, c)
 
     def codegen(context, builder, sig, args):
-        from numba.cuda import cgutils
-
         scale_v = context.cast(builder, args[1], sig.args[1], types.float32)
-        exp2f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, (F32,)),
-                                               "__nv_exp2f")
-        out = ir.Constant(args[0].type, ir.Undefined)
-        for v in range(sig.args[0].count):
-            x = builder.fsub(builder.fmul(builder.extract_value(args[0], v), scale_v),
-                             builder.extract_value(args[2], _col(v)))
-            out = builder.insert_value(out, builder.call(exp2f, [x]), v)
-        return out
+        return _exp2f_frag(builder, args[0], sig.args[0].count, scale_v,
+                           lambda v: builder.extract_value(args[2], _col(v)))
 
     return sig, codegen
 
