@@ -385,26 +385,37 @@ def frag_exp2_cols(typingctx, s, scale, c):
     return sig, codegen
 
 
+def _same_fragments(name, p, x):
+    """``p`` and ``x`` are float32 fragments of one register count."""
+    _frag_type(name, p)
+    _frag_type(name, x)
+    if x.count != p.count:
+        from numba.cuda.core.errors import NumbaTypeError
+
+        raise NumbaTypeError(f"{name}: fragments of {p.count} and {x.count} registers")
+
+
+def _mul_diff(builder, p, x, n, sub):
+    """p[v] * (x[v] - sub(v)) of the n registers of fragments ``p`` and ``x`` (IR aggregates):
+    fsub then fmul, each rounded."""
+    out = ir.Constant(p.type, ir.Undefined)
+    for v in range(n):
+        d = builder.fsub(builder.extract_value(x, v), sub(v))
+        out = builder.insert_value(out, builder.fmul(builder.extract_value(p, v), d), v)
+    return out
+
+
 @intrinsic
 def frag_mul_diff_rows(typingctx, p, x, c0, c1):
     """``p[v] * (x[v] - c_h)`` for every register v (h its row half; ``fsub`` then ``fmul``,
     each rounded): attention's dS = P * (dP - D) on a row fragment, D one value per row."""
-    _frag_type("frag_mul_diff_rows", p)
-    _frag_type("frag_mul_diff_rows", x)
-    if x.count != p.count:
-        from numba.cuda.core.errors import NumbaTypeError
-
-        raise NumbaTypeError(f"frag_mul_diff_rows: fragments of {p.count} and {x.count} registers")
+    _same_fragments("frag_mul_diff_rows", p, x)
     _check("frag_mul_diff_rows", (c0, c1))
     sig = p(p, x, c0, c1)
 
     def codegen(context, builder, sig, args):
         rows = _f32_args(context, builder, sig, args, first=2)
-        out = ir.Constant(args[0].type, ir.Undefined)
-        for v in range(sig.args[0].count):
-            d = builder.fsub(builder.extract_value(args[1], v), rows[_half(v)])
-            out = builder.insert_value(out, builder.fmul(builder.extract_value(args[0], v), d), v)
-        return out
+        return _mul_diff(builder, args[0], args[1], sig.args[0].count, lambda v: rows[_half(v)])
 
     return sig, codegen
 
@@ -414,22 +425,13 @@ def frag_mul_diff_cols(typingctx, p, x, c):
     """``p[v] * (x[v] - c[2 * (v // 4) + v % 2])`` for every register v (``fsub`` then ``fmul``,
     each rounded): attention's dS = P * (dP - D) on a transposed tile, D one value per query
     column (``c``: a UniTuple(float32, n / 2))."""
-    _frag_type("frag_mul_diff_cols", p)
-    _frag_type("frag_mul_diff_cols", x)
-    if x.count != p.count:
-        from numba.cuda.core.errors import NumbaTypeError
-
-        raise NumbaTypeError(f"frag_mul_diff_cols: fragments of {p.count} and {x.count} registers")
+    _same_fragments("frag_mul_diff_cols", p, x)
     _col_type("frag_mul_diff_cols", p, c)
     sig = p(p, x, c)
 
     def codegen(context, builder, sig, args):
-        out = ir.Constant(args[0].type, ir.Undefined)
-        for v in range(sig.args[0].count):
-            d = builder.fsub(builder.extract_value(args[1], v),
-                             builder.extract_value(args[2], _col(v)))
-            out = builder.insert_value(out, builder.fmul(builder.extract_value(args[0], v), d), v)
-        return out
+        return _mul_diff(builder, args[0], args[1], sig.args[0].count,
+                         lambda v: builder.extract_value(args[2], _col(v)))
 
     return sig, codegen
 
