@@ -122,7 +122,7 @@ import numpy as np
 from numba import cuda  # a module global: the simulator swaps it in device functions
 
 import intrinsics as nt
-from intrinsics.layout import SmemLayout
+from intrinsics.layout import SmemLayout, swizzle_offset_host
 from intrinsics.layout.smem import encode_wgmma_smem_desc
 from numbatc.kernels import build
 from numbatc.kernels import tensor_maps as tensor_maps_cache
@@ -257,10 +257,9 @@ def make_producer(bm, bn, bk, stages, a_kmajor, b_kmajor, persistent, elem_bytes
 # Device code: the cp.async producer warpgroup, factory-made
 # ---------------------------------------------------------------------------------------------
 
-@cuda.jit(device=True, forceinline=True)
-def _swz128(o):
-    # the 128B swizzle of a byte offset from a 1024-aligned base: 16-byte chunk ^= row % 8
-    return o ^ ((o >> 3) & 0x70)
+#: ``swizzle(byte offset, mode)``: intrinsics.layout's swizzle of an offset from a tile base
+#: aligned to the swizzle's repeat (forceinline, as smem_desc: the mode folds in LLVM).
+swizzle = cuda.jit(device=True, forceinline=True)(swizzle_offset_host)
 
 
 def _pad16(values):
@@ -356,8 +355,8 @@ def make_cp_loaders(mn, bk, elem_bytes, k_major):
         row_ld = np.int64(nt.wgmma_fence_operand(np.int32(step * ld)))
         left = np.int64(nt.wgmma_fence_operand(np.int32(left)))
         ok = cc > 0
-        d0 = base + _swz128(offset(r0, c0))
-        d4 = base + _swz128(offset(r0 + 4, c0))  # (used where STEP is 4)
+        d0 = base + swizzle(offset(r0, c0), _SWIZZLE)
+        d4 = base + swizzle(offset(r0 + 4, c0), _SWIZZLE)  # (used where STEP is 4)
         put(smem, (d4 if upper[0] else d0) + at[0], src, g, nbytes, (lim[0] < left) & ok)
         g += row_ld
         put(smem, (d4 if upper[1] else d0) + at[1], src, g, nbytes, (lim[1] < left) & ok)
@@ -402,10 +401,11 @@ def make_cp_loaders(mn, bk, elem_bytes, k_major):
     def load_inside(smem, base, src, org, ld, p, k0):
         if k_major:
             g = org + (p // 8) * ld + (p % 8) * 16 + k0 * eb
-            d = base + _swz128((p // 8) * 128 + (p % 8) * 16)
+            d = base + swizzle((p // 8) * 128 + (p % 8) * 16, _SWIZZLE)
         else:
             g = org + (p // 8) * ld + (p % 8) * 16 + k0 * ld
-            d = base + _swz128(((p // 8) // 8) * atom + ((p // 8) % 8) * 128 + (p % 8) * 16)
+            d = base + swizzle(((p // 8) // 8) * atom + ((p // 8) % 8) * 128 + (p % 8) * 16,
+                               _SWIZZLE)
         row16 = np.int64(nt.wgmma_fence_operand(np.int32(16 * ld)))
         copy_in(smem, d + in_at[0], src, g + in_row[0] * row16 + in_col[0])
         copy_in(smem, d + in_at[1], src, g + in_row[1] * row16 + in_col[1])

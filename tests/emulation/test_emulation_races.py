@@ -110,7 +110,8 @@ def test_ex03_bulk_copy_wgmma_under_stress(thread_switch_stress):
 
 
 def test_sm90_gemm_under_stress(thread_switch_stress):
-    """The warp-specialised Hopper GEMM: one block of 384 threads, four stages of mbarriers in
+    """The warp-specialised Hopper GEMM with the cp.async producer (make_cp_producer: 128
+    threads' copies, .noinc arrivals): one block of 384 threads, four stages of mbarriers in
     dynamic shared memory, wgmma state per warpgroup."""
     from numbatc.kernels import sm90_gemm
 
