@@ -20,8 +20,8 @@ from numbatc.kernels import split_k
 
 _EMULATED = bool(config.ENABLE_CUDASIM)
 
-__all__ = ["aligned_view", "epilogue_args", "flat", "flat_array", "launch_gemm", "launch_stream",
-           "operand", "pointer"]
+__all__ = ["aligned_view", "byte_view", "epilogue_args", "flat", "flat_array", "launch_gemm",
+           "launch_stream", "operand", "pointer"]
 
 
 @cuda.jit
@@ -94,6 +94,15 @@ def flat(view, keep):
         span = sum((d - 1) * st for d, st in zip(host.shape, host.strides)) // itemsize + 1
         return np.lib.stride_tricks.as_strided(host, shape=(span,), strides=(itemsize,))
     return view.device_ctypes_pointer.value
+
+
+def byte_view(x):
+    """A flat operand (see :func:`flat`) as a kernel that addresses it in bytes takes it: a
+    device pointer as it is, an emulated 1-d array (NumPy, or numba's simulated device array)
+    viewed as uint8."""
+    if isinstance(x, (int, np.integer)):
+        return x
+    return getattr(x, "_ary", x).view(np.uint8)
 
 
 def flat_array(ca, keep, words=False):

@@ -34,8 +34,6 @@ kernel for such operands made ptxas hoist its unrolled addresses and spill: 255 
 import functools
 from dataclasses import dataclass
 
-import numpy as np
-
 from numbatc.kernels import epilogue, gpus, operands, split_k
 from numbatc.kernels.build import load_generated
 from numbatc.kernels.epilogue import (  # what every GEMM kernel shares
@@ -469,11 +467,6 @@ def _byte_signature(var):
     return (u8, u8) + tuple(epilogue.signature(var)[2:])
 
 
-def _byte_view(x):
-    """A flat emulated operand (numpy array, or numba's simulated device array) as uint8."""
-    return getattr(x, "_ary", x).view(np.uint8)
-
-
 def grid_for(cfg: Sm80Config, m: int, n: int):
     return ((m + cfg.bm - 1) // cfg.bm) * ((n + cfg.bn - 1) // cfg.bn)
 
@@ -502,7 +495,7 @@ def launch_flat(cfg: Sm80Config, var: GemmVariant, a, b, c, bias, out, m, n, k, 
         grid = (grid, split(stream)[3])
     # the kernel takes a and b as bytes (see signature): emulated arrays are viewed as bytes;
     # on the GPU they are device pointers already
-    a, b = (x if isinstance(x, (int, np.integer)) else _byte_view(x) for x in (a, b))
+    a, b = operands.byte_view(a), operands.byte_view(b)
     return launch_gemm_kernel(kernel_for(cfg, var), var, grid, cfg.threads,
                               cfg.shared_bytes, None, a, b, c, bias, out, m, n, k, lda, ldb, ldc,
                               ldo, alpha, beta, stream, group_m, epilogue_args, prepare,

@@ -124,7 +124,7 @@ from numba import cuda  # a module global: the simulator swaps it in device func
 import intrinsics as nt
 from intrinsics.layout import SmemLayout, swizzle_offset_host
 from intrinsics.layout.smem import encode_wgmma_smem_desc
-from numbatc.kernels import build
+from numbatc.kernels import build, operands
 from numbatc.kernels import tensor_maps as tensor_maps_cache
 from numbatc.kernels.epilogue import ZERO4, add_partial, epilogue_for, put_partial
 from numbatc.kernels.pipeline import cp_async_pipeline, named_barrier_of, tma_pipeline
@@ -1144,9 +1144,8 @@ def launch(cfg, var, kernel, grid, a, b, c, bias, out, m, n, k, lda, ldb, ldc, l
     assert not (tma_store and split), "a K slice's partial sums are not stored by TMA"
     sig = signature(var, tma_store=tma_store, cp_async=cp_async)
     sizes = (m, n, k, lda, ldb, ldc, ldo)
-    if cp_async and not isinstance(a, (int, np.integer)):
-        # the emulation's flat operands, viewed as bytes (the kernel reads byte pointers)
-        a, b = (getattr(x, "_ary", x).view(np.uint8) for x in (a, b))
+    if cp_async:  # the kernel reads a and b through byte pointers
+        a, b = operands.byte_view(a), operands.byte_view(b)
 
     def maps(a, b, out):
         ta, tb = tensor_maps(cfg, var, a, b, m, n, k, lda, ldb)
