@@ -138,32 +138,78 @@ def _copies_per_thread(cfg):
                          ids=["128x256-bench", "128x128-fused", "128x128-bench", "64x64-bench",
                               "16x128-split", "128x128x32-bench", "128x128x64-3s-bench",
                               "128x128x32-3s-bench", "16x128-4s-split"])
-def test_main_loop_sass(name, var, tmp_path):
-    """Whole-program SASS for sm_80 (as the driver JITs the module):
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_main_loop_sass(name, var, arch, tmp_path):
+    """Whole-program SASS for sm_80 and for sm_90a, where the H200 runs it (as the driver JITs
+    the module):
 
     - the rasterisation, the stage counters and split-K's slices divide in 32 bits: no 64-bit
       div/rem in the PTX, no CALL to the division subroutines (__cuda_sm20_div_s64 / rem_s64);
     - every mma.sync an HMMA.16816 (a warp's (BM / WARPS_M) x (BN / WARPS_N) x BK / (16 x 8 x 16)
-      per k tile), no spills, no local memory;
+      per k tile);
+    - no spills on sm_90a; on sm_80 none in the k loop, and at most 32 bytes around it (ptxas
+      13.0 keeps 5 epilogue values of the 128 x 128 x 64 row x row kernel in local memory
+      across the loop, once per tile, since the loop holds the next k step's fragments beside
+      the current ones -- before the ldmatrix offsets were XOR-and-add constants it kept no
+      fragments ahead, and on sm_90a spilled 44-112 bytes inside the loop instead);
     - the k loop has a path without bounds checks (tiles wholly inside a and b): the thread's
       copies as plain LDGSTS (no ZFILL), at most a few integer instructions each around them.
       (Before the unchecked copies, the 128x256 loop spent 331 instructions per k tile beside
-      its 128 HMMA, 32 LDSM and 24 LDGSTS; now 78 on that path.)"""
+      its 128 HMMA, 32 LDSM and 24 LDGSTS; then 78 on that path for sm_80 and 116 for sm_90a;
+      with the XOR-and-add ldmatrix offsets 84 and 97.)"""
     cfg = sm80_gemm.CONFIGS[name]
-    ptx = compile_ptx(sm80_gemm.kernel_for(cfg, var), sm80_gemm.signature(var), "sm_80")
+    ptx = compile_ptx(sm80_gemm.kernel_for(cfg, var), sm80_gemm.signature(var), arch)
     assert not re.search(r"\b(div|rem)\.[su]64\b", ptx)
-    log = whole_program_ptxas(ptx, tmp_path, "sm_80")
-    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+    log = whole_program_ptxas(ptx, tmp_path, arch)
+    spilled = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert spilled, log
+    assert max(map(int, spilled.groups())) <= (32 if arch == "sm_80" else 0), log
     sass = disassemble(tmp_path / "kernel.cubin")
     assert "__cuda_sm20_div" not in sass and "__cuda_sm20_rem" not in sass
     per_tile = cfg.warp_m * cfg.warp_n * cfg.bk // (16 * 8 * 16)
     assert len(re.findall(r"\bHMMA\.16816\.F32\.BF16\b", sass)) == per_tile
-    assert not re.search(r"\b(LDL|STL)\b", sass)
     blocks = main_loop(sass)
+    loop = [t.split()[0] for block in blocks for t in block]
+    assert not any(op.startswith(("LDL", "STL")) for op in loop), loop
+    ldsm = [t for block in blocks for t in block if t.startswith("LDSM")]
+    assert len(ldsm) == cfg.bk // 16 * (cfg.warp_m // 16 + cfg.warp_n // 16)
     unchecked = [t for block in blocks if not any("ZFILL" in t for t in block) for t in block]
     ops = [t.split()[0] for t in unchecked]
     copies = _copies_per_thread(cfg)
     assert sum(op.startswith("HMMA") for op in ops) == per_tile
     assert sum(op.startswith("LDGSTS") for op in ops) == copies, ops
     others = [op for op in ops if not op.startswith(("HMMA", "LDSM", "LDGSTS"))]
-    assert len(others) <= 48 + 4 * copies, (len(others), others)
+    assert len(others) <= 56 + 4 * copies, (len(others), others)
+
+
+@pytest.mark.parametrize("name", sorted(sm80_gemm.CONFIGS))
+def test_fragment_offsets_are_one_base_xor_and_add(name):
+    """Every ldmatrix of the k loop addresses the stage's base for its operand XORed with one
+    constant plus another (sm80_gemm._fragment_offsets), for every configuration and layout:
+    no register per (k step, tile) is left in the source (the fallback names them
+    ``a_off_<ks>_<i>`` / ``b_off_<ks>_<j>``).  And the rule itself, lane by lane: the constants
+    give the per-(k step, tile) offsets of the formulas for every lane and warp position, with
+    the stage and tile bases added, of which the XOR must not change anything."""
+    cfg = sm80_gemm.CONFIGS[name]
+    for a_layout in ("row", "col"):
+        for b_layout in ("row", "col"):
+            var = GemmVariant(a_layout, b_layout, "bfloat16", "bfloat16", None, None, None)
+            src = sm80_gemm.kernel_source(cfg, var)
+            assert "_off_" not in src and src.count("ldmatrix_x4") == (
+                cfg.bk // 16 * (cfg.warp_m // 16 + cfg.warp_n // 16))
+            a_rowb, b_rowb = sm80_gemm.tile_row_bytes(cfg, var)
+            rows = sm80_gemm._fragment_rows(cfg, var, a_rowb, b_rowb)
+            bases = {op: next(e for o, _, _, e in rows if o == op) for op in "ab"}
+            stage = cfg.stage_elems * 2
+            for op, ks, idx, expr in rows:
+                rowb = a_rowb if op == "a" else b_rowb
+                tile = 0 if op == "a" else cfg.bm * cfg.bk * 2
+                x, y = sm80_gemm._xor_add(expr, bases[op], rowb, cfg)
+                for so in (tile, stage + tile, 2 * stage + tile):
+                    for lane in range(32):
+                        for wm in range(cfg.warps_m):
+                            for wn in range(cfg.warps_n):
+                                env = {"lane": lane, "wm": wm, "wn": wn}
+                                want = so + sm80_gemm._swizzle(eval(expr, env), rowb)
+                                base = so + sm80_gemm._swizzle(eval(bases[op], env), rowb)
+                                assert (base ^ x) + y == want, (op, ks, idx, lane, wm, wn)

@@ -159,10 +159,19 @@ def tile_row_bytes(cfg, var):
     return a_rowb, b_rowb
 
 
-def _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems):
-    """Emit, per k step, each lane's ldmatrix row offset (bytes, swizzled, stage-relative):
-    for A tile i and for each pair of B tiles (j, j + 1), as int32 variables."""
+def _swizzle(o, row_bytes):
+    """The host value of :func:`_swizzle_expr` (the generated swz_a / swz_b)."""
+    if row_bytes == 64:
+        return o ^ ((o >> 3) & 0x30)
+    return o ^ ((o >> (row_bytes.bit_length() - 5)) & 0x70)
+
+
+def _fragment_rows(cfg, var, a_rowb, b_rowb):
+    """Each ldmatrix.x4 of a k tile as ``(op, ks, idx, expr)``: op 'a' (idx: the warp's A tile
+    i) or 'b' (idx: the first of a pair of B tiles j, j + 1); ``expr`` the source of the lane's
+    row offset in bytes in the operand's tile, before the swizzle (in ``lane``, ``wm``, ``wn``)."""
     WM, WN, MI, NJ = cfg.warp_m, cfg.warp_n, cfg.warp_m // 16, cfg.warp_n // 8
+    out = []
     for ks in range(cfg.bk // 16):
         for i in range(MI):
             mrow = f"wm * {WM} + {i * 16}"
@@ -173,8 +182,7 @@ def _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems):
                 # [k][m], .trans: matrix q = lane // 8 covers k + (q // 2) * 8, m + (q % 2) * 8
                 o = (f"({ks * 16} + ((lane // 8) // 2) * 8 + lane % 8) * {a_rowb} + "
                      f"({mrow} + ((lane // 8) % 2) * 8) * 2")
-            w(f"    o = {o}")
-            w(f"    a_off_{ks}_{i} = np.int32(swz_a(o))")
+            out.append(("a", ks, i, o))
         for j in range(0, NJ, 2):
             ncol = f"wn * {WN} + {j * 8}"
             if var.b_layout == "col":
@@ -185,8 +193,60 @@ def _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems):
                 # [k][n], .trans: matrix q covers k + (q % 2) * 8, n + (q // 2) * 8
                 o = (f"({ks * 16} + ((lane // 8) % 2) * 8 + lane % 8) * {b_rowb} + "
                      f"({ncol} + ((lane // 8) // 2) * 8) * 2")
-            w(f"    o = {o}")
-            w(f"    b_off_{ks}_{j} = np.int32({a_elems * 2} + swz_b(o))")
+            out.append(("b", ks, j, o))
+    return out
+
+
+def _xor_add(expr, base, rowb, cfg):
+    """Constants (x, y) with swizzle(expr) == (swizzle(base) ^ x) + y for every lane and warp
+    position (checked exhaustively on the host), x inside a 128-byte swizzle row so that it
+    commutes with adding the stage's and the tile's offsets (multiples of 1024); None where
+    there are none."""
+    def value(e, lane, wm, wn):
+        return _swizzle(eval(e, {"lane": lane, "wm": wm, "wn": wn}), rowb)
+
+    points = [(lane, wm, wn) for lane in range(32) for wm in range(cfg.warps_m)
+              for wn in range(cfg.warps_n)]
+    want = [value(expr, *p) for p in points]
+    have = [value(base, *p) for p in points]
+    for x in range(0, 128, 16):
+        y = want[0] - (have[0] ^ x)
+        if all(w == (h ^ x) + y for w, h in zip(want, have)):
+            return x, y
+    return None
+
+
+def _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems):
+    """Emit each lane's ldmatrix base offsets (``a_frag``, ``b_frag``: bytes, swizzled, from
+    the stage's start, of the first A tile's and the first B pair's rows at k step 0) and return
+    ``{(op, ks, idx): expr}``, the source of every ldmatrix's byte offset in ``smem`` given the
+    stage's bases ``sa = so + a_frag`` and ``sb = so + b_frag``.
+
+    The swizzle XORs a row's 16-byte chunk index with the row mod 8, and the tiles of a k tile
+    lie whole multiples of 8 rows apart, so every fragment offset is the base XORed with one
+    constant (the k step's chunk) plus another (the tile's rows): a LOP3 and ldmatrix's
+    immediate offset, instead of a register per (k step, tile) -- 32 of them for a 64 x 64
+    warp tile, which took the 128 x 128 kernel to 255 registers with spills inside the k loop.
+    An offset that is not of that form (none among CONFIGS) keeps a register of its own."""
+    assert (cfg.stage_elems * 2) % 1024 == 0 and (a_elems * 2) % 1024 == 0
+    rows = _fragment_rows(cfg, var, a_rowb, b_rowb)
+    base = {op: next(e for o, _, _, e in rows if o == op) for op in "ab"}
+    rowb = {"a": a_rowb, "b": b_rowb}
+    w(f"    a_frag = np.int32(swz_a({base['a']}))")
+    w(f"    b_frag = np.int32({a_elems * 2} + swz_b({base['b']}))")
+    addr = {}
+    for op, ks, idx, e in rows:
+        xy = _xor_add(e, base[op], rowb[op], cfg)
+        if xy is None:
+            name = f"{op}_off_{ks}_{idx}"
+            tile = "" if op == "a" else f"{a_elems * 2} + "
+            w(f"    {name} = np.int32({tile}swz_{op}({e}))")
+            addr[(op, ks, idx)] = f"so + {name}"
+            continue
+        x, y = xy
+        s = f"(s{op} ^ {x})" if x else f"s{op}"
+        addr[(op, ks, idx)] = f"{s} + {y}" if y else s
+    return addr
 
 
 def loader_source(w, cfg, op, layout, rowb, base_elems, unit=2, inside=False):
@@ -291,7 +351,7 @@ def mainloop_source(w, cfg: Sm80Config, var: GemmVariant, inside=None, lds=("lda
     for i in range(MI):
         for j in range(NJ):
             w(f"    acc_{i}_{j} = (np.float32(0), np.float32(0), np.float32(0), np.float32(0))")
-    _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems)
+    addr = _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems)
     w(f'''
     # Prologue: the first STAGES-1 tiles in flight.
     for s in range({S - 1}):
@@ -311,15 +371,17 @@ def mainloop_source(w, cfg: Sm80Config, var: GemmVariant, inside=None, lds=("lda
         if nxt < k_tiles:
 {_load_source(" " * 12, "so_next", f"nxt * {BK}", inside, BK, lds)}
         nt.cp_async_commit_group()
-        so_next = np.int32(0) if so_next == {(S - 1) * stage} else np.int32(so_next + {stage})''')
+        so_next = np.int32(0) if so_next == {(S - 1) * stage} else np.int32(so_next + {stage})
+        sa = so + a_frag
+        sb = so + b_frag''')
     for ks in range(BK // 16):
         w(f"        # k step {ks}")
         for i in range(MI):
             op = "ldmatrix_x4" if a_kmajor else "ldmatrix_x4_trans"
-            w(f"        fa_{i} = nt.{op}(smem, so + a_off_{ks}_{i})")
+            w(f"        fa_{i} = nt.{op}(smem, {addr[('a', ks, i)]})")
         for j in range(0, NJ, 2):
             op = "ldmatrix_x4" if b_kmajor else "ldmatrix_x4_trans"
-            w(f"        fb = nt.{op}(smem, so + b_off_{ks}_{j})")
+            w(f"        fb = nt.{op}(smem, {addr[('b', ks, j)]})")
             w(f"        fb_{j} = (fb[0], fb[1])")
             w(f"        fb_{j + 1} = (fb[2], fb[3])")
         for i in range(MI):
