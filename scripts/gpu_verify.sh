@@ -93,6 +93,10 @@
 #              racecheck and synccheck of attention_backward_sm90 (sanitize.txt), then bench
 #              attention-backward quick with --kernel all (bench.txt: sm80, sm90, sm90 with
 #              deterministic=False; SDPA timed in each sweep)
+#   sm80bench  the portable GEMM forced (issue 22): SM80_CFG (default 128x128x64_4w_3s) on
+#              .gpu/$SM80_BASE (default base_gemm, an older checkout) and this tree, alternating,
+#              SM80_ROUNDS rounds (default 2), gemm quick (b col); then every sm80 configuration
+#              of this tree (--configs) (bench80.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -579,6 +583,15 @@ if [[ $what == hopperbench ]]; then
     echo "== new: attention quick"
     t 90 $py -m numbatc.bench attention --shapes quick | grep -E "^ +[0-9]|rror| B +S"
     echo "[bench done at $((SECONDS - start)) s]"; } > "$out/bench.txt" 2>&1
+fi
+
+if [[ $what == sm80bench ]]; then
+  { NUMBATC_GEMM_KERNEL=sm80:${SM80_CFG:-128x128x64_4w_3s} t 300 bash "$here/bench_ab.sh" \
+      ".gpu/${SM80_BASE:-base_gemm}" "${SM80_ROUNDS:-2}" gemm --shapes quick --b-layout col
+    echo "== new: every sm80 configuration (--configs), gemm quick, b col"
+    NUMBATC_GEMM_KERNEL=sm80 t ${SM80_CONFIGS_LIMIT:-200} $py -m numbatc.bench gemm --shapes quick \
+      --b-layout col --configs | grep -E "^ +[0-9]|rror| M +N"
+    echo "[bench done at $((SECONDS - start)) s]"; } > "$out/bench80.txt" 2>&1
 fi
 
 if [[ $what == bwd90 ]]; then

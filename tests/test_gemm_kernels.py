@@ -53,7 +53,8 @@ def test_variant_layouts_and_f16_assemble(layouts):
 
 #: configurations choose() never takes on a GPU of numbatc.kernels.gpus' table, for
 #: NUMBATC_SM80_CONFIG (tests/test_gpu_limits.py pins every configuration's blocks per SM)
-NAMED_ONLY = ["128x256x64_8w_3s", "128x256x64_8w_4s", "128x128x64_4w_4s", "64x64x64_4w_3s"]
+NAMED_ONLY = ["128x256x64_8w_3s", "128x256x64_8w_4s", "128x128x64_4w_4s", "64x64x64_4w_3s",
+              "128x128x32_4w_4s_fp", "128x256x64_8w_3s_fp"]
 
 
 @pytest.mark.parametrize("name", NAMED_ONLY)
@@ -134,10 +135,12 @@ def _copies_per_thread(cfg):
                                        ("128x128x64_4w_4s", BENCH), ("64x64x64_4w_3s", BENCH),
                                        ("16x128x64_4w_6s", SPLIT), ("128x128x32_4w_4s", BENCH),
                                        ("128x128x64_4w_3s", BENCH), ("128x128x32_4w_3s", BENCH),
-                                       ("16x128x64_4w_4s", SPLIT)],
+                                       ("16x128x64_4w_4s", SPLIT), ("128x128x32_4w_4s_fp", BENCH),
+                                       ("128x256x64_8w_3s_fp", FUSED)],
                          ids=["128x256-bench", "128x128-fused", "128x128-bench", "64x64-bench",
                               "16x128-split", "128x128x32-bench", "128x128x64-3s-bench",
-                              "128x128x32-3s-bench", "16x128-4s-split"])
+                              "128x128x32-3s-bench", "16x128-4s-split", "128x128x32-fp-bench",
+                              "128x256-fp-fused"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_main_loop_sass(name, var, arch, tmp_path):
     """Whole-program SASS for sm_80 and for sm_90a, where the H200 runs it (as the driver JITs
@@ -195,8 +198,9 @@ def test_fragment_offsets_are_one_base_xor_and_add(name):
         for b_layout in ("row", "col"):
             var = GemmVariant(a_layout, b_layout, "bfloat16", "bfloat16", None, None, None)
             src = sm80_gemm.kernel_source(cfg, var)
+            # a k tile's loads (and the first k step's once more before a prefetching loop)
             assert "_off_" not in src and src.count("ldmatrix_x4") == (
-                cfg.bk // 16 * (cfg.warp_m // 16 + cfg.warp_n // 16))
+                (cfg.bk // 16 + cfg.prefetch) * (cfg.warp_m // 16 + cfg.warp_n // 16))
             a_rowb, b_rowb = sm80_gemm.tile_row_bytes(cfg, var)
             rows = sm80_gemm._fragment_rows(cfg, var, a_rowb, b_rowb)
             bases = {op: next(e for o, _, _, e in rows if o == op) for op in "ab"}

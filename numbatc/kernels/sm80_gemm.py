@@ -65,6 +65,9 @@ class Sm80Config:
     warps_m: int
     warps_n: int
     stages: int
+    # the k loop loads the next k tile's first fragments before the last k step's mma
+    # (mainloop_source's ``prefetch``)
+    prefetch: bool = False
 
     def __post_init__(self):
         wm, wn = self.bm // self.warps_m, self.bn // self.warps_n
@@ -129,6 +132,12 @@ CONFIGS = {
         Sm80Config("128x128x32_4w_4s", 128, 128, 32, 2, 2, 4),  # 64 KB: 2 per SM in 164 KB
         Sm80Config("128x128x32_4w_3s", 128, 128, 32, 2, 2, 3),  # 48 KB: 2 per SM in 100 KB
         Sm80Config("128x256x64_8w_4s", 128, 256, 64, 2, 4, 4),  # 192 KB: 9.0 / 10.x only
+        # the k loop with the next tile's first fragments loaded before the last k step's mma
+        # (mainloop_source's prefetch), by name only until the H200 times it against the above.
+        # Not 128x128x64_4w_3s: ptxas 13.0 spills 104-208 bytes there (its 64 x 64 warp tile
+        # holds 128 accumulators; two buffers of fragments across the loop do not fit beside).
+        Sm80Config("128x128x32_4w_4s_fp", 128, 128, 32, 2, 2, 4, prefetch=True),
+        Sm80Config("128x256x64_8w_3s_fp", 128, 256, 64, 2, 4, 3, prefetch=True),
     )
 }
 
@@ -363,31 +372,74 @@ def mainloop_source(w, cfg: Sm80Config, var: GemmVariant, inside=None, lds=("lda
     # stages' byte offsets, of tile kt (so) and of tile kt + STAGES-1 (so_next), are counters
     # that wrap: no 64-bit kt % STAGES (a multiply-high sequence of ~15 instructions per k tile).
     so = np.int32(0)
-    so_next = np.int32({(S - 1) * stage})
-    for kt in range(k_tiles):
+    so_next = np.int32({(S - 1) * stage})''')
+    a_ld = "ldmatrix_x4" if a_kmajor else "ldmatrix_x4_trans"
+    b_ld = "ldmatrix_x4" if b_kmajor else "ldmatrix_x4_trans"
+
+    def fragments(ks, buf, pad):
+        """Load k step ks's fragments (buffer name suffix ``buf``) from the stage at sa / sb."""
+        for i in range(MI):
+            w(f"{pad}fa{buf}_{i} = nt.{a_ld}(smem, {addr[('a', ks, i)]})")
+        for j in range(0, NJ, 2):
+            w(f"{pad}fb = nt.{b_ld}(smem, {addr[('b', ks, j)]})")
+            w(f"{pad}fb{buf}_{j} = (fb[0], fb[1])")
+            w(f"{pad}fb{buf}_{j + 1} = (fb[2], fb[3])")
+
+    def products(buf, pad):
+        for i in range(MI):
+            for j in range(NJ):
+                w(f"{pad}acc_{i}_{j} = MMA(fa{buf}_{i}, fb{buf}_{j}, acc_{i}_{j})")
+
+    refill = _load_source(" " * 12, "so_next", f"nxt * {BK}", inside, BK, lds)
+    wrap = f"np.int32(0) if {{0}} == {(S - 1) * stage} else np.int32({{0}} + {stage})"
+    if not cfg.prefetch:
+        w(f'''    for kt in range(k_tiles):
         nt.cp_async_wait_group({S - 2})
         cuda.syncthreads()
         nxt = kt + {S - 1}
         if nxt < k_tiles:
-{_load_source(" " * 12, "so_next", f"nxt * {BK}", inside, BK, lds)}
+{refill}
         nt.cp_async_commit_group()
-        so_next = np.int32(0) if so_next == {(S - 1) * stage} else np.int32(so_next + {stage})
+        so_next = {wrap.format("so_next")}
         sa = so + a_frag
         sb = so + b_frag''')
-    for ks in range(BK // 16):
+        for ks in range(BK // 16):
+            w(f"        # k step {ks}")
+            fragments(ks, "", " " * 8)
+            products("", " " * 8)
+        w(f"        so = {wrap.format('so')}")
+        return
+    # prefetch (CUTLASS's multistage order): fragments are double-buffered by k step parity
+    # (fa0 / fa1 ...); step ks + 1's are loaded before step ks's mma, and the wait for tile kt
+    # + 1 and the barrier come after step K - 2's mma, so that tile kt + 1's first fragments
+    # load under step K - 1's mma instead of after the barrier with nothing to hide them.
+    # The barrier also orders every warp's reads of tile kt (its last fragments are loaded
+    # before it) before the refill of tile kt's stage at the top of iteration kt + 1.
+    KS = BK // 16
+    w(f'''    nt.cp_async_wait_group({S - 2})
+    cuda.syncthreads()
+    sa = a_frag
+    sb = b_frag''')
+    fragments(0, "0", " " * 4)
+    w(f'''    for kt in range(k_tiles):
+        nxt = kt + {S - 1}
+        if nxt < k_tiles:
+{refill}
+        nt.cp_async_commit_group()
+        so_next = {wrap.format("so_next")}''')
+    for ks in range(KS):
         w(f"        # k step {ks}")
-        for i in range(MI):
-            op = "ldmatrix_x4" if a_kmajor else "ldmatrix_x4_trans"
-            w(f"        fa_{i} = nt.{op}(smem, {addr[('a', ks, i)]})")
-        for j in range(0, NJ, 2):
-            op = "ldmatrix_x4" if b_kmajor else "ldmatrix_x4_trans"
-            w(f"        fb = nt.{op}(smem, {addr[('b', ks, j)]})")
-            w(f"        fb_{j} = (fb[0], fb[1])")
-            w(f"        fb_{j + 1} = (fb[2], fb[3])")
-        for i in range(MI):
-            for j in range(NJ):
-                w(f"        acc_{i}_{j} = MMA(fa_{i}, fb_{j}, acc_{i}_{j})")
-    w(f"        so = np.int32(0) if so == {(S - 1) * stage} else np.int32(so + {stage})")
+        if ks < KS - 1:
+            fragments(ks + 1, str((ks + 1) % 2), " " * 8)
+        else:  # the next tile's first step (its stage is ready: the barrier below step K - 2)
+            w(f"        so = {wrap.format('so')}")
+            w("        sa = so + a_frag")
+            w("        sb = so + b_frag")
+            fragments(0, "0", " " * 8)
+        products(str(ks % 2), " " * 8)
+        if ks == KS - 2:
+            w(f"        nt.cp_async_wait_group({S - 2})")
+            w("        cuda.syncthreads()")
 
 
 def module_header(w, generator, cfg, var, constants=""):

@@ -68,6 +68,10 @@ def test_gemm_in_the_emulation(m, n, k, dtype, layouts, out_dtype, epilogue):
     ("128x128x32_4w_4s", 130, 129, 70, ("row", "col")),    # BK = 32: 64-byte K-major rows
     ("128x128x32_4w_3s", 131, 130, 100, ("col", "row")),   # 3 stages of BK = 32, MN-major
     ("16x128x64_4w_4s", 17, 129, 300, ("row", "row")),     # 4-stage decode tiles (99 KB GPUs)
+    # the prefetching k loop: more k tiles than stages (the ring wraps), one k tile
+    ("128x128x32_4w_4s_fp", 131, 129, 330, ("row", "row")),
+    ("128x128x32_4w_4s_fp", 129, 140, 20, ("col", "col")),
+    ("128x256x64_8w_3s_fp", 129, 257, 200, ("row", "col")),
 ])
 def test_inside_and_edge_tiles_in_the_emulation(name, m, n, k, layouts, monkeypatch):
     """Tiles wholly inside a and b take the unchecked copies (sm80_gemm's load_*_inside) on
