@@ -206,18 +206,23 @@ def _fragment_rows(cfg, var, a_rowb, b_rowb):
     return out
 
 
+@functools.cache
+def _swizzled_values(expr, rowb, points):
+    """swizzle(expr) at each (lane, wm, wn) of ``points`` (a tuple), expr compiled once."""
+    code = compile(expr, "<fragment offset>", "eval")
+    return [_swizzle(eval(code, {"lane": lane, "wm": wm, "wn": wn}), rowb)
+            for lane, wm, wn in points]
+
+
 def _xor_add(expr, base, rowb, cfg):
     """Constants (x, y) with swizzle(expr) == (swizzle(base) ^ x) + y for every lane and warp
     position (checked exhaustively on the host), x inside a 128-byte swizzle row so that it
     commutes with adding the stage's and the tile's offsets (multiples of 1024); None where
     there are none."""
-    def value(e, lane, wm, wn):
-        return _swizzle(eval(e, {"lane": lane, "wm": wm, "wn": wn}), rowb)
-
-    points = [(lane, wm, wn) for lane in range(32) for wm in range(cfg.warps_m)
-              for wn in range(cfg.warps_n)]
-    want = [value(expr, *p) for p in points]
-    have = [value(base, *p) for p in points]
+    points = tuple((lane, wm, wn) for lane in range(32) for wm in range(cfg.warps_m)
+                   for wn in range(cfg.warps_n))
+    want = _swizzled_values(expr, rowb, points)
+    have = _swizzled_values(base, rowb, points)
     for x in range(0, 128, 16):
         y = want[0] - (have[0] ^ x)
         if all(w == (h ^ x) + y for w, h in zip(want, have)):

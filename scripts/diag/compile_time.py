@@ -13,7 +13,7 @@ Each configuration runs ``--repeat`` times, each in a new process with a new NUM
 the line gives every run and the median.  bf16 (or e4m3 for fp8_ names) row x col, bf16 out,
 the variant numbatc.gemm runs for aligned operands (out_pairs); ``attn:<config>:<head_dim>``:
 sm90_attention's, bf16, causal, the variant numbatc.attention runs for a contiguous out (pair
-stores, O by TMA where the head dim has it).  ``--ptx DIR``: each
+stores, O by TMA where the head dim has it); ``sm80:<config>``: the portable GEMM's.  ``--ptx DIR``: each
 configuration's PTX into DIR/<name>.ptx.  Phases: typing+lowering is numba's (device functions
 included), nvvm_ptx NVVM's, link_cubin the assembly of the PTX (nvJitLink).
 """
@@ -31,8 +31,11 @@ import first_call  # scripts/diag: its timed() wrapper
 
 
 def _variant(name):
-    from numbatc.kernels import sm90_attention, sm90_gemm
+    from numbatc.kernels import epilogue, sm80_gemm, sm90_attention, sm90_gemm
 
+    if name.startswith("sm80:"):
+        return sm80_gemm, sm80_gemm.CONFIGS[name[5:]], epilogue.GemmVariant(
+            "row", "col", "bfloat16", "bfloat16", None, None, None, out_pairs=True)
     if name.startswith("attn:"):
         _, cfg, d = name.split(":")
         d = int(d)
