@@ -151,10 +151,9 @@ def test_main_loop_sass(name, var, arch, tmp_path):
     - every mma.sync an HMMA.16816 (a warp's (BM / WARPS_M) x (BN / WARPS_N) x BK / (16 x 8 x 16)
       per k tile);
     - no spills on sm_90a; on sm_80 none in the k loop, and at most 32 bytes around it (ptxas
-      13.0 keeps 5 epilogue values of the 128 x 128 x 64 row x row kernel in local memory
-      across the loop, once per tile, since the loop holds the next k step's fragments beside
-      the current ones -- before the ldmatrix offsets were XOR-and-add constants it kept no
-      fragments ahead, and on sm_90a spilled 44-112 bytes inside the loop instead);
+      13.0 keeps 5 values of the 128 x 128 x 64 row x row kernel in local memory across the
+      loop, stored before it and loaded after it, once per tile; before the ldmatrix offsets
+      were XOR-and-add constants it spilled none there);
     - the k loop has a path without bounds checks (tiles wholly inside a and b): the thread's
       copies as plain LDGSTS (no ZFILL), at most a few integer instructions each around them.
       (Before the unchecked copies, the 128x256 loop spent 331 instructions per k tile beside
