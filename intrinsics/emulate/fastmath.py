@@ -35,12 +35,19 @@ def frag_exp2_fma(s, scale, b0, b1):
     return tuple(ex2_approx(fma_f32(x, scale, bases[_half(v)])) for v, x in enumerate(s))
 
 
+def _exp2f(x):
+    # exp2 rounded to float32 (libdevice's exp2f, ex2.approx with denormal scaling, is within 2
+    # ulp of it)
+    with np.errstate(over="ignore", under="ignore"):
+        return np.float32(np.exp2(np.float64(x)))
+
+
 def frag_exp2(s, scale, b0, b1):
-    # float32 multiply and subtraction, then exp2 rounded to float32 (libdevice's exp2f is
-    # within 2 ulp of it)
-    bases = (np.float32(b0), np.float32(b1))
-    return tuple(np.float32(np.exp2(np.float64(np.float32(np.float32(x) * np.float32(scale))
-                                               - bases[_half(v)])))
+    # s * scale - b in one rounding: the PTX's mul.f32 and sub.f32 carry no rounding modifier,
+    # so ptxas contracts them into one FFMA (the SASS of every form: 16 FFMA a fragment; the
+    # H100 put two roundings 11 ulp away from it after exp2)
+    bases = (b0, b1)
+    return tuple(_exp2f(fma_f32(x, scale, -np.float32(bases[_half(v)])))
                  for v, x in enumerate(s))
 
 
@@ -67,10 +74,8 @@ def frag_exp2_fma_cols(s, scale, c):
 
 
 def frag_exp2_cols(s, scale, c):
-    # frag_exp2 with one bias per column
-    return tuple(np.float32(np.exp2(np.float64(np.float32(np.float32(x) * np.float32(scale))
-                                               - np.float32(c[_col(v)]))))
-                 for v, x in enumerate(s))
+    # frag_exp2 with one bias per column (the same contraction into FFMA)
+    return tuple(_exp2f(fma_f32(x, scale, -np.float32(c[_col(v)]))) for v, x in enumerate(s))
 
 
 def frag_mul_diff_rows(p, x, c0, c1):

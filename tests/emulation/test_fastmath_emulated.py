@@ -85,26 +85,35 @@ def test_column_forms():
         assert y == np.float32(p[v] * np.float32(x[v] - c[2 * (v // 4) + v % 2]))
 
 
+def _fused(a, b, c):
+    """a * b - c in one rounding to float32 (the FFMA ptxas makes of mul.f32 and sub.f32)."""
+    return np.float32(np.float64(a) * np.float64(b) - np.float64(c))
+
+
 def test_libdevice_exponential():
-    """frag_exp2: exp2 of the float32 multiply and subtraction, rounded to float32, per row
-    half's bias."""
-    s = tuple(np.float32(x) for x in np.linspace(-6, 3, 32))
-    scale, b0, b1 = np.float32(0.9), np.float32(1.5), np.float32(-2.25)
+    """frag_exp2: exp2 of s * scale - b_h in one rounding (ptxas contracts the PTX's mul.f32
+    and sub.f32 into an FFMA), rounded to float32; some arguments differ from two roundings'."""
+    s = tuple(np.float32(x) for x in np.random.default_rng(5).standard_normal(64) * 8)
+    scale, b0, b1 = np.float32(0.3), np.float32(1.5), np.float32(-2.25)
+    unfused = 0
     for v, y in enumerate(nt.frag_exp2(s, scale, b0, b1)):
-        arg = np.float32(np.float32(s[v] * scale) - (b0, b1)[(v // 2) % 2])
+        b = (b0, b1)[(v // 2) % 2]
+        arg = _fused(s[v], scale, b)
         assert y == np.float32(np.exp2(np.float64(arg))) and isinstance(y, np.float32)
+        unfused += arg != np.float32(np.float32(s[v] * scale) - b)
+    assert unfused
 
 
 def test_column_exponential_and_row_difference():
-    """frag_exp2_cols: exp2 of the float32 multiply and subtraction of each column's bias,
-    rounded to float32; frag_mul_diff_rows: p * (x - c_h) per row half, each step rounded."""
+    """frag_exp2_cols: exp2 of s * scale - c_col in one rounding (as frag_exp2), rounded to
+    float32; frag_mul_diff_rows: p * (x - c_h) per row half, each step rounded."""
     rng = np.random.default_rng(7)
     s = tuple(np.float32(x) for x in rng.standard_normal(16))
     x = tuple(np.float32(v) for v in rng.standard_normal(16))
     c = tuple(np.float32(v) for v in rng.standard_normal(8))
     scale, r0, r1 = np.float32(0.9), np.float32(0.5), np.float32(-1.25)
     for v, y in enumerate(nt.frag_exp2_cols(s, scale, c)):
-        arg = np.float32(np.float32(s[v] * scale) - c[2 * (v // 4) + v % 2])
+        arg = _fused(s[v], scale, c[2 * (v // 4) + v % 2])
         assert y == np.float32(np.exp2(np.float64(arg))) and isinstance(y, np.float32)
     for v, y in enumerate(nt.frag_mul_diff_rows(s, x, r0, r1)):
         assert y == np.float32(s[v] * np.float32(x[v] - (r0, r1)[(v // 2) % 2]))
