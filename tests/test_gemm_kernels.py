@@ -54,14 +54,15 @@ def test_variant_layouts_and_f16_assemble(layouts):
 #: configurations choose() never takes on a GPU of numbatc.kernels.gpus' table, for
 #: NUMBATC_SM80_CONFIG (tests/test_gpu_limits.py pins every configuration's blocks per SM)
 NAMED_ONLY = ["128x256x64_8w_3s", "128x256x64_8w_4s", "128x128x64_4w_4s", "64x64x64_4w_3s",
-              "128x128x32_4w_4s_fp", "128x256x64_8w_3s_fp"]
+              "128x128x32_4w_4s", "128x128x32_4w_3s", "128x256x64_8w_4s_fp"]
 
 
 @pytest.mark.parametrize("name", NAMED_ONLY)
 def test_named_only_configs(name):
     """The configurations kept for benchmarking by name: valid and never the heuristic's
-    choice (since issue 22 the 128 x 256 and 4-stage 128 x 128 x 64 tiles, one block per SM,
-    lost to the 128 x 128 tiles that pair up: sm80_gemm.TILES' note)."""
+    choice (sm80_gemm.TILES' note: the 4-stage 128 x 128 x 64 tiles, one block per SM, lost to
+    the 128 x 128 tiles that pair up; the tiles without the prefetching k loop to their
+    prefetching twins)."""
     cfg = sm80_gemm.CONFIGS[name]
     shapes = [(1, 1, 1), (64, 4096, 4096), (300, 300, 300), (4096, 4096, 4096), (8192, 8192, 8192)]
     for cc in ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)):

@@ -50,6 +50,8 @@ OCCUPANCY = [
     ("128x128x32_4w_4s", 2, 2, 1), ("128x128x32_4w_3s", 2, 2, 2),
     ("64x128x64_4w_4s", 2, 1, 1), ("64x64x64_4w_3s", 2, 2, 2),
     ("16x128x64_4w_6s", 2, 1, 0), ("16x128x64_4w_4s", 2, 2, 1),
+    ("128x256x64_8w_3s_fp", 1, 1, 0), ("128x256x64_8w_4s_fp", 1, 0, 0),
+    ("128x128x32_4w_4s_fp", 2, 2, 1), ("128x128x32_4w_3s_fp", 2, 2, 2),
 ]
 
 
@@ -77,8 +79,13 @@ def test_gemm_choice_fits(cc, env):
         assert cfg.shared_bytes <= lim.shared_per_block, (cc, m, n, k, cfg.name)
         assert cfg.threads * 256 <= lim.registers_per_sm
         assert gpus.blocks_per_sm(lim, cfg.shared_bytes, cfg.threads) >= 1
-        if m > 64:  # the large tiles pair up on every GPU of the table
-            assert gpus.blocks_per_sm(lim, cfg.shared_bytes, cfg.threads) == 2, (cc, cfg.name)
+        if m > 64:  # the 128 x 256 tile where it fits and fills the SMs, else a pair of 128s
+            tiles = sm80_gemm.grid_for(sm80_gemm.CONFIGS["128x256x64_8w_3s_fp"], m, n)
+            if lim.shared_per_block >= 144 * 1024 and tiles >= gpus.sm_count(cc):
+                assert cfg.name == "128x256x64_8w_3s_fp", (cc, m, n, cfg.name)
+            else:
+                assert cfg.bn == 128 and gpus.blocks_per_sm(
+                    lim, cfg.shared_bytes, cfg.threads) == 2, (cc, m, n, cfg.name)
         # the config dispatch takes where it walks to sm80_gemm (forced there)
         env.setenv("NUMBATC_GEMM_KERNEL", "sm80")
         assert dispatch.choose(p) == (sm80_gemm, cfg)
@@ -86,25 +93,31 @@ def test_gemm_choice_fits(cc, env):
 
 
 @pytest.mark.parametrize("cc, decode, mid, large", [
-    ((9, 0), "16x128x64_4w_6s", "64x128x64_4w_4s", "128x128x64_4w_3s"),   # measured (H200)
-    ((10, 0), "16x128x64_4w_6s", "64x128x64_4w_4s", "128x128x64_4w_3s"),  # 9.0's limits
-    ((8, 0), "16x128x64_4w_6s", "64x128x64_4w_4s", "128x128x32_4w_4s"),   # reasoned
-    ((8, 7), "16x128x64_4w_6s", "64x128x64_4w_4s", "128x128x32_4w_4s"),
-    ((8, 6), "16x128x64_4w_4s", "64x128x64_4w_4s", "128x128x32_4w_3s"),
-    ((8, 9), "16x128x64_4w_4s", "64x128x64_4w_4s", "128x128x32_4w_3s"),
-    ((12, 0), "16x128x64_4w_4s", "64x128x64_4w_4s", "128x128x32_4w_3s"),
+    ((9, 0), "16x128x64_4w_6s", "64x128x64_4w_4s", "128x256x64_8w_3s_fp"),   # measured (H100)
+    ((10, 0), "16x128x64_4w_6s", "64x128x64_4w_4s", "128x256x64_8w_3s_fp"),  # 9.0's limits
+    ((8, 0), "16x128x64_4w_6s", "64x128x64_4w_4s", "128x256x64_8w_3s_fp"),   # reasoned
+    ((8, 7), "16x128x64_4w_6s", "64x128x64_4w_4s", "128x256x64_8w_3s_fp"),
+    ((8, 6), "16x128x64_4w_4s", "64x128x64_4w_4s", "128x128x32_4w_3s_fp"),
+    ((8, 9), "16x128x64_4w_4s", "64x128x64_4w_4s", "128x128x32_4w_3s_fp"),
+    ((12, 0), "16x128x64_4w_4s", "64x128x64_4w_4s", "128x128x32_4w_3s_fp"),
 ])
 def test_gemm_choice_per_cc(cc, decode, mid, large):
-    """The choice table (sm80_gemm.TILES' note says which is measured and which reasoned)."""
+    """The choice table (sm80_gemm.TILES' note says which is measured and which reasoned); a
+    problem of fewer 128 x 256 tiles than SMs takes the 128 x 128 tiles that pair up."""
     assert [sm80_gemm.choose(gemm_problem(m, 4096, 4096, cc=cc)).name
             for m in (8, 64, 4096)] == [decode, mid, large]
+    small = sm80_gemm.choose(gemm_problem(1024, 1024, 4096, cc=cc)).name  # 32 tiles of 128 x 256
+    assert small == {(9, 0): "128x128x64_4w_3s", (10, 0): "128x128x64_4w_3s",
+                     (8, 0): "128x128x32_4w_4s_fp", (8, 7): large}.get(  # Orin: 16 SMs
+        cc, "128x128x32_4w_3s_fp")
 
 
 def test_gemm_named_only_configs_are_never_chosen():
     chosen = {sm80_gemm.choose(gemm_problem(m, n, k, cc=cc)).name
               for cc in CCS for m, n, k in SHAPES}
     assert set(sm80_gemm.CONFIGS) - chosen == {
-        "128x256x64_8w_3s", "128x256x64_8w_4s", "128x128x64_4w_4s", "64x64x64_4w_3s"}
+        "128x256x64_8w_3s", "128x256x64_8w_4s", "128x128x64_4w_4s", "64x64x64_4w_3s",
+        "128x128x32_4w_4s", "128x128x32_4w_3s", "128x256x64_8w_4s_fp"}
 
 
 @pytest.mark.parametrize("cc", [(8, 6), (8, 9), (12, 0)])
@@ -146,15 +159,21 @@ def test_gemm_print_config_says_why(env, capsys):
         p = gemm_problem(4096, 4096, 4096, cc=cc)
         sm80_gemm.launch(p, sm80_gemm.choose(p))
         (lines[cc],) = capsys.readouterr().err.splitlines()
-    assert [c.name for c in ran] == ["128x128x64_4w_3s", "128x128x32_4w_4s", "128x128x32_4w_3s"]
+    assert [c.name for c in ran] == ["128x256x64_8w_3s_fp", "128x256x64_8w_3s_fp",
+                                     "128x128x32_4w_3s_fp"]
     assert lines[(9, 0)] == (
-        "numbatc.gemm: sm80_gemm 128x128x64_4w_3s: 96 KB, 2 blocks per SM on cc 9.0 (228 KB per "
-        "SM); M > 64: the first 128 x 128 tile that keeps two blocks per SM (measured best on "
-        "the H200)")
-    assert lines[(8, 0)].startswith("numbatc.gemm: sm80_gemm 128x128x32_4w_4s: 64 KB, 2 blocks "
-                                    "per SM on cc 8.0 (164 KB per SM)")
-    assert lines[(8, 9)].startswith("numbatc.gemm: sm80_gemm 128x128x32_4w_3s: 48 KB, 2 blocks "
-                                    "per SM on cc 8.9 (100 KB per SM)")
+        "numbatc.gemm: sm80_gemm 128x256x64_8w_3s_fp: 144 KB, 1 block per SM on cc 9.0 (228 KB "
+        "per SM); M > 64: 128 x 256 tiles of 8 warps, the k loop prefetching (measured best on "
+        "an H100)")
+    assert lines[(8, 0)].startswith("numbatc.gemm: sm80_gemm 128x256x64_8w_3s_fp: 144 KB, 1 "
+                                    "block per SM on cc 8.0 (164 KB per SM)")
+    assert lines[(8, 9)].startswith("numbatc.gemm: sm80_gemm 128x128x32_4w_3s_fp: 48 KB, 2 "
+                                    "blocks per SM on cc 8.9 (100 KB per SM)")
+    p = gemm_problem(1024, 1024, 4096, cc=(9, 0))
+    assert sm80_gemm.explain(p, sm80_gemm.choose(p)) == (
+        "128x128x64_4w_3s: 96 KB, 2 blocks per SM on cc 9.0 (228 KB per SM); M > 64 (fewer 128 "
+        "x 256 tiles than the 132 SMs): the first 128 x 128 tile that keeps two blocks per SM "
+        "(measured best on the H200)")
     assert all("reasoned from the limits, not measured" in lines[cc] for cc in ((8, 0), (8, 9)))
     p = gemm_problem(8, 4096, 4096, cc=(8, 9))
     assert sm80_gemm.explain(p, sm80_gemm.choose(p)) == (

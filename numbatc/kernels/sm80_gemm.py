@@ -139,6 +139,8 @@ CONFIGS = {
         # beside them).
         Sm80Config("128x128x32_4w_4s_fp", 128, 128, 32, 2, 2, 4, prefetch=True),
         Sm80Config("128x256x64_8w_3s_fp", 128, 256, 64, 2, 4, 3, prefetch=True),
+        Sm80Config("128x256x64_8w_4s_fp", 128, 256, 64, 2, 4, 4, prefetch=True),
+        Sm80Config("128x128x32_4w_3s_fp", 128, 128, 32, 2, 2, 3, prefetch=True),
     )
 }
 
@@ -647,15 +649,23 @@ def unsupported(p):
 #: the same run as cuBLAS; TFLOP/s): 128x128x64_4w_3s 376 / 379, 128x128x32_4w_4s 372 / 366,
 #: 128x256x64_8w_4s 361 / 375, 128x256x64_8w_3s 357 / 371, 128x128x64_4w_4s 315 / 332,
 #: 64x128x64_4w_4s 315 / 313, 64x64x64_4w_3s 309 / 286, 16x128x64_4w_6s 143 / 134.  The 128 x
-#: 128 tiles two of which share an SM lead; the 4-stage 128 x 128 x 64 (128 KB, one per SM)
-#: trails the 3-stage one by 12-16 %.  The choices on 8.x and 12.x are reasoned from the limits
-#: (numbatc.kernels.gpus), not measured: no Ampere, Ada or consumer Blackwell GPU was at hand.
-#: On 8.0 / 8.7 (164 KB per SM) 128x128x32_4w_4s (64 KB) keeps two blocks per SM, as the best
-#: tiles did on the H200; on 8.6 / 8.9 / 12.x (100 KB per SM) only its 3-stage form (48 KB)
-#: does.
+#: 128 tiles two of which share an SM led; the 4-stage 128 x 128 x 64 (128 KB, one per SM)
+#: trails the 3-stage one by 12-16 %.  Then the prefetching k loop (mainloop_source's
+#: ``prefetch``; an H100, cc 9.0, 2026-12-05, two alternating rounds, b column-major):
+#: 128x256x64_8w_3s_fp 430-432 / 421-423 (0.56-0.57 / 0.55-0.56x cuBLAS), its 4-stage twin
+#: 424-427 / 417-429, 128x128x32_4w_4s_fp 421-422 / 383-396, 128x128x32_4w_3s_fp 407-417 /
+#: 385-386, against 128x128x64_4w_3s 402-417 / 389-399 and 128x256x64_8w_3s 367-370 / 376-405
+#: (the same tile without prefetch: +17 / +8 %).  So where a block gets the 144 KB,
+#: 128x256x64_8w_3s_fp (also CUTLASS's Ampere default tile); elsewhere the first 128 x 128 tile
+#: that keeps two blocks per SM, prefetching.  The choices on 8.x and 12.x are reasoned from the
+#: limits (numbatc.kernels.gpus), not measured: no Ampere, Ada or consumer Blackwell GPU was at
+#: hand.  8.0 / 8.7 (163 KB a block) take the 128 x 256 tile; 8.6 / 8.9 / 12.x (99 KB a block,
+#: 100 KB per SM) 128x128x32_4w_3s_fp (48 KB), the one 128 x 128 tile two of which fit.
 TILES = {
-    # M > 64: the first that keeps two blocks per SM, else the first that fits
-    "large": ("128x128x64_4w_3s", "128x128x32_4w_4s", "128x128x32_4w_3s"),
+    # M > 64: the 128 x 256 tile where it fits and fills the SMs, else the first 128 x 128
+    # that pairs up
+    "large": ("128x256x64_8w_3s_fp", "128x128x64_4w_3s", "128x128x32_4w_4s_fp",
+              "128x128x32_4w_3s_fp"),
     # 16 < M <= 64: one tile row, split-K where it leaves SMs idle
     "mid": ("64x128x64_4w_4s", "64x64x64_4w_3s"),
     # M <= 16: the deepest pipeline that fits
@@ -685,15 +695,26 @@ def _pick(p):
     cfg = fitting[0]
     why = _WHY[role]
     if role == "large":
+        def how(gpu):
+            if lim.cc == (9, 0):
+                return f"measured best on {gpu}"
+            if lim.shared_per_sm >= 228 * 1024:
+                return f"as measured on {gpu}, whose 228 KB per SM this GPU has; not measured here"
+            return "reasoned from the limits, not measured"
+
+        sms = gpus.sm_count(p.cc, p.device)
+        if cfg.name == TILES["large"][0]:
+            if grid_for(cfg, p.m, p.n) >= sms or len(fitting) == 1:
+                return cfg, why + (": 128 x 256 tiles of 8 warps, the k loop prefetching "
+                                   f"({how('an H100')})")
+            # fewer 128 x 256 tiles than SMs: the 128 x 128 tiles, twice as many and two to an
+            # SM, leave fewer SMs idle (reasoned from the tile counts, not measured)
+            fitting = fitting[1:]
+            why += f" (fewer 128 x 256 tiles than the {sms} SMs)"
         pairs = [c for c in fitting if _occupancy(c, lim) >= 2]
-        cfg = pairs[0] if pairs else cfg
-        if lim.cc == (9, 0):
-            how = "measured best on the H200"
-        elif lim.shared_per_sm >= 228 * 1024:
-            how = "as measured on the H200, whose 228 KB per SM this GPU has; not measured here"
-        else:
-            how = "reasoned from the limits, not measured"
-        why += (f": the first 128 x 128 tile that keeps two blocks per SM ({how})" if pairs else
+        cfg = pairs[0] if pairs else fitting[0]
+        why += (f": the first 128 x 128 tile that keeps two blocks per SM ({how('the H200')})"
+                if pairs else
                 ": no 128 x 128 tile keeps two blocks per SM here; the first that fits")
     return cfg, why
 
