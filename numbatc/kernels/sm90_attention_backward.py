@@ -454,7 +454,7 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
         wg = t // 128
 
         if t == 0:
-            ring_init(bars, 1, 8)
+            ring_init(bars, 1, 256)  # every consumer thread releases (see the release below)
             nt.mbarrier_init(kv_bar, 0, 1)
             nt.fence_mbarrier_init()
         cuda.syncthreads()
@@ -615,17 +615,16 @@ def make_kernel(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
                 nt.wgmma_wait_group(0)
                 dvacc = nt.wgmma_fence_operand(dvacc)
                 dkacc = nt.wgmma_fence_operand(dkacc)
-                # NOTE: lse2 and D were read by every lane with ld.shared (the generic proxy),
-                # and the producer's next bulk copy writes them through the async proxy: a
-                # proxy fence orders the reads before that write (a write-after-read across
-                # proxies), and the warp barrier orders every lane's before lane 0's arrive,
-                # which releases only its own (PTX memory model).  compute-sanitizer racecheck
-                # reported 6 hazards with the barrier alone (H100, 2026-12-05: the bulk copies
-                # UBLKCP at +0x92c0 / +0x9360 against these LDS.64 at +0x20e0 / +0x2c70, d128)
+                # NOTE: lse2 and D were read by every thread with ld.shared (the generic
+                # proxy), and the producer's next bulk copy writes them through the async
+                # proxy: each thread fences its reads before that write (a write-after-read
+                # across proxies) and arrives itself, 256 arrivals a stage.  With lane 0 alone
+                # arriving after a warp barrier (which orders the lanes' reads before it in the
+                # PTX memory model), compute-sanitizer racecheck reported 6 hazards on an H100:
+                # the bulk copies (UBLKCP at +0x92e0 / +0x9380) against these reads (8 LDS.64
+                # each at +0x20e0 / +0x2c70), with and without the proxy fence.
                 nt.fence_proxy_async_shared()
-                cuda.syncwarp()
-                if lane == 0:
-                    release(bars, index)  # Q, dO, lse2 and D of this stage are read
+                release(bars, index)  # Q, dO, lse2 and D of this stage are read
                 nt.wgmma_fence()
                 dq = mma_dq(da_ds + np.uint64(buf * (BLOCK_N * 128 // 16)), db_k)
                 nt.wgmma_commit_group()
