@@ -96,7 +96,9 @@
 #   sm80bench  the portable GEMM forced (issue 22): SM80_CFG (default 128x128x64_4w_3s) on
 #              .gpu/$SM80_BASE (default base_gemm, an older checkout) and this tree, alternating,
 #              SM80_ROUNDS rounds (default 2), gemm quick (b col); then every sm80 configuration
-#              of this tree (--configs) (bench80.txt)
+#              of this tree (--configs); then the decode shapes (b col, the dispatch's own
+#              choice, whose M <= 64 runs sm80_gemm) with NUMBATC_SM80_CONFIG set to each of
+#              SM80_SMALL (default: the small-M tiles and their prefetching twins) (bench80.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -591,6 +593,11 @@ if [[ $what == sm80bench ]]; then
     echo "== new: every sm80 configuration (--configs), gemm quick, b col"
     NUMBATC_GEMM_KERNEL=sm80 t ${SM80_CONFIGS_LIMIT:-200} $py -m numbatc.bench gemm --shapes quick \
       --b-layout col --configs | grep -E "^ +[0-9]|rror| M +N"
+    for cfg in ${SM80_SMALL:-16x128x64_4w_6s 16x128x64_4w_6s_fp 64x128x64_4w_4s 64x128x64_4w_4s_fp}; do
+      echo "== decode shapes, b col, NUMBATC_SM80_CONFIG=$cfg"
+      NUMBATC_SM80_CONFIG=$cfg t 90 $py -m numbatc.bench gemm --shapes decode --b-layout col \
+        | grep -E "^ +[0-9]|rror| M +N"
+    done
     echo "[bench done at $((SECONDS - start)) s]"; } > "$out/bench80.txt" 2>&1
 fi
 

@@ -54,7 +54,8 @@ def test_variant_layouts_and_f16_assemble(layouts):
 #: configurations choose() never takes on a GPU of numbatc.kernels.gpus' table, for
 #: NUMBATC_SM80_CONFIG (tests/test_gpu_limits.py pins every configuration's blocks per SM)
 NAMED_ONLY = ["128x256x64_8w_3s", "128x256x64_8w_4s", "128x128x64_4w_4s", "64x64x64_4w_3s",
-              "128x128x32_4w_4s", "128x128x32_4w_3s", "128x256x64_8w_4s_fp"]
+              "128x128x32_4w_4s", "128x128x32_4w_3s", "128x256x64_8w_4s_fp",
+              "64x128x64_4w_4s_fp", "16x128x64_4w_6s_fp", "16x128x64_4w_4s_fp"]
 
 
 @pytest.mark.parametrize("name", NAMED_ONLY)
@@ -137,11 +138,12 @@ def _copies_per_thread(cfg):
                                        ("16x128x64_4w_6s", SPLIT), ("128x128x32_4w_4s", BENCH),
                                        ("128x128x64_4w_3s", BENCH), ("128x128x32_4w_3s", BENCH),
                                        ("16x128x64_4w_4s", SPLIT), ("128x128x32_4w_4s_fp", BENCH),
-                                       ("128x256x64_8w_3s_fp", FUSED)],
+                                       ("128x256x64_8w_3s_fp", FUSED),
+                                       ("16x128x64_4w_6s_fp", SPLIT)],
                          ids=["128x256-bench", "128x128-fused", "128x128-bench", "64x64-bench",
                               "16x128-split", "128x128x32-bench", "128x128x64-3s-bench",
                               "128x128x32-3s-bench", "16x128-4s-split", "128x128x32-fp-bench",
-                              "128x256-fp-fused"])
+                              "128x256-fp-fused", "16x128-fp-split"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_main_loop_sass(name, var, arch, tmp_path):
     """Whole-program SASS for sm_80 and for sm_90a, where the H200 runs it (as the driver JITs

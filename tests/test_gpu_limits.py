@@ -52,6 +52,8 @@ OCCUPANCY = [
     ("16x128x64_4w_6s", 2, 1, 0), ("16x128x64_4w_4s", 2, 2, 1),
     ("128x256x64_8w_3s_fp", 1, 1, 0), ("128x256x64_8w_4s_fp", 1, 0, 0),
     ("128x128x32_4w_4s_fp", 2, 2, 1), ("128x128x32_4w_3s_fp", 2, 2, 2),
+    ("64x128x64_4w_4s_fp", 2, 1, 1), ("16x128x64_4w_6s_fp", 2, 1, 0),
+    ("16x128x64_4w_4s_fp", 2, 2, 1),
 ]
 
 
@@ -117,7 +119,8 @@ def test_gemm_named_only_configs_are_never_chosen():
               for cc in CCS for m, n, k in SHAPES}
     assert set(sm80_gemm.CONFIGS) - chosen == {
         "128x256x64_8w_3s", "128x256x64_8w_4s", "128x128x64_4w_4s", "64x64x64_4w_3s",
-        "128x128x32_4w_4s", "128x128x32_4w_3s", "128x256x64_8w_4s_fp"}
+        "128x128x32_4w_4s", "128x128x32_4w_3s", "128x256x64_8w_4s_fp", "64x128x64_4w_4s_fp",
+        "16x128x64_4w_6s_fp", "16x128x64_4w_4s_fp"}
 
 
 @pytest.mark.parametrize("cc", [(8, 6), (8, 9), (12, 0)])

@@ -141,6 +141,11 @@ CONFIGS = {
         Sm80Config("128x256x64_8w_3s_fp", 128, 256, 64, 2, 4, 3, prefetch=True),
         Sm80Config("128x256x64_8w_4s_fp", 128, 256, 64, 2, 4, 4, prefetch=True),
         Sm80Config("128x128x32_4w_3s_fp", 128, 128, 32, 2, 2, 3, prefetch=True),
+        # the small-M tiles' prefetching twins (the Hopper dispatch's M <= 64 path), by name
+        # only until timed (`gpu_verify.sh sm80bench`'s decode shapes)
+        Sm80Config("64x128x64_4w_4s_fp", 64, 128, 64, 1, 4, 4, prefetch=True),
+        Sm80Config("16x128x64_4w_6s_fp", 16, 128, 64, 1, 4, 6, prefetch=True),
+        Sm80Config("16x128x64_4w_4s_fp", 16, 128, 64, 1, 4, 4, prefetch=True),
     )
 }
 

@@ -72,6 +72,8 @@ def test_gemm_in_the_emulation(m, n, k, dtype, layouts, out_dtype, epilogue):
     ("128x128x32_4w_4s_fp", 131, 129, 330, ("row", "row")),
     ("128x128x32_4w_4s_fp", 129, 140, 20, ("col", "col")),
     ("128x256x64_8w_3s_fp", 129, 257, 200, ("row", "col")),
+    ("16x128x64_4w_6s_fp", 17, 130, 520, ("col", "row")),
+    ("64x128x64_4w_4s_fp", 70, 200, 150, ("row", "row")),
 ])
 def test_inside_and_edge_tiles_in_the_emulation(name, m, n, k, layouts, monkeypatch):
     """Tiles wholly inside a and b take the unchecked copies (sm80_gemm's load_*_inside) on
