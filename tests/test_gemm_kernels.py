@@ -190,9 +190,9 @@ def test_main_loop_sass(name, var, arch, tmp_path):
 @pytest.mark.parametrize("name", sorted(sm80_gemm.CONFIGS))
 def test_fragment_offsets_are_one_base_xor_and_add(name):
     """Every ldmatrix of the k loop addresses the stage's base for its operand XORed with one
-    constant plus another (sm80_gemm._fragment_offsets), for every configuration and layout:
-    no register per (k step, tile) is left in the source (the fallback names them
-    ``a_off_<ks>_<i>`` / ``b_off_<ks>_<j>``).  And the rule itself, lane by lane: the constants
+    constant plus another (sm80_gemm._fragment_offsets, which refuses a configuration where
+    that does not hold), for every configuration and layout.  And the rule itself, lane by
+    lane: the constants
     give the per-(k step, tile) offsets of the formulas for every lane and warp position, with
     the stage and tile bases added, of which the XOR must not change anything."""
     cfg = sm80_gemm.CONFIGS[name]
@@ -201,7 +201,7 @@ def test_fragment_offsets_are_one_base_xor_and_add(name):
             var = GemmVariant(a_layout, b_layout, "bfloat16", "bfloat16", None, None, None)
             src = sm80_gemm.kernel_source(cfg, var)
             # a k tile's loads (and the first k step's once more before a prefetching loop)
-            assert "_off_" not in src and src.count("ldmatrix_x4") == (
+            assert src.count("ldmatrix_x4") == (
                 (cfg.bk // 16 + cfg.prefetch) * (cfg.warp_m // 16 + cfg.warp_n // 16))
             a_rowb, b_rowb = sm80_gemm.tile_row_bytes(cfg, var)
             rows = sm80_gemm._fragment_rows(cfg, var, a_rowb, b_rowb)
@@ -219,3 +219,13 @@ def test_fragment_offsets_are_one_base_xor_and_add(name):
                                 want = so + sm80_gemm._swizzle(eval(expr, env), rowb)
                                 base = so + sm80_gemm._swizzle(eval(bases[op], env), rowb)
                                 assert (base ^ x) + y == want, (op, ks, idx, lane, wm, wn)
+
+
+def test_fragment_offsets_not_of_the_form_are_refused(monkeypatch):
+    """A configuration whose ldmatrix rows are not its first rows XORed and moved by constants
+    (none today) is refused by name, not compiled with wrong addresses."""
+    monkeypatch.setattr(sm80_gemm, "_xor_add", lambda *a: None)
+    var = GemmVariant("row", "col", "bfloat16", "bfloat16", None, None, None)
+    with pytest.raises(ValueError, match="sm80 config 64x64x64_4w_3s: the ldmatrix rows of "
+                                         "operand a, k step 0, tile 0"):
+        sm80_gemm.kernel_source(sm80_gemm.CONFIGS["64x64x64_4w_3s"], var)

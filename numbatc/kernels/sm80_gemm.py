@@ -133,10 +133,9 @@ CONFIGS = {
         Sm80Config("128x128x32_4w_3s", 128, 128, 32, 2, 2, 3),  # 48 KB: 2 per SM in 100 KB
         Sm80Config("128x256x64_8w_4s", 128, 256, 64, 2, 4, 4),  # 192 KB: 9.0 / 10.x only
         # the k loop with the next tile's first fragments loaded before the last k step's mma
-        # (mainloop_source's prefetch), by name only until the H200 times it against the above.
-        # Not 128x128x64_4w_3s: ptxas 13.0 spills 136-252 bytes there for sm_90a (its 64 x 64
-        # warp tile holds 128 accumulators; two buffers of fragments across the loop do not fit
-        # beside them).
+        # (mainloop_source's prefetch; TILES' note has their figures).  Not 128x128x64_4w_3s:
+        # ptxas 13.0 spills 136-252 bytes there for sm_90a (its 64 x 64 warp tile holds 128
+        # accumulators; two buffers of fragments across the loop do not fit beside them).
         Sm80Config("128x128x32_4w_4s_fp", 128, 128, 32, 2, 2, 4, prefetch=True),
         Sm80Config("128x256x64_8w_3s_fp", 128, 256, 64, 2, 4, 3, prefetch=True),
         Sm80Config("128x256x64_8w_4s_fp", 128, 256, 64, 2, 4, 4, prefetch=True),
@@ -251,8 +250,8 @@ def _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems):
     tile.  (128 x 128 x 64, row x col, ptxas 13.0 for sm_90a: 293 -> 269 instructions on the k
     loop's unchecked path, 243 -> 240 registers; its first compile on a 2-core host 2.5 -> 2.1
     s, numba typing 32 fewer variables.  Compiled with maxntid 128, the old form spilled 44-112
-    bytes inside the k loop, the new none.)  An offset that is not of that form (none among
-    CONFIGS) keeps a register of its own."""
+    bytes inside the k loop, the new none.)  A configuration with an offset not of that form
+    is refused (none among CONFIGS and sm80_gemm_softmax's)."""
     assert (cfg.stage_elems * 2) % 1024 == 0 and (a_elems * 2) % 1024 == 0
     rows = _fragment_rows(cfg, var, a_rowb, b_rowb)
     base = {op: next(e for o, _, _, e in rows if o == op) for op in "ab"}
@@ -263,11 +262,9 @@ def _fragment_offsets(w, cfg, var, a_rowb, b_rowb, a_elems):
     for op, ks, idx, e in rows:
         xy = _xor_add(e, base[op], rowb[op], cfg)
         if xy is None:
-            name = f"{op}_off_{ks}_{idx}"
-            tile = "" if op == "a" else f"{a_elems * 2} + "
-            w(f"    {name} = np.int32({tile}swz_{op}({e}))")
-            addr[(op, ks, idx)] = f"so + {name}"
-            continue
+            raise ValueError(f"sm80 config {cfg.name}: the ldmatrix rows of operand {op}, k step "
+                             f"{ks}, tile {idx} are not its first rows XORed and moved by "
+                             "constants")
         x, y = xy
         s = f"(s{op} ^ {x})" if x else f"s{op}"
         addr[(op, ks, idx)] = f"{s} + {y}" if y else s
