@@ -12,7 +12,8 @@ the launch are every GEMM kernel's (numbatc.kernels.epilogue).
 The k loop comes in two orders (:func:`mainloop_source`): wait, barrier, refill, then every k
 step's ldmatrix and mma; or, for configurations with ``prefetch`` (the defaults for M > 64),
 CUTLASS's multistage order, in which the fragments are double-buffered by k step and the next
-k tile's first ones load under the last step's mma (+5-17 % on an H100: TILES' note).
+k tile's first ones load under the last step's mma (on an H100, 8-17 % over the same tiles
+without it: TILES' note).
 
 Shared-memory tiles (one per operand per stage, addressed in bytes), each row of ``ROW`` bytes
 swizzled so that the eight row addresses of an ldmatrix land in eight different 16-byte bank
