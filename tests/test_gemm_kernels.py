@@ -84,7 +84,7 @@ def test_user_epilogue_variant_assembles_without_local_memory():
 
     var = GemmVariant("row", "col", "bfloat16", "bfloat16", None, None, "relu",
                                 epilogue=residual_scale, epilogue_args=2)
-    kernel = sm80_gemm.kernel_for(sm80_gemm.CONFIGS["128x256x64_8w_3s"], var)
+    kernel = sm80_gemm.kernel_for(sm80_gemm.CONFIGS["128x256x64_8w_3s_fp"], var)  # the default
     sig = sm80_gemm.signature(var) + (types.Tuple([types.Array(types.float32, 2, "C"),
                                                    types.Array(types.float32, 1, "C")]),)
     ptx = compile_ptx(kernel, sig, "sm_90a")
