@@ -181,11 +181,16 @@ def tile_row_bytes(cfg, var):
     return a_rowb, b_rowb
 
 
+@functools.cache
+def _swizzle_code(row_bytes):
+    return compile(_swizzle_expr(row_bytes), "<swizzle>", "eval")
+
+
 def _swizzle(o, row_bytes):
-    """The host value of :func:`_swizzle_expr` (the generated swz_a / swz_b)."""
-    if row_bytes == 64:
-        return o ^ ((o >> 3) & 0x30)
-    return o ^ ((o >> (row_bytes.bit_length() - 5)) & 0x70)
+    """The value of :func:`_swizzle_expr` (the generated swz_a / swz_b) at ``o``: the same
+    expression evaluated on the host, so that the fragment-offset check cannot drift from the
+    kernel's swizzle."""
+    return eval(_swizzle_code(row_bytes), {"o": o})
 
 
 def _fragment_rows(cfg, var, a_rowb, b_rowb):
