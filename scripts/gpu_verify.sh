@@ -99,6 +99,9 @@
 #              of this tree (--configs); then the decode shapes (b col, the dispatch's own
 #              choice, whose M <= 64 runs sm80_gemm) with NUMBATC_SM80_CONFIG set to each of
 #              SM80_SMALL (default: the small-M tiles and their prefetching twins) (bench80.txt)
+#   sm80attn   the portable attention forced (issue 22): bench attention --shapes portable (head
+#              dim 64 / 128 / 256) with NUMBATC_ATTN_KERNEL=sm80; its ratio column is against
+#              SDPA's fastest backend, x flash against the flash backend alone (bench80attn.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -601,6 +604,10 @@ if [[ $what == sm80bench ]]; then
     echo "[bench done at $((SECONDS - start)) s]"; } > "$out/bench80.txt" 2>&1
 fi
 
+if [[ $what == sm80attn ]]; then
+  NUMBATC_ATTN_KERNEL=sm80 t ${SM80ATTN_LIMIT:-300} $py -m numbatc.bench attention \
+    --shapes portable > "$out/bench80attn.txt" 2>&1
+fi
 if [[ $what == bwd90 ]]; then
   $py scripts/pytest_shards.py --shards ${BWD90_SHARDS:-10} --timeout ${BWD90_TIMEOUT:-300} \
     --out /tmp/shards_bwd90 tests/gpu/test_sm90_attention_backward_gpu.py \

@@ -145,3 +145,28 @@ def test_split_k_beyond_decode_sizes(monkeypatch):
         check(m, n, k, "bfloat16", "row", "row")
         check(m, n, k, "float16", "col", "col", out_dtype="float32", beta=0.5, with_c=True,
               with_bias=True, activation="silu")
+
+
+def _sm80_names():
+    from numbatc.kernels import sm80_gemm
+
+    return sorted(sm80_gemm.CONFIGS)
+
+
+@pytest.mark.parametrize("name", _sm80_names())
+def test_every_sm80_config(name, monkeypatch):
+    """Each portable configuration forced by name (the prefetching k loop's twins included):
+    K of one partial k tile, exactly one, two and many (the prefetch's first and last steps),
+    edges of M and N around the 16 / 64 / 128 / 256 tiles, every layout pair, both dtypes, and
+    the full epilogue.  A configuration this GPU cannot fit is refused by name (ValueError)."""
+    monkeypatch.setenv("NUMBATC_GEMM_KERNEL", f"sm80:{name}")
+    layouts = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
+    try:
+        check(1, 8, 8, "bfloat16")
+    except ValueError as e:
+        pytest.skip(f"{name} does not fit this GPU: {e}")
+    for i, (m, n, k) in enumerate([(17, 129, 17), (129, 257, 64), (64, 256, 65), (255, 300, 129),
+                                   (300, 520, 1000), (16, 1000, 2047), (1, 136, 4096)]):
+        check(m, n, k, ("bfloat16", "float16")[i % 2], *layouts[i % 4])
+    check(129, 257, 511, "float16", "col", "row", out_dtype="float32", alpha=0.5, beta=-2.0,
+          with_c=True, with_bias=True, activation="gelu")
