@@ -48,7 +48,7 @@ from intrinsics.fastmath import (
     frag_scale_rows,
     tanh_approx,
 )
-from intrinsics.gmem import st_global_b32
+from intrinsics.gmem import st_global_b32, st_global_v4_b32
 from intrinsics.hints import opaque
 from intrinsics.cp_async import (
     cp_async_op,
@@ -124,7 +124,7 @@ from intrinsics.mbarrier import (
 from intrinsics.mma import MmaSpec, mma_specs, mma_sync, mma_sync_block_scale
 from intrinsics.setmaxnreg import setmaxnreg_dec, setmaxnreg_inc
 from intrinsics.shfl import shfl_bfly, shfl_down, shfl_idx, shfl_op, shfl_up
-from intrinsics.smem import shared_address, swizzle, swizzle_offset
+from intrinsics.smem import ld_shared_v4_b32, shared_address, st_shared_b32, swizzle, swizzle_offset
 from intrinsics.tcgen05 import (
     make_instr_desc,
     make_instr_desc_block_scaled,

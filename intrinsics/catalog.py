@@ -266,6 +266,7 @@ def _global_memory_probes():
     import intrinsics.atomic as at
     import intrinsics.convert as cvt
     import intrinsics.gmem as gm
+    import intrinsics.smem as sm
 
     def kernel(counters, out, x):
         old = at.atomic_add_global(counters, 0, np.int32(1))
@@ -274,6 +275,18 @@ def _global_memory_probes():
     yield Probe("global memory", "atomic add, 32-bit store", kernel,
                 (types.CPointer(types.int32), types.CPointer(types.uint16), types.float32[:]),
                 SM75, ("atom.global.add", "st.global.b32"))
+
+    def staged(out, x):
+        # a warp's 32 words into shared memory, read back as 16-byte rows, stored 16 bytes a lane
+        words = cuda.shared.array(64, np.uint32)
+        t = cuda.threadIdx.x
+        sm.st_shared_b32(words, t, np.uint32(x[t]))
+        cuda.syncwarp()
+        gm.st_global_v4_b32(out, 4 * t, sm.ld_shared_v4_b32(words, 4 * (t % 8)))
+
+    yield Probe("global memory", "staged: 32-bit shared store, 16-byte shared load and global "
+                "store", staged, (types.CPointer(types.uint32), types.uint32[:]), SM75,
+                ("st.shared.b32", "ld.shared.v4.b32", "st.global.v4.b32"))
 
 
 def _fastmath_probes():

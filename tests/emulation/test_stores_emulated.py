@@ -1,8 +1,10 @@
 """Global-memory writes of the intrinsics in the CPU emulation: atomic_add_global's concurrent adds
 from every thread of several blocks all count, each thread seeing a distinct old value;
-st_global_b32's four bytes land at the element's address (two uint16 elements), and a misaligned
-address is an error, as on the GPU.  (Their PTX: tests/test_atomic_compile.py,
-tests/test_gmem_compile.py.)"""
+st_global_b32's four bytes land at the element's address (two uint16 elements); a tile staged
+through shared memory (st_shared_b32, ld_shared_v4_b32, st_global_v4_b32) lands where the
+addresses say; a misaligned address is an error, as on the GPU.  (Their PTX:
+tests/test_atomic_compile.py, tests/test_gmem_compile.py, tests/test_catalog_compile.py; the
+staging on the GPU: tests/gpu/test_staging_gpu.py.)"""
 
 import numpy as np
 import pytest
@@ -47,3 +49,30 @@ def test_pairs_land_in_the_emulation():
 
     with pytest.raises(Exception, match="not 4-byte aligned"):
         odd[1, 1](cuda.to_device(np.zeros(4, np.uint16)))
+
+
+def test_staged_rows_land_in_the_emulation():
+    from tests.helpers.staging import expected_staged, staged_kernel
+
+    x = np.random.default_rng().integers(0, 2**32, 128, dtype=np.uint32)
+    out = cuda.to_device(np.zeros(128, np.uint32))
+    cuda.jit(staged_kernel)[1, 64](out, cuda.to_device(x))
+    assert np.array_equal(out.copy_to_host(), expected_staged(x))
+
+
+@pytest.mark.parametrize("which", ["st_shared_b32", "ld_shared_v4_b32", "st_global_v4_b32"])
+def test_staging_misaligned_is_an_error(which):
+    @cuda.jit
+    def kernel(out):
+        words = cuda.shared.array(16, np.uint32)
+        b = cuda.shared.array(0, np.uint8)
+        if which == "st_shared_b32":
+            nt.st_shared_b32(b, 2, np.uint32(1))
+        elif which == "ld_shared_v4_b32":
+            v = nt.ld_shared_v4_b32(words, 1)
+            out[0] = v[0]
+        else:
+            nt.st_global_v4_b32(out, 2, (np.uint32(1), np.uint32(2), np.uint32(3), np.uint32(4)))
+
+    with pytest.raises(Exception, match="aligned"):
+        kernel[1, 1, 0, 64](cuda.to_device(np.zeros(8, np.uint32)))
