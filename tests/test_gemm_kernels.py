@@ -19,6 +19,9 @@ BENCH = GemmVariant("row", "row", "bfloat16", "bfloat16", None, None, None, out_
 FUSED = GemmVariant("row", "col", "bfloat16", "float32", "float32", "bfloat16", "gelu")
 SPLIT = GemmVariant("row", "row", "bfloat16", "bfloat16", None, None, None, out_pairs=True,
                     split_k=True)
+#: BENCH with out's rows 16-byte aligned: tiles inside the matrix staged through shared memory
+STAGED = GemmVariant("row", "row", "bfloat16", "bfloat16", None, None, None, out_pairs=True,
+                     out_staged=True)
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (64, 4096, 4096), (65, 128, 64), (4096, 4096, 4096),
@@ -55,7 +58,8 @@ def test_variant_layouts_and_f16_assemble(layouts):
 #: NUMBATC_SM80_CONFIG (tests/test_gpu_limits.py pins every configuration's blocks per SM)
 NAMED_ONLY = ["128x256x64_8w_3s", "128x256x64_8w_4s", "128x128x64_4w_4s", "64x64x64_4w_3s",
               "128x128x32_4w_4s", "128x128x32_4w_3s", "128x256x64_8w_4s_fp",
-              "64x128x64_4w_4s_fp", "16x128x64_4w_6s_fp", "16x128x64_4w_4s_fp"]
+              "64x128x64_4w_4s_fp", "16x128x64_4w_6s_fp", "16x128x64_4w_4s_fp",
+              "128x256x64_8w_3s_fpr", "128x256x64_8w_3s_fps"]
 
 
 @pytest.mark.parametrize("name", NAMED_ONLY)
@@ -139,11 +143,12 @@ def _copies_per_thread(cfg):
                                        ("128x128x64_4w_3s", BENCH), ("128x128x32_4w_3s", BENCH),
                                        ("16x128x64_4w_4s", SPLIT), ("128x128x32_4w_4s_fp", BENCH),
                                        ("128x256x64_8w_3s_fp", FUSED),
-                                       ("16x128x64_4w_6s_fp", SPLIT)],
+                                       ("16x128x64_4w_6s_fp", SPLIT),
+                                       ("128x256x64_8w_3s_fp", STAGED)],
                          ids=["128x256-bench", "128x128-fused", "128x128-bench", "64x64-bench",
                               "16x128-split", "128x128x32-bench", "128x128x64-3s-bench",
                               "128x128x32-3s-bench", "16x128-4s-split", "128x128x32-fp-bench",
-                              "128x256-fp-fused", "16x128-fp-split"])
+                              "128x256-fp-fused", "16x128-fp-split", "128x256-fp-staged"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_main_loop_sass(name, var, arch, tmp_path):
     """Whole-program SASS for sm_80 and for sm_90a, where the H200 runs it (as the driver JITs
@@ -229,3 +234,44 @@ def test_fragment_offsets_not_of_the_form_are_refused(monkeypatch):
     with pytest.raises(ValueError, match="sm80 config 64x64x64_4w_3s: the ldmatrix rows of "
                                          "operand a, k step 0, tile 0"):
         sm80_gemm.kernel_source(sm80_gemm.CONFIGS["64x64x64_4w_3s"], var)
+
+
+@pytest.mark.parametrize("name", ["128x256x64_8w_3s_fp", "16x128x64_4w_6s_fp",
+                                  "128x128x32_4w_3s_fp"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_staged_epilogue_sass(name, arch, tmp_path):
+    """GemmVariant.out_staged: the inside tile's values go to shared memory as one 32-bit STS
+    per fragment row pair and leave as 16-byte rows, one LDS.128 and one STG.E.128 per lane per
+    pass (a warp tile's warp_m x warp_n bf16 values over 32 lanes of 16 bytes), where the plain
+    variant stores 32 bits a fragment row pair; no local memory."""
+    cfg = sm80_gemm.CONFIGS[name]
+    ptx = compile_ptx(sm80_gemm.kernel_for(cfg, STAGED), sm80_gemm.signature(STAGED), arch)
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    whole_program_ptxas(ptx, tmp_path, arch)
+    sass = disassemble(tmp_path / "kernel.cubin")
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass)
+    frag_pairs = 2 * (cfg.warp_m // 16) * (cfg.warp_n // 8)
+    passes = cfg.warp_m * cfg.warp_n * 2 // 512
+    assert ops.count("STS") == frag_pairs
+    assert ops.count("LDS.128") == passes and ops.count("STG.E.128") == passes
+    assert ops.count("STG.E") == 0  # the 32-bit pair stores are gone from the inside path
+
+
+def test_staged_variant_where_out_rows_are_16_byte_aligned():
+    """sm80_gemm.variant stages through shared memory only for a staged configuration
+    (Sm80Config.staged) and a 16-bit row-major out whose start and rows are 16-byte aligned,
+    without split-K."""
+    import dataclasses
+
+    from numbatc.kernels import sm80_gemm as g
+    from tests.helpers.problems import operand
+
+    cfg = g.CONFIGS["128x256x64_8w_3s_fps"]
+    p = gemm_problem(512, 512, 512)
+    assert g.variant(p, cfg, False).out_staged
+    assert not g.variant(p, g.CONFIGS["128x256x64_8w_3s_fp"], False).out_staged
+    assert not g.variant(p, cfg, True).out_staged
+    for alignment in (8, 4):  # 32-bit pair stores still, no 16-byte rows
+        q = dataclasses.replace(p, out=operand("out", "row", 516, alignment))
+        assert g.variant(q, cfg, False).out_pairs and not g.variant(q, cfg, False).out_staged
+    assert not g.variant(gemm_problem(512, 512, 512, out_dtype="float32"), cfg, False).out_staged

@@ -77,6 +77,10 @@ class GemmVariant:
     # the matrix a fragment's column pair (even column) is one 32-bit store (intrinsics.gmem)
     # instead of two 16-bit ones.  Set by the dispatcher from out's alignment.
     out_pairs: bool = False
+    # (sm80_gemm) out_pairs and out's start and rows 16-byte aligned: a tile wholly inside the
+    # matrix is staged through shared memory and stored as 16-byte chunks of rows (one
+    # st.global.v4 per lane; sm80_gemm.staged_epilogue).  Set by sm80_gemm.variant.
+    out_staged: bool = False
 
 
 def variant_for(p, cls=GemmVariant, **fields):

@@ -37,6 +37,7 @@ kernel for such operands made ptxas hoist its unrolled addresses and spill: 255 
 170 bytes of spills, against 254 and none without it.)
 """
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -46,6 +47,7 @@ from numbatc.kernels.epilogue import (  # what every GEMM kernel shares
     CONVERSIONS,
     SPLIT_HELPERS,
     GemmVariant,
+    eargs_source,
     full_tile_epilogue,
     launch_gemm_kernel,
     split_epilogue_source,
@@ -74,6 +76,14 @@ class Sm80Config:
     # the k loop loads the next k tile's first fragments before the last k step's mma
     # (mainloop_source's ``prefetch``)
     prefetch: bool = False
+    # (prefetch only) the refill of the next stage is issued after step 1's fragments are
+    # loaded instead of at the top of the k tile: ptxas otherwise gives the copies' address
+    # temporaries the registers of step 1's fragments, and the ldmatrix that writes them waits
+    # (long scoreboard) until the cp.async has read them (mainloop_source)
+    late_refill: bool = False
+    # a tile inside the matrix stores its 16-bit out through shared memory as 16-byte rows
+    # where out's rows are 16-byte aligned (GemmVariant.out_staged, staged_epilogue)
+    staged: bool = False
 
     def __post_init__(self):
         wm, wn = self.bm // self.warps_m, self.bn // self.warps_n
@@ -84,6 +94,10 @@ class Sm80Config:
             problems.append(f"bm / warps_m must be a multiple of 16, got {self.bm}/{self.warps_m}")
         if self.bn % self.warps_n or wn % 16:
             problems.append(f"bn / warps_n must be a multiple of 16, got {self.bn}/{self.warps_n}")
+        if self.late_refill and not self.prefetch:
+            problems.append("late_refill needs prefetch")
+        if self.staged and (self.bn // self.warps_n) // 8 not in (4, 8):
+            problems.append("staged needs warp tiles 32 or 64 columns wide")
         if self.stages < 2:
             problems.append(f"stages must be >= 2, got {self.stages}")
         if self.threads > 1024:
@@ -145,6 +159,11 @@ CONFIGS = {
         Sm80Config("128x128x32_4w_4s_fp", 128, 128, 32, 2, 2, 4, prefetch=True),
         Sm80Config("128x256x64_8w_3s_fp", 128, 256, 64, 2, 4, 3, prefetch=True),
         Sm80Config("128x256x64_8w_4s_fp", 128, 256, 64, 2, 4, 4, prefetch=True),
+        # the refill after step 1's fragments (Sm80Config.late_refill), by name until timed
+        Sm80Config("128x256x64_8w_3s_fpr", 128, 256, 64, 2, 4, 3, prefetch=True,
+                   late_refill=True),
+        # the default tile with the staged epilogue (Sm80Config.staged), by name until timed
+        Sm80Config("128x256x64_8w_3s_fps", 128, 256, 64, 2, 4, 3, prefetch=True, staged=True),
         Sm80Config("128x128x32_4w_3s_fp", 128, 128, 32, 2, 2, 3, prefetch=True),
         # the small-M tiles' prefetching twins (the Hopper dispatch's M <= 64 path), by name
         # only until timed (`gpu_verify.sh sm80bench`'s decode shapes)
@@ -445,16 +464,20 @@ def mainloop_source(w, cfg: Sm80Config, var: GemmVariant, inside=None, lds=("lda
     sa = a_frag
     sb = b_frag''')
     fragments(0, "0", " " * 4)
-    w(f'''    for kt in range(k_tiles):
-        nxt = kt + {S - 1}
+    refill_block = f'''        nxt = kt + {S - 1}
         if nxt < k_tiles:
 {refill}
         nt.cp_async_commit_group()
-        so_next = {wrap.format("so_next")}''')
+        so_next = {wrap.format("so_next")}'''
+    w("    for kt in range(k_tiles):")
+    if not cfg.late_refill:
+        w(refill_block)
     for ks in range(KS):
         w(f"        # k step {ks}")
         if ks < KS - 1:
             fragments(ks + 1, str((ks + 1) % 2), " " * 8)
+            if ks == 0 and cfg.late_refill:
+                w(refill_block)
         else:  # the next tile's first step (its stage is ready: the barrier below step K - 2)
             w(f"        so = {wrap.format('so')}")
             w("        sa = so + a_frag")
@@ -567,6 +590,8 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
              for i in range(MI) for j in range(NJ)]
     if var.split_k:
         split_epilogue_source(w, tiles, var, "cuda.blockIdx.x", "cuda.syncthreads()", "t == 0")
+    elif var.out_staged:
+        staged_epilogue(w, cfg, var, tiles, f"m0 + {BM} <= M and n0 + {BN} <= N")
     else:
         full_tile_epilogue(w, tiles, var, f"m0 + {BM} <= M and n0 + {BN} <= N")
 
@@ -574,6 +599,69 @@ def gemm_kernel(a, b, c, bias, out, M, N, K, lda, ldb, ldc, ldo, alpha, beta, gr
     if var.split_k:
         w(SPLIT_HELPERS)
     return "\n".join(lines)
+
+
+def staged_epilogue(w, cfg: Sm80Config, var: GemmVariant, tiles, inside):
+    """The epilogue of GemmVariant.out_staged: where ``inside`` (the block's tile lies in the
+    matrix) every warp writes its fragments' values, packed to 16 bits, into its own
+    warp_m x warp_n tile of shared memory (the pipeline's stages, free after a barrier), then
+    reads it back a 16-byte chunk of a row per lane and stores that with one st.global.v4:
+    4 or 8 lanes cover a row, where the fragments' own stores are 32 bits a lane, 8 rows of 16
+    bytes per instruction.  Chunk c of row r lives at chunk c ^ (r % chunks) of its row, so that
+    the eight rows a fragment store touches at once fall in different banks.  Otherwise (an
+    edge tile) full_tile_epilogue's bounds-checked stores.  Values first, as
+    full_tile_epilogue does, where a fragment's value loads something (c, bias, a user
+    epilogue's arrays): the staging stores are asm with a memory clobber, which no load moves
+    above."""
+    WM, WN = cfg.warp_m, cfg.warp_n
+    chunks = WN // 8  # 16-byte chunks per row of the warp's tile
+    if chunks not in (4, 8):
+        raise ValueError(f"{cfg.name}: the staged epilogue needs warp tiles 32 or 64 columns "
+                         "wide")
+    rowb = WN * 2
+    pack = {"bfloat16": "nt.pack_bf16x2", "float16": "nt.pack_f16x2"}[var.out_dtype]
+    ea = ", " + eargs_source(var)
+    loads = var.epilogue is not None or var.c_dtype is not None or var.bias_dtype is not None
+    w(f"""    if {inside}:
+        cuda.syncthreads()  # every warp's last ldmatrix is done: the stages are free
+        ws = np.int32((wm * {cfg.warps_n} + wn) * {WM * WN * 2})
+        sx = (g % {chunks}) * 16
+        sq = ws + tq * 2""")
+    for n, (acc, row, col) in enumerate(tiles):
+        if loads:
+            w(f"        ev_{n} = value_tile(c, bias, {acc}, {row}, {col}, ldc, alpha, beta{ea})")
+    for n, (acc, row, col) in enumerate(tiles):
+        i, j = divmod(n, WN // 8)
+        v = f"ev_{n}" if loads else "ev"
+        if not loads:
+            w(f"        ev = value_tile(c, bias, {acc}, {row}, {col}, ldc, alpha, beta{ea})")
+        for half in range(2):
+            r = f"({16 * i + 8 * half} + g)"
+            w(f"        nt.st_shared_b32(smem, sq + {r} * {rowb} + ({j * 16} ^ sx), "
+              f"{pack}({v}[{2 * half}], {v}[{2 * half + 1}]))")
+    per = 32 // chunks  # rows per pass
+    w(f"""        cuda.syncwarp()
+        lr = g // {chunks // 4}  # lane // chunks and lane % chunks, from g and tq (live already)
+        lc = (g % {chunks // 4}) * 4 + tq // 2
+        o_row = m0 + wm * {WM}
+        o_col = n0 + wn * {WN} + lc * 8
+        for it in range({WM // per}):
+            r = it * {per} + lr
+            v = nt.ld_shared_v4_b32(smem, ws + r * {rowb} + ((lc ^ (r % {chunks})) * 16))
+            nt.st_global_v4_b32(out, (o_row + r) * ldo + o_col, v)
+    else:""")
+    for acc, row, col in tiles:
+        w(f"        store_tile(out, c, bias, {acc}, {row}, {col}, M, N, ldc, ldo, alpha, beta{ea})")
+
+
+def variant(p, cfg: Sm80Config, split_k: bool):
+    """The variant a launch of ``cfg`` for ``p`` compiles: epilogue.variant_for's, staged
+    through shared memory (out_staged) where ``cfg`` is a staged configuration, out's rows are
+    16-byte aligned and the tile is not split over K."""
+    var = variant_for(p, split_k=split_k)
+    if cfg.staged and var.out_pairs and not split_k and p.out.alignment >= 16:
+        var = dataclasses.replace(var, out_staged=True)
+    return var
 
 
 # ---------------------------------------------------------------------------------------------
@@ -779,7 +867,7 @@ def split(p, cfg: Sm80Config):
 def compiled(p, cfg: Sm80Config):
     """(configuration, variant) that a launch of ``cfg`` for ``p`` compiles (kernel_for's
     arguments): split-K where :func:`split` splits."""
-    return cfg, variant_for(p, split_k=split(p, cfg)[0] > 1)
+    return cfg, variant(p, cfg, split(p, cfg)[0] > 1)
 
 
 def launch(p, cfg: Sm80Config):
@@ -795,6 +883,6 @@ def launch(p, cfg: Sm80Config):
 
         print(f"numbatc.gemm: sm80_gemm {explain(p, cfg)}", file=sys.stderr)
     slices = split(p, cfg)
-    var = variant_for(p, split_k=slices[0] > 1)
+    var = variant(p, cfg, slices[0] > 1)
     return operands.launch_gemm(launch_flat, p, cfg, var, slices, grid_for(cfg, p.m, p.n),
                                 p.alpha)

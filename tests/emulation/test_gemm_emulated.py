@@ -91,6 +91,52 @@ def test_inside_and_edge_tiles_in_the_emulation(name, m, n, k, layouts, monkeypa
     assert np.all(np.abs(got - ref) <= 2.0**-20 * np.abs(ref) + 1e-5 * scale), np.nanmax(np.abs(got - ref))
 
 
+@pytest.mark.parametrize("name, m, n, k, epilogue", [
+    ("16x128x64_4w_6s_fp", 17, 264, 100, None),       # 4 chunks a warp row; 2 of 6 tiles inside
+    ("16x128x64_4w_6s_fp", 16, 136, 70, "gelu"),      # +c +bias: the values-first order
+    ("128x128x32_4w_4s_fp", 130, 136, 40, None),      # 8 chunks a warp row, one tile inside
+    ("128x128x32_4w_4s_fp", 129, 264, 33, "silu"),
+])
+def test_staged_epilogue_in_the_emulation(name, m, n, k, epilogue, monkeypatch):
+    """A 16-bit out whose rows are 16-byte aligned (N a multiple of 8): tiles inside the matrix
+    stage their values through shared memory and store 16-byte chunks (sm80_gemm's
+    staged_epilogue), edge tiles store per fragment; the output poisoned (NaN) first.  The
+    configurations made staged here (Sm80Config.staged): warp rows of 4 and of 8 chunks."""
+    import dataclasses
+
+    from numbatc.kernels import sm80_gemm
+
+    staged = dataclasses.replace(sm80_gemm.CONFIGS[name], staged=True)
+    monkeypatch.setitem(sm80_gemm.CONFIGS, name, staged)
+    monkeypatch.setenv("NUMBATC_SM80_CONFIG", name)
+    monkeypatch.setenv("NUMBATC_SPLIT_K", "1")
+    calls = []
+    real = sm80_gemm.staged_epilogue
+    monkeypatch.setattr(sm80_gemm, "staged_epilogue", lambda *a: calls.append(1) or real(*a))
+    sm80_gemm.kernel_for.cache_clear()
+    gen = np.random.default_rng()
+    a, b = _values(gen, (m, k), "bfloat16"), _values(gen, (k, n), "bfloat16")
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    kw = {}
+    if epilogue:
+        c = _values(gen, (m, n), "bfloat16")
+        bias = _values(gen, (n,), "bfloat16")
+        kw.update(c=_device(c, "row"), bias=_device(bias[None, :], "row")[0], beta=-0.5,
+                  activation=epilogue, alpha=0.75)
+        ref = 0.75 * ref - 0.5 * c.astype(np.float64) + bias.astype(np.float64)
+        if epilogue == "gelu":
+            ref = 0.5 * ref * (1 + np.tanh(math.sqrt(2 / math.pi) * (ref + 0.044715 * ref**3)))
+        else:
+            ref = ref / (1 + np.exp(-ref))
+    out = cuda.to_device(np.full((m, n), 0x7FC0, np.uint16))  # bf16 NaN
+    numbatc.gemm(_device(a, "row"), _device(b, "col"), out=numbatc.bfloat16(out), **kw)
+    got = out.copy_to_host().view(ml_dtypes.bfloat16).astype(np.float64)
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + 1
+    assert calls, "the staged epilogue was not generated"
+    bad = ~(np.abs(got - ref) <= 2.0**-8 * np.abs(ref) + 1e-5 * scale)  # NaN: never written
+    assert not bad.any(), np.nanmax(np.abs(got - ref))
+
+
 @pytest.mark.parametrize("m, n, k, splits, layouts, epilogue", [
     (1, 136, 600, 3, ("row", "row"), None),       # decode: 16-row tiles, ragged last K slice
     (13, 40, 256, 4, ("row", "col"), "gelu"),     # +c +bias, b K-major
