@@ -129,7 +129,7 @@ def printed(monkeypatch, capsys):
 
 def test_the_walk_says_why_it_passed_a_family_over(printed, monkeypatch):
     module, cfg, lines = printed(_problem(8, 4096, 4096))
-    assert module is sm80_gemm and cfg.name == "16x128x64_4w_6s"
+    assert module is sm80_gemm and cfg.name == "16x128x64_4w_6s_fp"
     assert lines == ["numbatc.gemm: sm80_gemm, not sm90_gemm: M <= 16: sm80_gemm's 16-row tiles"]
     module, _, lines = printed(_problem(32, 4096, 4096, alignment=8))
     assert module is sm80_gemm and lines == [
@@ -184,7 +184,7 @@ def test_plan_is_what_launches(monkeypatch):
     for var in ("NUMBATC_GEMM_KERNEL", "NUMBATC_SM80_CONFIG", "NUMBATC_SPLIT_K"):
         monkeypatch.delenv(var, raising=False)
     module, cfg, var = dispatch.plan(_problem(1, 8192, 8192, cc=(8, 0)))
-    assert module is sm80_gemm and cfg.name == "16x128x64_4w_6s" and var.split_k
+    assert module is sm80_gemm and cfg.name == "16x128x64_4w_6s_fp" and var.split_k
     monkeypatch.setattr(sm90_gemm, "small_tile", lambda p: None)
     p = _problem(130, 264, 512)
     assert dispatch.choose(p)[1].name == "128x256x64_3s_pt_tma_ts"

@@ -58,7 +58,7 @@ def test_variant_layouts_and_f16_assemble(layouts):
 #: NUMBATC_SM80_CONFIG (tests/test_gpu_limits.py pins every configuration's blocks per SM)
 NAMED_ONLY = ["128x256x64_8w_3s", "128x256x64_8w_4s", "128x128x64_4w_4s", "64x64x64_4w_3s",
               "128x128x32_4w_4s", "128x128x32_4w_3s", "128x256x64_8w_4s_fp",
-              "64x128x64_4w_4s_fp", "16x128x64_4w_6s_fp", "16x128x64_4w_4s_fp",
+              "64x128x64_4w_4s_fp", "16x128x64_4w_6s", "16x128x64_4w_4s",
               "128x256x64_8w_3s_fpr", "128x256x64_8w_3s_fps"]
 
 

@@ -96,13 +96,13 @@ def test_gemm_choice_fits(cc, env):
 
 
 @pytest.mark.parametrize("cc, decode, mid, large", [
-    ((9, 0), "16x128x64_4w_6s", "64x128x64_4w_4s", "128x256x64_8w_3s_fp"),   # measured (H100)
-    ((10, 0), "16x128x64_4w_6s", "64x128x64_4w_4s", "128x256x64_8w_3s_fp"),  # 9.0's limits
-    ((8, 0), "16x128x64_4w_6s", "64x128x64_4w_4s", "128x256x64_8w_3s_fp"),   # reasoned
-    ((8, 7), "16x128x64_4w_6s", "64x128x64_4w_4s", "128x256x64_8w_3s_fp"),
-    ((8, 6), "16x128x64_4w_4s", "64x128x64_4w_4s", "128x128x32_4w_3s_fp"),
-    ((8, 9), "16x128x64_4w_4s", "64x128x64_4w_4s", "128x128x32_4w_3s_fp"),
-    ((12, 0), "16x128x64_4w_4s", "64x128x64_4w_4s", "128x128x32_4w_3s_fp"),
+    ((9, 0), "16x128x64_4w_6s_fp", "64x128x64_4w_4s", "128x256x64_8w_3s_fp"),   # measured (H100)
+    ((10, 0), "16x128x64_4w_6s_fp", "64x128x64_4w_4s", "128x256x64_8w_3s_fp"),  # 9.0's limits
+    ((8, 0), "16x128x64_4w_6s_fp", "64x128x64_4w_4s", "128x256x64_8w_3s_fp"),   # reasoned
+    ((8, 7), "16x128x64_4w_6s_fp", "64x128x64_4w_4s", "128x256x64_8w_3s_fp"),
+    ((8, 6), "16x128x64_4w_4s_fp", "64x128x64_4w_4s", "128x128x32_4w_3s_fp"),
+    ((8, 9), "16x128x64_4w_4s_fp", "64x128x64_4w_4s", "128x128x32_4w_3s_fp"),
+    ((12, 0), "16x128x64_4w_4s_fp", "64x128x64_4w_4s", "128x128x32_4w_3s_fp"),
 ])
 def test_gemm_choice_per_cc(cc, decode, mid, large):
     """The choice table (sm80_gemm.TILES' note says which is measured and which reasoned); a
@@ -121,7 +121,7 @@ def test_gemm_named_only_configs_are_never_chosen():
     assert set(sm80_gemm.CONFIGS) - chosen == {
         "128x256x64_8w_3s", "128x256x64_8w_4s", "128x128x64_4w_4s", "64x64x64_4w_3s",
         "128x128x32_4w_4s", "128x128x32_4w_3s", "128x256x64_8w_4s_fp", "64x128x64_4w_4s_fp",
-        "16x128x64_4w_6s_fp", "16x128x64_4w_4s_fp", "128x256x64_8w_3s_fpr",
+        "16x128x64_4w_6s", "16x128x64_4w_4s", "128x256x64_8w_3s_fpr",
         "128x256x64_8w_3s_fps"}
 
 
@@ -182,10 +182,10 @@ def test_gemm_print_config_says_why(env, capsys):
     assert all("reasoned from the limits, not measured" in lines[cc] for cc in ((8, 0), (8, 9)))
     p = gemm_problem(8, 4096, 4096, cc=(8, 9))
     assert sm80_gemm.explain(p, sm80_gemm.choose(p)) == (
-        "16x128x64_4w_4s: 72 KB, 1 block per SM on cc 8.9 (100 KB per SM); M <= 16: 16-row "
+        "16x128x64_4w_4s_fp: 72 KB, 1 block per SM on cc 8.9 (100 KB per SM); M <= 16: 16-row "
         "tiles, the deepest pipeline that fits")
     assert sm80_gemm.explain(p, sm80_gemm.CONFIGS["64x64x64_4w_3s"]).endswith(
-        "forced (the heuristic's: 16x128x64_4w_4s)")
+        "forced (the heuristic's: 16x128x64_4w_4s_fp)")
 
 
 # --- attention ---------------------------------------------------------------------------------

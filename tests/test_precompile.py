@@ -113,7 +113,7 @@ def test_precompile_fills_the_cache_the_launch_reads(tmp_path, monkeypatch):
     monkeypatch.setenv("NUMBATC_CACHE_DIR", str(tmp_path / "cache"))
     shapes = "1x256x256,16x512x256,32x256x256"
     planned = pc.plan(shapes, cc="8.0")
-    assert sorted(job.config.name for job in planned) == ["16x128x64_4w_6s", "64x128x64_4w_4s"]
+    assert sorted(job.config.name for job in planned) == ["16x128x64_4w_6s_fp", "64x128x64_4w_4s"]
     first = numbatc.precompile(shapes, cc="8.0", jobs=1, progress=False)
     assert (first.compiled, first.cached, first.failed) == (2, 0, 0), first.configs
     assert len(list((tmp_path / "cache" / "kernels" / "__pycache__").glob("*.nbi"))) == 2

@@ -165,8 +165,8 @@ CONFIGS = {
         # the default tile with the staged epilogue (Sm80Config.staged), by name until timed
         Sm80Config("128x256x64_8w_3s_fps", 128, 256, 64, 2, 4, 3, prefetch=True, staged=True),
         Sm80Config("128x128x32_4w_3s_fp", 128, 128, 32, 2, 2, 3, prefetch=True),
-        # the small-M tiles' prefetching twins (the Hopper dispatch's M <= 64 path), by name
-        # only until timed (`gpu_verify.sh sm80bench`'s decode shapes)
+        # the small-M tiles' prefetching twins (the Hopper dispatch's M <= 64 path; TILES' note
+        # has their figures): the 16-row ones are the decode tiles
         Sm80Config("64x128x64_4w_4s_fp", 64, 128, 64, 1, 4, 4, prefetch=True),
         Sm80Config("16x128x64_4w_6s_fp", 16, 128, 64, 1, 4, 6, prefetch=True),
         Sm80Config("16x128x64_4w_4s_fp", 16, 128, 64, 1, 4, 4, prefetch=True),
@@ -762,6 +762,11 @@ def unsupported(p):
 #: limits (numbatc.kernels.gpus), not measured: no Ampere, Ada or consumer Blackwell GPU was at
 #: hand.  8.0 / 8.7 (163 KB a block) take the 128 x 256 tile; 8.6 / 8.9 / 12.x (99 KB a block,
 #: 100 KB per SM) 128x128x32_4w_3s_fp (48 KB), the one 128 x 128 tile two of which fit.
+#: Decode (M <= 16, an H100, 2026-12-05, b column-major, the decode shapes; GB/s of B read
+#: once): 16x128x64_4w_6s_fp 2554 / 2397 / 2808 / 2864 / 2857 / 2798 against 16x128x64_4w_6s
+#: 2433 / 2146 / 2804 / 2834 / 2814 / 2663 at 1 and 16 x 8192 x 8192, x 28672 x 8192 and x 8192 x
+#: 28672 (0.85-0.95x cuBLAS -> 0.89-1.00x): the prefetching twins.  (64x128x64_4w_4s_fp was
+#: mixed against its plain twin, -6 to +2 %: "mid" keeps the plain one.)
 TILES = {
     # M > 64: the 128 x 256 tile where it fits and fills the SMs, else the first 128 x 128
     # that pairs up
@@ -770,7 +775,7 @@ TILES = {
     # 16 < M <= 64: one tile row, split-K where it leaves SMs idle
     "mid": ("64x128x64_4w_4s", "64x64x64_4w_3s"),
     # M <= 16: the deepest pipeline that fits
-    "decode": ("16x128x64_4w_6s", "16x128x64_4w_4s"),
+    "decode": ("16x128x64_4w_6s_fp", "16x128x64_4w_4s_fp"),
 }
 
 _WHY = {
