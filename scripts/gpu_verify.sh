@@ -102,6 +102,11 @@
 #   sm80attn   the portable attention forced (issue 22): bench attention --shapes portable (head
 #              dim 64 / 128 / 256) with NUMBATC_ATTN_KERNEL=sm80; its ratio column is against
 #              SDPA's fastest backend, x flash against the flash backend alone (bench80attn.txt)
+#   sm80stage  the fifteenth session's untimed portable GEMM configurations: the staging
+#              intrinsics' GPU test and test_every_sm80_config in shards (tests.txt,
+#              testlogs.txt), then 128x256x64_8w_3s_fp (the default), _fps (the staged
+#              epilogue) and _fpr (the late refill) forced in turn, SM80_ROUNDS rounds (default
+#              2, the order rotated each round), gemm quick, b col (bench80.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
@@ -607,6 +612,21 @@ fi
 if [[ $what == sm80attn ]]; then
   NUMBATC_ATTN_KERNEL=sm80 t ${SM80ATTN_LIMIT:-300} $py -m numbatc.bench attention \
     --shapes portable > "$out/bench80attn.txt" 2>&1
+fi
+if [[ $what == sm80stage ]]; then
+  $py scripts/pytest_shards.py --shards 9 --timeout ${SM80STAGE_TIMEOUT:-200} --out /tmp/sh80s \
+    tests/gpu/test_staging_gpu.py tests/gpu/test_gemm_gpu.py -- -k "staged or every_sm80" \
+    --tb=short > "$out/tests.txt" 2>&1
+  for f in /tmp/sh80s/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  { cfgs=(128x256x64_8w_3s_fp 128x256x64_8w_3s_fps 128x256x64_8w_3s_fpr)
+    for ((r = 0; r < ${SM80_ROUNDS:-2}; r++)); do
+      for ((i = 0; i < 3; i++)); do
+        cfg=${cfgs[$(((i + r) % 3))]}
+        echo "== round $((r + 1)), sm80:$cfg"
+        NUMBATC_GEMM_KERNEL=sm80:$cfg t 60 $py -m numbatc.bench gemm --shapes quick \
+          --b-layout col | grep -E "^ +[0-9]|rror| M +N"
+      done
+    done; } > "$out/bench80.txt" 2>&1
 fi
 if [[ $what == bwd90 ]]; then
   $py scripts/pytest_shards.py --shards ${BWD90_SHARDS:-10} --timeout ${BWD90_TIMEOUT:-300} \
