@@ -935,10 +935,11 @@ def print_attention_table(rows):
     print(head)
     print("-" * len(head))
     for r in rows:
+        flash = r.get("ratio_flash")  # (the backward's rows have none)
         print(f"{r['batch']:>4} {r['seqlen']:>6} {r['heads']:>4} {r['head_dim']:>4} "
               f"{str(r['causal']):>6}  {r['numbatc_tflops']:>12.1f} {r['ref_tflops']:>9.1f} "
               f"{r['ratio']:>6.2f}  {r['ref_backend']:>19} "
-              f"{r.get('ratio_flash', float('nan')):>7.2f} "
+              f"{'-' if flash is None else format(flash, '.2f'):>7} "
               f"{r['first_call_s']:>12.2f} "
               f"{r['max_abs_err']:>11.2e}  {r.get('config', '')}"
               f"{' ' + r['kernel'] if r.get('kernel', 'default') != 'default' else ''}")
