@@ -115,7 +115,7 @@ def _library_kernels():
     """(name, kernel, signature, arch, launch_bounds) of the kernels numbatc.gemm and
     numbatc.attention choose by default: the portable ones for sm_80, the Hopper ones (TMA and
     cp.async producers, bf16 and FP8; attention at head_dim 128 and 256) for sm_90a; and those
-    of numbatc.attention_backward (the portable ones and the opt-in Hopper one) and of
+    of numbatc.attention_backward (the portable ones and the Hopper one) and of
     numbatc.attention_with_kvcache's paged decode."""
     from numbatc.kernels import (sm80_attention, sm80_attention_backward, sm80_decode_attention,
                                  sm80_gemm, sm90_attention, sm90_attention_backward, sm90_gemm)
@@ -149,7 +149,7 @@ def _library_kernels():
     for part, kernel in sm80_attention_backward.kernels_for(bcfg, bvar).items():
         cases.append((f"sm80_attention_backward {bcfg.name} {part}", kernel,
                       sigs["dkdv" if part in ("both", "dk", "dv") else part], "sm_80", None))
-    # the Hopper backward (opt-in: NUMBATC_ATTN_BWD_KERNEL=sm90), head_dim 64 and 128
+    # the Hopper backward (head_dim 128 by default, 64 with deterministic=False)
     for d in sm90_attention_backward.HEAD_DIMS:
         hcfg = sm90_attention_backward.CONFIGS[sm90_attention_backward.TILES[d]]
         hvar = sm90_attention_backward.Sm90BwdVariant(d, "bfloat16", True)

@@ -24,9 +24,12 @@ from tests.helpers.fake_arrays import FakeCuda, no_gpu  # noqa: F401  (no_gpu: a
 
 @pytest.fixture
 def launched(monkeypatch):
-    """The problems handed to sm80_attention_backward.launch, with the configuration."""
+    """The problems handed to sm80_attention_backward.launch, with the configuration (the
+    portable kernel forced: on the fakes' sm_90 device head_dim 128 runs the Hopper one by
+    default, tests/test_sm90_attention_backward.py)."""
     calls = []
     monkeypatch.delenv("NUMBATC_ATTN_BWD_CONFIG", raising=False)
+    monkeypatch.setenv("NUMBATC_ATTN_BWD_KERNEL", "sm80")
     monkeypatch.setattr(bwd, "launch", lambda p, cfg: calls.append((p, cfg)))
     return calls
 

@@ -167,16 +167,20 @@ def test_attention_shapes_plan_the_kernels_the_call_chooses():
 
 def test_attention_backward_plans_the_family_the_call_runs(monkeypatch):
     """attention_backward=True adds numbatc.attention_backward's kernels for the same shapes: the
-    portable ones by default, the Hopper one where NUMBATC_ATTN_BWD_KERNEL=sm90 forces it (an
-    error naming the reason where it cannot run the shape); each job lists the kernels a launch
+    family the call runs (on 9.0a the Hopper one at head_dim 128, the portable one at 64; on 8.0
+    the portable one), the Hopper one where NUMBATC_ATTN_BWD_KERNEL=sm90 forces it (an error
+    naming the reason where it cannot run the shape); each job lists the kernels a launch
     compiles (precompile_kernels)."""
     monkeypatch.delenv("NUMBATC_ATTN_BWD_KERNEL", raising=False)
-    planned = pc.plan(None, cc="9.0a", attention="2x1024x1024x16x4x128c,1x300x700x8x2x64",
-                      attention_backward=True)
+    spec = "2x1024x1024x16x4x128c,1x300x700x8x2x64"
+    planned = pc.plan(None, cc="9.0a", attention=spec, attention_backward=True)
     labels = {job.label: shapes for job, shapes in planned.items()}
-    assert labels["sm80_attention_backward d128 d128 causal"] == ["2x1024x1024x16x4x128c backward"]
+    assert labels["sm90_attention_backward d128 d128 causal"] == ["2x1024x1024x16x4x128c backward"]
     assert labels["sm80_attention_backward d64 d64"] == ["1x300x700x8x2x64 backward"]
     assert len(labels) == 4
+    planned = pc.plan(None, cc="8.0", attention=spec, attention_backward=True)
+    assert {job.label for job in planned if "backward" in job.family} == {
+        "sm80_attention_backward d128 d128 causal", "sm80_attention_backward d64 d64"}
     for job in planned:
         if "backward" in job.family:
             family = importlib.import_module(job.family)

@@ -1,6 +1,7 @@
 """numbatc.kernels.sm90_attention_backward without a GPU: which kernel numbatc.attention_backward
-runs (the portable one unless ``NUMBATC_ATTN_BWD_KERNEL`` forces another; the workspace the
-Hopper one gets), what the Hopper kernel refuses and why, its configurations, and its assembly
+runs (the Hopper one at head_dim 128, and 64 without the fixed order, unless
+``NUMBATC_ATTN_BWD_KERNEL`` forces another; the workspace the Hopper one gets), what the Hopper
+kernel refuses and why, its configurations, and its assembly
 for sm_90a: the wgmma forms and the bulk reduction in the PTX, no local memory, ptxas's
 whole-program report (no serialised wgmma, spills held to what is known) and the SASS (HGMMA,
 TMA, the bulk reduction, setmaxnreg; no local memory where nothing spills).
@@ -39,11 +40,19 @@ def launched(monkeypatch):
     return calls
 
 
-def test_the_portable_kernel_runs_unless_forced(launched):
-    assert api.SM90_BY_DEFAULT is False  # until the H200 has run the Hopper kernel's tests
-    numbatc.attention_backward(*args())
-    assert len(launched["sm80"]) == 1 and not launched["sm90"]
-    assert launched["sm80"][0][0].ws is None
+@pytest.mark.parametrize("d, deterministic, family", [
+    (64, True, "sm80"), (64, False, "sm90"), (128, True, "sm90"), (128, False, "sm90"),
+    (96, True, "sm80"), (256, False, "sm80"),
+])
+def test_the_default_kernel(launched, d, deterministic, family):
+    """On an sm_90 GPU (the fakes' device) the Hopper kernel runs head_dim 128, and 64 without
+    the fixed order (api.sm90_by_default: where it measured faster); the portable one the rest,
+    without a workspace."""
+    numbatc.attention_backward(*args(d=d), deterministic=deterministic)
+    other = {"sm80": "sm90", "sm90": "sm80"}[family]
+    assert len(launched[family]) == 1 and not launched[other]
+    ((p, _),) = launched[family]
+    assert (p.ws is None) == (family == "sm80") and api.sm90_by_default(p) == (family == "sm90")
 
 
 @pytest.mark.parametrize("d, name", [(64, "d64"), (128, "d128")])

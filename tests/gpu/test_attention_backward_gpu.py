@@ -20,6 +20,14 @@ from tests.helpers.attention_backward import check_backward
 pytestmark = pytest.mark.gpu(cc=(8, 0))
 
 
+@pytest.fixture(autouse=True)
+def portable(monkeypatch):
+    """The portable kernel forced: on sm_90a head_dim 128 runs the Hopper one by default
+    (numbatc.attention_backward_api.sm90_by_default), whose suite is
+    tests/gpu/test_sm90_attention_backward_gpu.py."""
+    monkeypatch.setenv("NUMBATC_ATTN_BWD_KERNEL", "sm80")
+
+
 @pytest.fixture
 def config(monkeypatch):
     """``config(name)``: force an sm80_attention_backward configuration (None: the heuristic)."""

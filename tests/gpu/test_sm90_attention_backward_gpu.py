@@ -26,6 +26,17 @@ def sm90(monkeypatch, capfd):
     assert "sm90_attention_backward" in err, err
 
 
+@pytest.mark.parametrize("d, deterministic", [(128, True), (64, False)])
+def test_the_default_at_head_dims_where_it_measured_faster(monkeypatch, d, deterministic):
+    """Nothing forced: head_dim 128, and 64 with deterministic=False, run the Hopper kernel
+    (numbatc.attention_backward_api.sm90_by_default; the fixture checks the printed line)."""
+    monkeypatch.delenv("NUMBATC_ATTN_BWD_KERNEL")
+    call = numbatc.attention_backward
+    monkeypatch.setattr(numbatc, "attention_backward",
+                        lambda *a, **k: call(*a, deterministic=deterministic, **k))
+    check_backward(2, 300, 500, 4, 2, d, True, "bfloat16")
+
+
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("b, sq, sk, hq, hkv, causal, dtype", [
     (1, 113, 203, 2, 1, True, "bfloat16"),
