@@ -153,7 +153,7 @@ def _time_gpu(fn, torch, reps, warmup=3, min_group=1):
     fn()
     end.record()
     end.synchronize()
-    inner = max(min_group, min(200, int(1.0 / max(start.elapsed_time(end), 1e-3))))
+    inner = _group_size(start.elapsed_time(end), min_group)
     times = []
     for _ in range(reps):
         start.record()
@@ -166,6 +166,12 @@ def _time_gpu(fn, torch, reps, warmup=3, min_group=1):
 
 
 _time_gpu.fallbacks = []
+
+
+def _group_size(one_ms, min_group):
+    """Calls per timed group: enough to last about a millisecond (one call took ``one_ms``), at
+    most 200, at least ``min_group``."""
+    return max(min_group, min(200, int(1.0 / max(one_ms, 1e-3))))
 
 
 def _time_graph(fn, torch, reps, min_group=1):
@@ -186,7 +192,7 @@ def _time_graph(fn, torch, reps, min_group=1):
     one.replay()
     end.record()
     end.synchronize()
-    inner = max(min_group, min(200, int(1.0 / max(start.elapsed_time(end), 1e-3))))
+    inner = _group_size(start.elapsed_time(end), min_group)
     graph = captured(inner) if inner > 1 else one
     times = []
     for _ in range(reps):

@@ -61,6 +61,10 @@ __all__ = ["Sm80Config", "CONFIGS", "TILES", "unsupported", "choose", "compiled"
            "signature"]
 
 
+#: 16-byte chunks per warp-tile row (warp_n / 8) that staged_epilogue's swizzle covers
+_STAGED_CHUNKS = (4, 8)
+
+
 @dataclass(frozen=True)
 class Sm80Config:
     """Tile shape (BM x BN x BK), the warp grid (WARPS_M x WARPS_N warps, each computing
@@ -96,7 +100,7 @@ class Sm80Config:
             problems.append(f"bn / warps_n must be a multiple of 16, got {self.bn}/{self.warps_n}")
         if self.late_refill and not self.prefetch:
             problems.append("late_refill needs prefetch")
-        if self.staged and (self.bn // self.warps_n) // 8 not in (4, 8):
+        if self.staged and wn // 8 not in _STAGED_CHUNKS:
             problems.append("staged needs warp tiles 32 or 64 columns wide")
         if self.stages < 2:
             problems.append(f"stages must be >= 2, got {self.stages}")
@@ -615,7 +619,7 @@ def staged_epilogue(w, cfg: Sm80Config, var: GemmVariant, tiles, inside):
     above."""
     WM, WN = cfg.warp_m, cfg.warp_n
     chunks = WN // 8  # 16-byte chunks per row of the warp's tile
-    if chunks not in (4, 8):
+    if chunks not in _STAGED_CHUNKS:
         raise ValueError(f"{cfg.name}: the staged epilogue needs warp tiles 32 or 64 columns "
                          "wide")
     rowb = WN * 2
