@@ -36,7 +36,8 @@ import numpy as np
 
 from numba import cuda
 
-__all__ = ["LaunchError", "PreparedLaunch", "array_params", "compile_kernel", "flat_params",
+__all__ = ["LaunchError", "PreparedLaunch", "array_params", "compile_kernel", "compile_kernels",
+           "flat_params",
            "has_param_blobs", "launch", "max_dynamic_shared_bytes", "prepare"]
 
 _DEFAULT_DYNAMIC_LIMIT = 48 * 1024
@@ -267,8 +268,97 @@ def compile_kernel(kernel, signature, whole_program=None):
     from intrinsics.compile_passes import linear_ssa, memo_call_types
 
     with linear_singly_assigned_scan(), linear_ssa(), memo_call_types(), \
-            _ptx_link_for_whole_program(whole_program is not False), _gc_paused():
+            _ptx_link_for_whole_program(whole_program is not False), _ptx_on_demand(), \
+            _gc_paused():
         return kernel.compile(tuple(signature))
+
+
+def compile_kernels(jobs, whole_program=None):
+    """:func:`compile_kernel` of each ``(kernel, signature)`` in ``jobs``, in that order, with
+    each kernel's link (nvJitLink: LTO and ptxas, which release the GIL) run in a thread of its
+    own while numba types and lowers the next kernel in this one; returns the compiled kernels.
+    Each kernel is bound to the current context and saved to its disk cache, as numba's
+    ``compile`` does, before this returns (the link's error, if one failed, raised here).  For
+    the kernels of one operation that compile together on its first call (the attention
+    backward's three or four): numba's typing holds its global lock, the links do not, so the
+    first call waits for the typing of all and the last link instead of every link too.  Put the
+    kernel that types longest first.  A kernel already compiled (in this process or the disk
+    cache) costs what ``compile`` costs it; a kernel loaded through the driver's whole-program
+    JIT (setmaxnreg) is not linked at all (see _ptx_link_for_whole_program).
+    ``NUMBATC_SERIAL_LINK=1``: one :func:`compile_kernel` after another (numba's order)."""
+    import os
+
+    from numba.cuda import dispatcher
+
+    if os.environ.get("NUMBATC_SERIAL_LINK"):
+        return [compile_kernel(kernel, signature, whole_program) for kernel, signature in jobs]
+    done = []  # per job: (the dispatcher, [(numba's _Kernel, link thread, [error])], saves)
+    under = dispatcher._Kernel.bind  # numba's, or precompile's stand-in (numbatc.precompile)
+
+    def bind(self):
+        if not getattr(_DEFERRED, "active", False):
+            return under(self)
+        library, error = self._codelibrary, []
+        cc = library._ensure_cc(None)  # here: a new thread would make its own context
+
+        def link():
+            try:
+                library.get_cubin(cc)
+            except BaseException as e:  # noqa: BLE001 -- raised again in the caller's thread
+                error.append(e)
+
+        thread = threading.Thread(target=link, name="numbatc-link", daemon=True)
+        thread.start()
+        done[-1][1].append((self, thread, error))
+
+    results = []
+    with _COMPILE_KERNELS_LOCK:  # one set of patches at a time
+        dispatcher._Kernel.bind = bind
+        try:
+            _compile_deferred(jobs, whole_program, done, results)
+        finally:
+            dispatcher._Kernel.bind = under
+            _finish_deferred(done)
+    return results
+
+
+def _compile_deferred(jobs, whole_program, done, results):
+    """compile_kernels' first part: each job compiled, its binding and disk-cache save
+    deferred (into ``done``)."""
+    for kernel, signature in jobs:
+        saves = []
+        done.append((kernel, [], saves))
+        # numba saves a new kernel to its disk cache right after binding it: here after the link
+        kernel._cache.save_overload = lambda sig, data, saves=saves: saves.append((sig, data))
+        _DEFERRED.active = True
+        try:
+            results.append(compile_kernel(kernel, signature, whole_program))
+        finally:
+            _DEFERRED.active = False
+            del kernel._cache.save_overload
+
+
+def _finish_deferred(done):
+    """compile_kernels' second part: wait for each link, bind the kernel (the cubin is linked:
+    this loads it), save it to the disk cache; the first link's error raised after."""
+    failed = None
+    for kernel, links, saves in done:
+        for compiled, thread, error in links:
+            thread.join()
+            if error:
+                failed = failed or error[0]
+            else:
+                compiled.bind()
+        if not any(error for _, _, error in links):
+            for sig, data in saves:
+                kernel._cache.save_overload(sig, data)
+    if failed is not None:
+        raise failed
+
+
+#: compile_kernels' switch, per thread: another thread's compile binds as numba does
+_DEFERRED = threading.local()
+_COMPILE_KERNELS_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager
@@ -295,7 +385,7 @@ def _plan(kernel, signature, shared_bytes, cluster, whole_program):
     compiled = compile_kernel(kernel, signature, whole_program)
     library = compiled._codelibrary
     if whole_program is None:
-        whole_program = "setmaxnreg" in library.get_asm_str()
+        whole_program = _holds_setmaxnreg(library)
     if whole_program:
         # numba's module of this kernel is never launched: not made (see
         # _ptx_link_for_whole_program), unless something asked numba for it
@@ -701,10 +791,90 @@ def _ptx_link_for_whole_program(active=True):
 
 
 def _holds_setmaxnreg(library, cc=None):
-    """True when the kernel's PTX (numba's code library, for ``cc``: default the current
-    device's) holds setmaxnreg: launched through the driver's whole-program JIT (see
-    _ptx_link_for_whole_program)."""
-    return any("setmaxnreg" in ptx for ptx in library.get_asm_strs(cc=cc))
+    """True when the kernel (numba's code library) holds setmaxnreg: launched through the
+    driver's whole-program JIT (see _ptx_link_for_whole_program).  Read from the LLVM IR that
+    NVVM compiles (the intrinsic's inline asm is its text, as in the PTX), so that asking does
+    not make NVVM write the PTX (see _ptx_on_demand); ``cc`` is unused (one IR for every
+    target).  The IR of a setmaxnreg that NVVM would drop as dead code still says True: such a
+    kernel loads from its PTX, which runs the same code."""
+    return any("setmaxnreg" in ir for ir in library.llvm_strs)
+
+
+@contextlib.contextmanager
+def _ptx_on_demand():
+    """Within the block, a new kernel linked by LTO gets no PTX until something asks for it.
+
+    numba-cuda's ``_Kernel.__init__`` has NVVM write the whole kernel's PTX (``get_asm_str``)
+    only to search its text for the names of three helper libraries (reshape functions, NRT,
+    cudadevrt's cooperative launch: the last read from the lowering's own flag), and then links
+    the cubin by LTO from the LTO-IR that NVVM writes again (``get_ltoir``) without that PTX.
+    For a kernel linked by LTO the PTX is work that nothing uses: 0.26-0.31 s of NVVM per
+    kernel of the portable attention backward (dQ, dK / dV; head_dim 64, a 2-core host), as long
+    as numba's typing of its body.  Inside ``_Kernel.__init__`` such a kernel's library answers
+    ``get_asm_str`` with its LLVM IR instead: the helpers' names are the same identifiers there
+    (``declare ... @name``).  NRT (``NUMBA_CUDA_ENABLE_NRT``), whose search is a PTX pattern, and
+    kernels linked from PTX (setmaxnreg, see _ptx_link_for_whole_program; ``lto=False``) get
+    the real PTX.  Anything asking later (a SASS test, ``inspect_asm``, the whole-program load)
+    gets NVVM's PTX then, the same text as before; the cubin is the same bytes.
+    ``NUMBATC_EAGER_PTX=1`` keeps numba's order; another numba-cuda version, whose
+    ``_Kernel.__init__`` does not read the PTX in the one known statement, is left alone."""
+    import os
+    import threading
+
+    if os.environ.get("NUMBATC_EAGER_PTX") or not _init_patchable():
+        yield
+        return
+    from numba.cuda import codegen, config, dispatcher
+
+    original_init = dispatcher._Kernel.__dict__["__init__"]
+    original_asm = codegen.CUDACodeLibrary.__dict__["get_asm_str"]
+    local = threading.local()
+
+    def init(self, *args, **kwargs):
+        local.active = True
+        try:
+            original_init(self, *args, **kwargs)
+        finally:
+            local.active = False
+
+    def get_asm_str(self, cc=None):
+        if (getattr(local, "active", False) and self._lto and not config.CUDA_ENABLE_NRT
+                and not self._ptx_cache and not _holds_setmaxnreg(self)):
+            return "\n".join(self.llvm_strs)
+        return original_asm(self, cc)
+
+    dispatcher._Kernel.__init__ = init
+    codegen.CUDACodeLibrary.get_asm_str = get_asm_str
+    try:
+        yield
+    finally:
+        dispatcher._Kernel.__init__ = original_init
+        codegen.CUDACodeLibrary.get_asm_str = original_asm
+
+
+_INIT_PATCHABLE = None
+
+
+def _init_patchable():
+    """True when numba-cuda's ``_Kernel.__init__`` reads the PTX in exactly one statement,
+    ``asm = lib.get_asm_str()``, and uses it only as _ptx_on_demand says (checked by the
+    source text: the statement once, and ``asm`` passed to the two searches)."""
+    global _INIT_PATCHABLE
+    if _INIT_PATCHABLE is None:
+        import inspect
+
+        try:
+            from numba.cuda import dispatcher
+
+            src = inspect.getsource(dispatcher._Kernel.__init__)
+            _INIT_PATCHABLE = (src.count("get_asm_str") == 1
+                               and src.count("asm = lib.get_asm_str()") == 1
+                               # "asm" twice in that statement, once in each search
+                               and src.count("asm") == 4 and src.count(" in asm]") == 1
+                               and src.count("tgt_ctx, asm)") == 1)
+        except Exception:
+            _INIT_PATCHABLE = False
+    return _INIT_PATCHABLE
 
 
 @contextlib.contextmanager

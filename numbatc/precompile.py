@@ -338,18 +338,20 @@ def _compile_job(job):
         from intrinsics import launch as launching
 
         family = importlib.import_module(job.family)
-        compiled = False
-        for kernel, sig in _kernels_and_signatures(family, job.config, job.variant):
-            misses = kernel._cache_misses[sig]  # numba's counts of disk-cache misses and hits
-            if _device_cc() == tuple(job.cc):
-                # the first launch's own path: compile (or load), load the module, and for a
-                # setmaxnreg kernel the driver's JIT of its PTX (whose cache then holds it)
+        kernels = _kernels_and_signatures(family, job.config, job.variant)
+        misses = [kernel._cache_misses[sig] for kernel, sig in kernels]  # numba's counts
+        if _device_cc() == tuple(job.cc):
+            # the first launch's own path: compile (or load), load the module, and for a
+            # setmaxnreg kernel the driver's JIT of its PTX (whose cache then holds it)
+            launching.compile_kernels(kernels)
+            for kernel, sig in kernels:
                 launching._plan_for(kernel, sig, 0, None, None)
-            else:
-                with _target(job.cc):
-                    launching.compile_kernel(kernel, sig)
-            # neither count moves when this process has the kernel in memory already (jobs=0)
-            compiled |= kernel._cache_misses[sig] > misses
+        else:
+            with _target(job.cc):
+                launching.compile_kernels(kernels)
+        # neither count moves when this process has the kernel in memory already (jobs=0)
+        compiled = any(kernel._cache_misses[sig] > before
+                       for (kernel, sig), before in zip(kernels, misses))
         return "compiled" if compiled else "cached", time.perf_counter() - start, None
     except Exception as exc:  # reported with the job; the others go on
         text = f"{type(exc).__name__}: {str(exc).strip()}"

@@ -89,7 +89,7 @@ from numbatc.kernels.sm90_gemm_tma import MnKFirstLayout
 __all__ = ["Sm90BwdConfig", "Sm90BwdVariant", "CONFIGS", "HEAD_DIMS", "TILES", "unsupported",
            "applies", "choose", "compiled", "launch", "kernel_signature", "make_kernel",
            "make_postprocess", "make_clear", "shared_bytes", "workspace_floats",
-           "precompile_kernels", "clear_signature", "postprocess_signature"]
+           "precompile_kernels", "compile_first", "clear_signature", "postprocess_signature"]
 
 LOG2E = sm80_attention.LOG2E
 #: head dims this kernel implements (others run sm80_attention_backward)
@@ -811,6 +811,16 @@ def precompile_kernels(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
              sm80_attention_backward.signatures()["pre"])]
 
 
+@functools.cache
+def compile_first(cfg: Sm90BwdConfig, var: Sm90BwdVariant):
+    """Compile (or load) the four kernels of (cfg, var) at once on their first launch in this
+    process (intrinsics.launch.compile_kernels: the small kernels link while numba types the
+    next; the main kernel, a setmaxnreg one, is not linked but loaded from its PTX)."""
+    from intrinsics.launch import compile_kernels
+
+    compile_kernels(precompile_kernels(cfg, var))
+
+
 def launch(p, cfg: Sm90BwdConfig):
     """Launch the four kernels for an AttentionBackwardProblem on its stream: the workspace
     cleared, sm80_attention_backward's preprocess (D, lse2), the main kernel, dq from the
@@ -835,6 +845,8 @@ def launch(p, cfg: Sm90BwdConfig):
               f"sm90_attention_backward {cfg.name} {p.dtype}"
               f"{'' if var.deterministic else ' (dQ adds in any order)'}", file=sys.stderr)
     emulated = bool(config.ENABLE_CUDASIM)
+    if not emulated:
+        compile_first(cfg, var)
     stream = p.stream if emulated else p.stream_handle
     keep = []
     flat, strides, dlse = sm80_attention_backward.flat_operands(p, keep)
