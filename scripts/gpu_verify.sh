@@ -109,10 +109,31 @@
 #              2, the order rotated each round), gemm quick, b col (bench80.txt)
 #   host       issue 18's first call per configuration (cold, numbatc's disk cache, a cache that
 #              precompile filled without a GPU) and the warm host path against torch.matmul
+#   pending    what the fifteenth session committed after its last GPU call (136e58c..30e9ff1):
+#              the staging intrinsics' test and every sm80 configuration (6 shards) beside the
+#              Hopper and portable backward suites (the new sm90 default), the graph and torch
+#              suites (the decode tiles, autograd on the new default; 10 shards) (tests.txt,
+#              testlogs.txt), the attention backward's first calls, compiled together and
+#              one after another (first_call.txt), then one round of sm80stage's three
+#              configurations (bench80.txt); PENDING_ROUNDS (default 1)
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
 source "$(dirname "$0")/gpu_common.sh"
 what=${1:-api}
 here=$(dirname "$0")
+
+# staged_rounds N: the portable GEMM's default large tile and its two untimed twins (the staged
+# epilogue, the late refill) forced in turn, N rounds, the order rotated each round
+staged_rounds() {
+  local cfgs=(128x256x64_8w_3s_fp 128x256x64_8w_3s_fps 128x256x64_8w_3s_fpr) r i cfg
+  for ((r = 0; r < $1; r++)); do
+    for ((i = 0; i < 3; i++)); do
+      cfg=${cfgs[$(((i + r) % 3))]}
+      echo "== round $((r + 1)), sm80:$cfg"
+      NUMBATC_GEMM_KERNEL=sm80:$cfg t 60 $py -m numbatc.bench gemm --shapes quick \
+        --b-layout col | grep -E "^ +[0-9]|rror| M +N"
+    done
+  done
+}
 
 if [[ $what == tma ]]; then
   t 130 $py scripts/tma_rules.py --jobs 14 --timeout 40 --budget 80 > "$out/tma_rules.log"
@@ -618,15 +639,7 @@ if [[ $what == sm80stage ]]; then
     tests/gpu/test_staging_gpu.py tests/gpu/test_gemm_gpu.py -- -k "staged or every_sm80" \
     --tb=short > "$out/tests.txt" 2>&1
   for f in /tmp/sh80s/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
-  { cfgs=(128x256x64_8w_3s_fp 128x256x64_8w_3s_fps 128x256x64_8w_3s_fpr)
-    for ((r = 0; r < ${SM80_ROUNDS:-2}; r++)); do
-      for ((i = 0; i < 3; i++)); do
-        cfg=${cfgs[$(((i + r) % 3))]}
-        echo "== round $((r + 1)), sm80:$cfg"
-        NUMBATC_GEMM_KERNEL=sm80:$cfg t 60 $py -m numbatc.bench gemm --shapes quick \
-          --b-layout col | grep -E "^ +[0-9]|rror| M +N"
-      done
-    done; } > "$out/bench80.txt" 2>&1
+  staged_rounds ${SM80_ROUNDS:-2} > "$out/bench80.txt" 2>&1
 fi
 if [[ $what == bwd90 ]]; then
   $py scripts/pytest_shards.py --shards ${BWD90_SHARDS:-10} --timeout ${BWD90_TIMEOUT:-300} \
@@ -642,4 +655,30 @@ if [[ $what == bwd90 ]]; then
   for f in /tmp/shards_bwd90/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
   t ${BWD90_BENCH_LIMIT:-360} $py -m numbatc.bench attention-backward --shapes quick --kernel all \
     > "$out/bench.txt" 2>&1
+fi
+if [[ $what == pending ]]; then
+  $py scripts/pytest_shards.py --shards 6 --timeout ${PENDING_TIMEOUT:-270} --out /tmp/shp80 \
+    tests/gpu/test_staging_gpu.py tests/gpu/test_gemm_gpu.py -- -k "staged or every_sm80" \
+    --tb=short > /tmp/pending80.txt 2>&1 &
+  $py scripts/pytest_shards.py --shards 10 --timeout ${PENDING_TIMEOUT:-270} --out /tmp/shp90 \
+    tests/gpu/test_sm90_attention_backward_gpu.py tests/gpu/test_attention_backward_gpu.py \
+    tests/gpu/test_graphs_gpu.py tests/gpu/test_torch_gpu.py -- --tb=short > /tmp/pending90.txt 2>&1 &
+  wait
+  { cat /tmp/pending80.txt /tmp/pending90.txt; echo "[tests done at $((SECONDS - start)) s]"; } \
+    > "$out/tests.txt"
+  for f in /tmp/shp80/*.log /tmp/shp90/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+  # issue 18: the backward's first calls, cold (fresh process and kernel cache, no driver
+  # cache), the kernels compiled together (the default) and one after another with numba's
+  # eager PTX (the old order), alternating
+  { for spec in bwd:2x1024x1024x16x16x64c bwd:2x1024x1024x16x16x128c bwd:2x1024x1024x16x16x64cn; do
+      for mode in together serial together; do
+        s=; [[ $mode == serial ]] && s=1
+        echo "== $mode, $spec"
+        rm -rf /tmp/fc_cache
+        NUMBATC_SERIAL_LINK=$s NUMBATC_EAGER_PTX=$s NUMBATC_CACHE_DIR=/tmp/fc_cache \
+          CUDA_CACHE_DISABLE=1 t 60 $py scripts/diag/first_call.py $spec | grep -E 'shape|rror'
+      done
+    done; } > "$out/first_call.txt" 2>&1
+  { staged_rounds ${PENDING_ROUNDS:-1}; echo "[bench done at $((SECONDS - start)) s]"; } \
+    > "$out/bench80.txt" 2>&1
 fi

@@ -13,7 +13,8 @@ Each configuration runs ``--repeat`` times, each in a new process with a new NUM
 the line gives every run and the median.  bf16 (or e4m3 for fp8_ names) row x col, bf16 out,
 the variant numbatc.gemm runs for aligned operands (out_pairs); ``attn:<config>:<head_dim>``:
 sm90_attention's, bf16, causal, the variant numbatc.attention runs for a contiguous out (pair
-stores, O by TMA where the head dim has it); ``sm80:<config>``: the portable GEMM's.  ``--ptx DIR``: each
+stores, O by TMA where the head dim has it); ``sm80:<config>``: the portable GEMM's;
+``bwd:<head_dim>[:nd]``: the attention backward's kernels, all of them (see _backward).  ``--ptx DIR``: each
 configuration's PTX into DIR/<name>.ptx.  Phases: typing+lowering is numba's (device functions
 included), nvvm_ptx NVVM's, link_cubin the assembly of the PTX (nvJitLink).
 """
@@ -80,6 +81,8 @@ def one(name, profile=None, ptx=None):
     with precompile._target(cc):
         launching.compile_kernel(warm, (types.int32[::1],))
     times.clear()
+    if name.startswith("bwd:"):
+        return _backward(name, precompile, cc, times)
     family, cfg, var = _variant(name)
     start = time.perf_counter()
     if profile:
@@ -99,6 +102,28 @@ def one(name, profile=None, ptx=None):
         with open(ptx, "w") as f:
             f.write(compiled._codelibrary.get_asm_str(cc=cc))
     return {k: round(v, 3) for k, v in times.items()}
+
+
+def _backward(name, precompile, cc, times):
+    """``bwd:<head_dim>[:nd]``: every kernel numbatc.attention_backward's first call compiles
+    for a causal bf16 problem of that head dim on sm_90a (``nd``: deterministic=False), through
+    the family's compile_first as a launch does (links overlapped with typing: the phases are
+    seconds spent in each, which overlap, against the wall-clock total)."""
+    from numbatc.attention_backward_api import AttentionBackwardProblem, kernel_module
+
+    parts = name.split(":")
+    bp = AttentionBackwardProblem.contiguous(2, 1024, 1024, 16, 16, int(parts[1]), causal=True,
+                                             dtype="bfloat16", cc=cc, ptr=1 << 20,
+                                             deterministic="nd" not in parts)
+    start = time.perf_counter()
+    family, forced = kernel_module(bp)
+    cfg, var = family.compiled(bp, family.choose(bp, forced))
+    times["kernels"] = len(family.precompile_kernels(cfg, var))
+    with precompile._target(cc):
+        family.compile_first(cfg, var)
+    times["total"] = time.perf_counter() - start
+    times["family"] = family.__name__.rsplit(".", 1)[-1]
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in times.items()}
 
 
 def main(argv):

@@ -6,7 +6,8 @@ misses for the configuration, and the result against a float32 reference.  One J
     python scripts/diag/first_call.py attn:2x1024x1024x16x4x128c attn:1x1x8192x32x8x128
 
 ``attn:BxSQxSKxHQxHKVxD[c]`` is a numbatc.attention call (bf16, ``c``: causal), timed the same way
-(its configuration line names the kernel family and config that ran).
+(its configuration line names the kernel family and config that ran).  ``bwd:...[c][n]`` is
+numbatc.attention_backward's first call on the same shapes (``n``: deterministic=False).
 
 On the H200, for issue 18's first-call target (not yet run there): cold, with
 ``CUDA_CACHE_DISABLE=1`` (and ``NUMBATC_LTO_LINK=1`` for numba's own LTO link), against a cache
@@ -79,6 +80,9 @@ def main(shapes):
     for spec in shapes:
         if spec.startswith("attn:"):
             first_attention(spec, rng, numbatc)
+            continue
+        if spec.startswith("bwd:"):
+            first_backward(spec, rng, numbatc)
             continue
         m, n, k = (int(v) for v in spec.split("x"))
         a32 = rng.standard_normal((m, k), dtype=np.float32)
@@ -163,6 +167,55 @@ def first_attention(spec, rng, numbatc):
                       "first_s": round(first, 3), "second_s": round(second, 4),
                       "phases": {key: round(v, 3) for key, v in T.items()}, "rel_err": err}),
           flush=True)
+
+
+def first_backward(spec, rng, numbatc):
+    """``bwd:BxSQxSKxHQxHKVxD[c][n]``: numbatc.attention_backward's first call (every kernel it
+    compiles; ``n``: deterministic=False) after a forward with return_lse (compiled first, not
+    counted); rel_err is the first call's dq, dk, dv against the second's (bit-equal when
+    deterministic; the GPU suites check them against float64)."""
+    from numba import cuda
+
+    from numbatc import attention_backward_api as api
+
+    dims = spec[4:]
+    nd = dims.endswith("n")
+    dims = dims.rstrip("n")
+    causal = dims.endswith("c")
+    b, sq, sk, hq, hkv, d = (int(v) for v in dims.rstrip("c").split("x"))
+    bits = lambda x: (x.view(np.uint32) >> 16).astype(np.uint16)
+    f32 = lambda u: (u.astype(np.uint32) << 16).view(np.float32)
+    shapes = ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, d), (b, sq, hq, d))
+    q, k, v, do = (numbatc.bfloat16(cuda.to_device(bits(rng.standard_normal(sh, np.float32))))
+                   for sh in shapes)
+    out, lse = numbatc.attention(q, k, v, causal=causal, return_lse=True)
+    cuda.synchronize()
+    chosen = []
+    pick = api.kernel_module
+
+    def recording(p):
+        module, name = pick(p)
+        chosen.append(module.__name__.rsplit(".", 1)[-1])
+        return module, name
+
+    api.kernel_module = recording
+    runs = []
+    for _ in range(2):
+        T.clear()
+        t = time.perf_counter()
+        grads = numbatc.attention_backward(q, k, v, out, lse, do, causal=causal,
+                                           deterministic=not nd)
+        cuda.synchronize()
+        runs.append((time.perf_counter() - t, dict(T),
+                     [f32(g.copy_to_host().view(np.uint16)) for g in grads]))
+    api.kernel_module = pick
+    err = max(float(np.abs(a - c).max() / max(np.abs(c).max(), 1e-30))
+              for a, c in zip(runs[0][2], runs[1][2]))
+    finite = all(np.isfinite(g).all() for g in runs[0][2])
+    print(json.dumps({"shape": spec, "family": chosen[0] if chosen else None,
+                      "first_s": round(runs[0][0], 3), "second_s": round(runs[1][0], 4),
+                      "phases": {key: round(v, 3) for key, v in runs[0][1].items()},
+                      "finite": finite, "rel_err_vs_second": err}), flush=True)
 
 
 if __name__ == "__main__":
