@@ -43,6 +43,11 @@
 #              testlogs.txt) beside compute-sanitizer memcheck on attention_sm90_large
 #              (sanitize.txt), then bench attention --shapes hd96 for the default and the
 #              portable kernel, or HD96_CFGS (NUMBATC_ATTN_KERNEL values; bench.txt)
+#   m192       issue 17's head_dim 64 on three consumers (m192_* configurations): their GPU tests
+#              and the default's hd64 sweep in shards (tests.txt, testlogs.txt) beside memcheck /
+#              racecheck / synccheck of attention_sm90_m192 (sanitize.txt); then bench attention
+#              --shapes hd64 (M192_SHAPES) for the default and each of M192_CFGS (bench.txt).
+#              M192_TESTS=0 / M192_BENCH=0 skip a part
 #   stores     sm90_attention's 32-bit pair stores of O: the attention suites' cases that run
 #              the default kernels and the pair / misaligned-out tests in shards (tests.txt,
 #              testlogs.txt), scripts/diag/attn_store_ab.py (aligned against offset out, same
@@ -265,6 +270,29 @@ if [[ $what == hd96 ]]; then
   [[ ${HD96_BENCH:-1} == 0 ]] || for cfg in ${HD96_CFGS:-"" sm80}; do
     echo "== ${cfg:-default}"
     NUMBATC_ATTN_KERNEL=$cfg t 90 $py -m numbatc.bench attention --shapes hd96 | grep -E "^ +[0-9]|rror|ratio"
+  done > "$out/bench.txt" 2>&1
+fi
+
+if [[ $what == m192 ]]; then
+  [[ ${M192_TESTS:-1} == 0 ]] || {
+    ( for tool in memcheck racecheck synccheck; do
+        echo "== $tool"
+        t ${M192_SANITIZE_LIMIT:-150} compute-sanitizer --tool $tool --report-api-errors no \
+          --error-exitcode 1 $py scripts/sanitize_cases.py attention_sm90_m192 \
+          | grep -vE "^\s*$" | tail -10
+      done ) > "$out/sanitize.txt" 2>&1 &
+    t ${M192_LIMIT:-330} $py scripts/pytest_shards.py --shards ${M192_SHARDS:-12} \
+      --timeout ${M192_TIMEOUT:-300} --out /tmp/shards_m192 tests/gpu/test_sm90_attention_gpu.py \
+      -- --tb=short -k "${M192_K:-m192 or three or (sweep and n128_2s_ov_pp_fx_tma-64)}" \
+      > "$out/tests.txt" 2>&1
+    for f in /tmp/shards_m192/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+    wait
+    echo "[tests and sanitizer done at $((SECONDS - start)) s]" >> "$out/tests.txt"
+  }
+  [[ ${M192_BENCH:-1} == 0 ]] || for cfg in ${M192_CFGS:-"" sm90:m192_n128_2s_ov_pp_fx_tma sm90:m192_n128_3s_ov_pp_fx_tma}; do
+    echo "== ${cfg:-default}"
+    NUMBATC_ATTN_KERNEL=$cfg t ${M192_BENCH_LIMIT:-150} $py -m numbatc.bench attention \
+      --shapes ${M192_SHAPES:-hd64} | grep -E "^ +[0-9]|rror|ratio"
   done > "$out/bench.txt" 2>&1
 fi
 

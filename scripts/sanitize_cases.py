@@ -5,7 +5,8 @@
 
 Kinds: gemm_sm80, gemm_sm90, gemm_sm90_split (split-K forced), gemm_sm90_persistent, gemm_sm90_ts
 (the TMA store epilogue), gemm_fp8, gemm_fp8_block (blockwise scales), attention_sm80, attention_sm90,
-attention_sm90_large (head_dim 96 / 192 / 256 on the Hopper kernel),
+attention_sm90_large (head_dim 96 / 192 / 256 on the Hopper kernel), attention_sm90_m192 (the
+three-consumer configurations forced),
 attention_warm (the default kernel's warm call: the pointer relaunch, new pointers each call),
 decode (flash-decoding's split kernel and combine, splits forced), kvcache
 (numbatc.attention_with_kvcache: paged and contiguous, decode and prefill, then garbage lengths
@@ -32,6 +33,8 @@ GEMM = [(128, 256, 64), (200, 264, 136), (77, 1000, 520), (3, 300, 1500)]  # las
 ATTN = [(1, 113, 2, 1, 64, False), (1, 200, 2, 2, 128, True)]
 #: the Hopper kernel's large head dims (its 128 x 112 and 128 x 80 tiles, two stages) and
 #: head_dim 96 (the 64B swizzle)
+# head_dim 64 on three consumers (192-row blocks): causal diagonal, seqlen_q > seqlen_k, ragged
+ATTN_M192 = [(1, 250, 2, 1, 64, True, 300), (2, 200, 3, 1, 64, False), (1, 400, 1, 1, 64, True, 150)]
 ATTN_LARGE = [(1, 113, 2, 1, 192, True, 203), (2, 200, 2, 2, 256, True), (1, 239, 2, 1, 256, False, 1),
               (1, 113, 2, 1, 96, True, 203), (2, 300, 3, 1, 96, False)]
 
@@ -293,6 +296,8 @@ KINDS = {
     "gemm_sm90_ts": gemm_sm90_ts, "gemm_sm90_cp": gemm_sm90_cp, "gemm_fp8_block": gemm_fp8_block,
     "attention_sm80": lambda: attention("sm80"), "attention_sm90": lambda: attention("sm90"),
     "attention_sm90_large": lambda: attention("sm90", ATTN_LARGE),
+    "attention_sm90_m192": lambda: [attention(f"sm90:{n}", ATTN_M192) for n in
+                                    ("m192_n128_2s_ov_pp_fx_tma", "m192_n128_3s_ov_pp_fx_tma")],
     "attention_warm": lambda: attention(None, ATTN, repeat=3), "decode": decode,
     "kvcache": kvcache, "attention_backward": attention_backward, "varlen": varlen,
     "attention_backward_sm90": attention_backward_sm90,

@@ -127,17 +127,22 @@ def cp_async_pipeline(stages):
 
 @functools.cache
 def named_barrier_of(ids, nthreads, arrive=False):
-    """``bar(i)``: named barrier ``ids[i]`` (``ids`` a pair) over ``nthreads`` threads -- a
-    sync, or with ``arrive`` an arrival -- for a warpgroup index ``i`` (0 or 1) known only at
-    run time: the barrier id is an immediate of the instruction, so the function branches on
-    ``i`` (a warp-uniform branch) to one of two literal ids."""
-    first, second = ids
+    """``bar(i)``: named barrier ``ids[i]`` (``ids`` a pair or a triple) over ``nthreads``
+    threads -- a sync, or with ``arrive`` an arrival -- for a warpgroup index ``i`` known only
+    at run time: the barrier id is an immediate of the instruction, so the function branches on
+    ``i`` (a warp-uniform branch) to one of the literal ids."""
+    if len(ids) not in (2, 3):
+        raise ValueError(f"named_barrier_of: a pair or a triple of ids, got {ids!r}")
+    first, second, third = (*ids, ids[-1])[:3]
+    three = len(ids) == 3
     op = nt.named_barrier_arrive if arrive else nt.named_barrier_sync
 
     @cuda.jit(device=True, forceinline=True)
     def bar(i):
         if i == 0:
             op(first, nthreads)
+        elif three and i == 2:
+            op(third, nthreads)
         else:
             op(second, nthreads)
     return bar

@@ -106,6 +106,7 @@ BLOCK_M = 128  # query rows per block: 64 per consumer warpgroup
 # NOTE: ptxas puts the 1024-aligned dynamic window after the static mbarriers, at 1024.
 _STATIC_SHARED = 1024
 _POOL = register_pool(384)  # registers a (384, 1)-bounded block is launched with
+CONSUMERS = (2, 3)  # consumer warpgroups a block may have (64 query rows each)
 _SHARED_MAX = 227 * 1024  # shared memory an sm_90 block may have
 
 
@@ -135,6 +136,10 @@ class Sm90AttnConfig:
     persistent: bool = False
     # the head dims it is meant for (tested, and chosen by name): its tiles fit shared memory
     head_dims: tuple = (64, 128)
+    # consumer warpgroups, 64 query rows each: 3 is FA3's head_dim 64 tiling (192 x 128, 512
+    # threads, setmaxnreg 32 / 160 = all 65536 registers); TMA producers only (the cp.async
+    # loaders are written for 128 rows of Q)
+    consumers: int = 2
 
     def __post_init__(self):
         problems = []
@@ -152,13 +157,21 @@ class Sm90AttnConfig:
             problems.append(f"stages must be >= 2, got {self.stages}")
         if self.pingpong and not self.overlap:
             problems.append("pingpong needs overlap=True (it is built on the _ov schedule)")
+        if self.consumers not in CONSUMERS:
+            problems.append(f"consumers must be one of {CONSUMERS}, got {self.consumers}")
+        elif self.consumers != 2 and self.producer != "tma":
+            problems.append(f"consumers={self.consumers} needs producer='tma' (the cp.async "
+                            "loaders copy 128 rows of Q)")
         # NOTE: the pool setmaxnreg redistributes is what the block was launched with: 65536 /
-        # 384 rounded down to a multiple of 8 = 168 per thread, 64512 in all (not 65536); an
-        # .inc that asks for more than the pool holds waits forever.
-        regs = (self.producer_regs + 2 * self.consumer_regs) * _THREADS_PER_WG
-        if regs > _POOL:
+        # 384 rounded down to a multiple of 8 = 168 per thread, 64512 in all (not 65536; 512
+        # threads: 128 each, all 65536); an .inc that asks for more than the pool holds waits
+        # forever.
+        pool = register_pool(self.threads) if self.consumers in CONSUMERS else _POOL
+        regs = (self.producer_regs + self.consumers * self.consumer_regs) * _THREADS_PER_WG
+        if regs > pool:
             problems.append(f"setmaxnreg {self.producer_regs}/{self.consumer_regs} needs {regs} "
-                            f"registers, more than the block's {_POOL} (168 per thread)")
+                            f"registers, more than the block's {pool} "
+                            f"({pool // self.threads} per thread)")
         for d in self.head_dims:
             nbytes = shared_bytes(self, d) + _STATIC_SHARED
             if d not in HEAD_DIMS:
@@ -171,11 +184,11 @@ class Sm90AttnConfig:
 
     @property
     def threads(self):
-        return 3 * _THREADS_PER_WG
+        return (1 + self.consumers) * _THREADS_PER_WG
 
     @property
     def block_m(self):
-        return BLOCK_M
+        return 64 * self.consumers  # query rows per block (BLOCK_M with two consumers)
 
     @property
     def tma(self):
@@ -184,10 +197,10 @@ class Sm90AttnConfig:
 
 def shared_bytes(cfg: Sm90AttnConfig, head_dim: int) -> int:
     """Dynamic shared memory: Q, then K x stages, then V x stages; a persistent configuration
-    then the (128, head_dim) staging tile of O's TMA stores (Q's buffer, where the other
+    then the (block_m, head_dim) staging tile of O's TMA stores (Q's buffer, where the other
     configurations stage O, holds the next work tile's Q by then)."""
-    staging = BLOCK_M if cfg.persistent else 0
-    return (BLOCK_M + 2 * cfg.stages * cfg.block_n + staging) * head_dim * 2
+    staging = cfg.block_m if cfg.persistent else 0
+    return (cfg.block_m + 2 * cfg.stages * cfg.block_n + staging) * head_dim * 2
 
 
 CONFIGS = {
@@ -243,6 +256,14 @@ CONFIGS = {
         Sm90AttnConfig("n176_2s_ov_pp_fx_tma", 176, overlap=True, pingpong=True, fast_exp=True,
                        producer="tma", producer_regs=24, consumer_regs=240,
                        head_dims=(64, 96, 128)),
+        # head_dim 64, FA3's tiling: three consumer warpgroups, 192 x 128 tiles, 512 threads,
+        # setmaxnreg 32 / 160 (O 32 registers, S 64, P 32); 88 KB (2 stages), 120 KB (3)
+        Sm90AttnConfig("m192_n128_2s_ov_pp_fx_tma", 128, overlap=True, pingpong=True,
+                       fast_exp=True, producer="tma", producer_regs=32, consumer_regs=160,
+                       consumers=3, head_dims=(64,)),
+        Sm90AttnConfig("m192_n128_3s_ov_pp_fx_tma", 128, stages=3, overlap=True, pingpong=True,
+                       fast_exp=True, producer="tma", producer_regs=32, consumer_regs=160,
+                       consumers=3, head_dims=(64,)),
         # head_dim 192 (FA3's 128 x 112): O 96 registers, S 56, P 28; 216 KB
         Sm90AttnConfig("n112_2s_ov_pp_fx_tma", 112, overlap=True, pingpong=True, fast_exp=True,
                        producer="tma", producer_regs=24, consumer_regs=240, head_dims=(192,)),
@@ -380,8 +401,8 @@ def signature(var: AttnVariant, cfg: Sm90AttnConfig = None):
     return sm90_attention_tma.cp_async_signature(var)
 
 
-def grid_for(batch, heads_q, seqlen_q):
-    return (-(-seqlen_q // BLOCK_M)) * heads_q * batch
+def grid_for(batch, heads_q, seqlen_q, block_m=BLOCK_M):
+    return (-(-seqlen_q // block_m)) * heads_q * batch
 
 
 def launch_flat(cfg: Sm90AttnConfig, var: AttnVariant, q, k, v, out, lse, batch, seqlen_q,

@@ -14,6 +14,10 @@ consumers.
       WG1  consumer  setmaxnreg.inc 240  wait k_full[s] / v_full[s] (no proxy fence: TMA writes
       WG2  consumer                      through the async proxy, which wgmma reads) ... release
 
+With ``consumers=3`` (FA3's head_dim 64 tiling) the block is 512 threads, 192 query rows (BM)
+and a third consumer warpgroup; setmaxnreg 32 / 160 hands out all 65536 registers.  Below,
+128 query rows and 256 consumer threads read BM and 128 x consumers.
+
 Tensor maps (intrinsics.tensormap.TensorMap.tiled, rank 4, innermost first as the device sees
 them): (d, head, seq, batch) of q, k and v as they lie in memory -- any strides, no copy -- with
 boxes of (64, 1, rows, 1): 64 head-dim elements = one 128-byte swizzle row per sequence row
@@ -24,7 +28,7 @@ with zeros and still counts their bytes (the batch is its own dimension, so a bo
 the next batch's rows).  A zero K row gives a score the mask replaces with -inf, a zero V row
 adds 0 * 0, a zero Q row belongs to a query that is not stored.
 
-    Q    D/64 boxes of (128 rows, 64 d) at d = 0, 64 ..     (128, D) K-major: half j at 16 KB j;
+    Q    D/64 boxes of (BM rows, 64 d) at d = 0, 64 ..      (BM, D) K-major: half j at 128 BM j;
                                                             consumer c's rows at 8 KB c
     K    D/64 boxes of (BN keys, 64 d) per stage            (BN, D) K-major, as the cp.async
                                                             producer writes it
@@ -33,7 +37,7 @@ adds 0 * 0, a zero Q row belongs to a query that is not stored.
                                                             MnKFirstLayout (LBO = BN * 128 between
                                                             the 64-d halves, SBO = 1024)
 
-Byte counts: expect_tx(q_full) = 128 * D * 2 (QB), expect_tx(k_full[s]) = expect_tx(v_full[s])
+Byte counts: expect_tx(q_full) = BM * D * 2 (QB), expect_tx(k_full[s]) = expect_tx(v_full[s])
 = BN * D * 2 (KB): whole boxes, out-of-bounds fill included.  Every box starts at an innermost
 coordinate of 0 or 64 elements (0 or 128 bytes): the 16-byte rule of intrinsics.tma holds;
 the sequence, head and batch coordinates are outer and free.  Every box lands on a 1024-byte
@@ -41,19 +45,19 @@ boundary (QB, KB, BN * 128 are multiples of 1024), as the 128B swizzle needs (64
 
 Barriers: q_full = qbar[0] (one arrival, the expect_tx); the K and V rings are two
 numbatc.kernels.pipeline rings (``tma_pipeline(stages)``: full[s] = kbars[s] one arrival plus
-the bytes, empty[s] = kbars[S + s] one arrival per consumer warp, 8).  Both rings advance in
+the bytes, empty[s] = kbars[S + s] one arrival per consumer warp, 4 x consumers).  Both rings advance in
 step: tile n uses stage n % S in round n // S, which is the consumers' bookkeeping too.
 
 Persistent (``_pt``): one block per SM walks the work tiles blockIdx.x, + gridDim.x, ...
 (``work_tile``): under a causal mask every (batch, head)'s last query blocks first -- the most
 keys, the longest work first -- else one (batch, head)'s query blocks side by side (they share
-K and V in L2).  q_empty = qbar[1] completes when all 256 consumer threads have arrived, after
+K and V in L2).  q_empty = qbar[1] completes when all consumer threads have arrived, after
 the tile's last Q K^T retired (before its last P V and the epilogue); the producer then loads
 the next tile's Q and streams its K and V through the same rings, so the next tile's loads
 overlap this one's end.  The rings' (index, phase) run on across tiles: the consumers add the
 key tiles of earlier work tiles (``it``) to their tile index.  The ping-pong consumers meet on
-named barrier 3 after each tile, so that consumer 1's first arrival on barrier 1 for the next
-tile cannot meet its last one of this tile.
+named barrier 7 after each tile, so that the last consumer's first arrival on barrier 1 for the
+next tile cannot meet its last one of this tile.
 
 Operands that a tensor map cannot describe -- a start or a batch / sequence / head stride that
 is not a multiple of 16 bytes -- and seqlen_k == 0 run the cp.async twin
@@ -99,7 +103,7 @@ def layouts(cfg, D):
                 SmemLayout("K", sw, cfg.block_n, D, 2),    # K stage
                 SmemLayout("MN", sw, D, cfg.block_n, 2),   # V stage (mn = D, k = keys)
                 64 * D * 2)                                # consumer 1's Q part
-    q = SmemLayout("K", sw, 128, D, 2)
+    q = SmemLayout("K", sw, cfg.block_m, D, 2)
     return (q, SmemLayout("K", sw, cfg.block_n, D, 2),
             MnKFirstLayout("MN", sw, D, cfg.block_n, 2), int(q.offset(64, 0)))
 
@@ -134,13 +138,14 @@ def make_producer(stages, block_n, D, q_bytes, stage_bytes, v0, work_tile=None):
     box_d = box_columns(D)
     sw = 2 * box_d  # bytes of a swizzle row: one box row
     boxes = D // box_d
+    q_rows = q_bytes // (2 * D)  # the block's query rows: 64 per consumer warpgroup
 
     @cuda.jit(device=True, forceinline=True)
     def load_q(smem, tma_q, qbar, m0, b, h):
-        # Q: 128 rows from m0, ``boxes`` boxes of (128, box_d)
+        # Q: q_rows rows from m0, ``boxes`` boxes of (q_rows, box_d)
         nt.mbarrier_arrive_expect_tx(qbar, 0, q_bytes)
         for j in range(boxes):
-            nt.tma_load(smem, j * 128 * sw, tma_q, (box_d * j, h, m0, b), qbar, 0)
+            nt.tma_load(smem, j * q_rows * sw, tma_q, (box_d * j, h, m0, b), qbar, 0)
 
     @cuda.jit(device=True, forceinline=True)
     def load_kv(smem, tma_k, tma_v, kbars, vbars, b, hk, k0, n_tiles, index, phase):
@@ -425,18 +430,19 @@ def _row_stores(dtype, pair_stores, head_dim):
 _G0, _G1, _G2, _G3, _G4, _G5, _G6, _G7, _G8, _G9, _G10, _G11 = (np.int64(g) for g in range(12))
 
 
-def _staging(dtype, head_dim, swizzle):
+def _staging(dtype, head_dim, swizzle, block_m):
     """``stage_o(smem, srow, sx, o)``: O's registers (scaled) into a warpgroup's (64, D) staging
     rows through stmatrix.x4, for the TMA store of O (``var.tma_store``).
 
     The staging rows are laid out as Q's buffer -- 128B-swizzled (64B at head_dim 96), which is
     what a TMA box of (64 rows, one swizzle row of columns) of out reads: box j (columns j * SW
-    / 2 ..) of warpgroup cw at j * 128 * SW + cw * 64 * SW, row r at r * SW, its 16-byte chunk c
+    / 2 ..) of warpgroup cw at j * block_m * SW + cw * 64 * SW, row r at r * SW, its 16-byte chunk c
     at (c ^ s(r)) * 16 with s(r) = r % 8 (128B) or (r // 2) % 4 (64B).  They are the
     warpgroup's own rows of Q's buffer (free: only its Q K^T read them, and the last one
     retired), or in a persistent kernel a staging tile of their own behind the V ring (the
     producer loads the next tile's Q meanwhile).  16-column group g of box j = g // C (C = SW /
-    32 groups a box) is one stmatrix.x4 at ``srow + j * 128 * SW + ((2 (g % C)) ^ sx) * 16``:
+    32 groups a box) is one stmatrix.x4 at ``srow + j * block_m * SW + ((2 (g % C)) ^ sx) *
+    16``:
     lane l gives the address of matrix q = l // 8 (q % 2: rows 0-7 or 8-15, q // 2: which
     fragment) at row 16 warp + 8 (q % 2) + l % 8 (``srow``; ``sx`` = (q // 2) ^ s(row)), and
     register q holds its (row l // 4, columns 2 (l % 4), + 1) pair: o[8g .. 8g + 7] packed
@@ -444,13 +450,14 @@ def _staging(dtype, head_dim, swizzle):
     pack = nt.pack_bf16x2 if dtype == "bfloat16" else nt.pack_f16x2
     D, SW = head_dim, swizzle
     C = SW // 32
+    part = block_m * SW  # one box column's rows (Q's layout)
     assert D % 16 == 0 and D // 16 <= 12, D
 
     # NOTE: the group numbers are int64 values, not literals: numba compiles a device function
     # once per literal argument (12 pipelines of ~20 ms in the first compile)
     @cuda.jit(device=True, forceinline=True)
     def group(smem, srow, sx, g, f):
-        at = srow + (g // C) * (128 * SW) + (((2 * (g % C)) ^ sx) << 4)
+        at = srow + (g // C) * part + (((2 * (g % C)) ^ sx) << 4)
         nt.stmatrix_x4(smem, at, (pack(f[0], f[1]), pack(f[2], f[3]), pack(f[4], f[5]),
                                   pack(f[6], f[7])))
 
@@ -474,7 +481,7 @@ def _staging(dtype, head_dim, swizzle):
     return stage_o
 
 
-def _coords(block_n, causal, longest_first):
+def _coords(block_n, causal, longest_first, block_m):
     """``block_coords(tile, bhn, m_blocks, Hq, group)`` -> (m0, b, h, hk, bh) of work tile
     ``tile`` (a block's, or a persistent block's of m_blocks * bhn), and ``key_tiles(m0, Sk,
     off)``: the key tiles the tile's rows see.  ``longest_first`` (persistent, causal): every
@@ -495,7 +502,7 @@ def _coords(block_n, causal, longest_first):
         else:
             bh = np.uint32(w // mb)
             mi = np.uint32(np.uint32(mb - np.uint32(1)) - np.uint32(w % mb))
-        m0 = np.int64(mi) * 128
+        m0 = np.int64(mi) * block_m
         b = np.int64(np.uint32(bh // np.uint32(Hq)))
         h = np.int64(np.uint32(bh % np.uint32(Hq)))
         hk = np.int64(np.uint32(np.uint32(h) // np.uint32(group)))
@@ -505,7 +512,7 @@ def _coords(block_n, causal, longest_first):
     def key_tiles(m0, Sk, off):
         n_tiles = div(Sk + (BN - 1))
         if causal:
-            last = m0 + 127 + off  # the last key the tile's last query sees
+            last = m0 + (block_m - 1) + off  # the last key the tile's last query sees
             if last < 0:
                 n_tiles = 0
             else:
@@ -668,7 +675,8 @@ def make_kernel(cfg, var):
     overlap, pingpong = cfg.overlap, cfg.pingpong
     SW = attn.swizzle_for(D)
     q_lay, k_lay, v_lay, QPB = layouts(cfg, D)  # QPB: consumer 1's Q rows start here
-    QB = 128 * D * 2
+    BM, NC = cfg.block_m, cfg.consumers  # query rows; consumer warpgroups (64 rows each)
+    QB = BM * D * 2
     KB = k_lay.nbytes  # one K (or V) stage
     VB0 = QB + S * KB  # the first V stage
     KB16 = KB // 16  # a stage in descriptor units
@@ -689,11 +697,12 @@ def make_kernel(cfg, var):
                    tuple(k_lay.k_offset(16 * i) // 16 for i in range(D // 16)))
     pv = _pv_chain(nt.wgmma_mma_async(D, ptx, acc="f32", a_from="reg", trans_b=1),
                    tuple(v_lay.k_offset(16 * c) // 16 for c in range(KK)))
-    softmax_tile = _softmax(BN, causal, attn.column_limit_mask(D, BN), cfg.fast_exp, varlen)
+    softmax_tile = _softmax(BN, causal, attn.column_limit_mask(D, BN), cfg.fast_exp,
+                            varlen)
     store_row0, store_row1 = (None, None) if tma_store else _row_stores(var.dtype,
                                                                         var.pair_stores, D)
-    stage_o = _staging(var.dtype, D, SW) if tma_store else None
-    block_coords, key_tiles = _coords(BN, causal, pers and causal)
+    stage_o = _staging(var.dtype, D, SW, BM) if tma_store else None
+    block_coords, key_tiles = _coords(BN, causal, pers and causal, BM)
     div = _div(BN)
 
     def work_tile(tile, bhn, m_blocks, Hq, group, Sk, off):
@@ -719,9 +728,15 @@ def make_kernel(cfg, var):
         produce = make_producer(S, BN, D, QB, KB, VB0, work_tile if pers else None)
         load_q = load_k = load_v = None
         C = A = 0
-    turn_sync = named_barrier_of((1, 2), 256)  # ping-pong: consumer cw's turn ...
-    turn_pass = named_barrier_of((2, 1), 256, arrive=True)  # ... handed to the other
-    wg_sync = named_barrier_of((4, 5), 128)  # consumer cw's 128 threads (the TMA store)
+    # ping-pong: consumer cw's turn on barrier 1 + cw (its 128 threads' sync and the previous
+    # consumer's 128 arrivals), handed on to the next, cyclically (FA3's scheduler barriers);
+    # barrier 7: all consumers at a persistent tile's end; 4 + cw: consumer cw's own threads
+    turns = (1, 2, 3)[:NC]
+    turn_sync = named_barrier_of(turns, 256)
+    turn_pass = named_barrier_of(turns[1:] + turns[:1], 256, arrive=True)
+    wg_sync = named_barrier_of((4, 5, 6)[:NC], 128)  # consumer cw's 128 threads (the TMA store)
+    n_consumer_threads = 128 * NC
+    n_consumer_warps = 4 * NC
     zeros_s = (ZERO,) * NS
     zeros_o = (ZERO,) * NO
     zeros_p = ((np.uint32(0),) * 4,) * KK
@@ -759,9 +774,9 @@ def make_kernel(cfg, var):
         pa = zeros_p
         nt.mbarrier_wait_parity(qbar, 0, qph)  # Q landed
         if pingpong:
-            # consumer 0 takes the first turn (consumer 1 arrives on its barrier once; consumer
-            # 0's last bar.sync, after the key loop, consumes this extra arrival)
-            if cw == 1:
+            # consumer 0 takes the first turn (the last consumer arrives on its barrier once;
+            # consumer 0's last bar.sync, after the key loop, consumes this extra arrival)
+            if cw == NC - 1:
                 nt.named_barrier_arrive(1, 256)
         if not overlap:
             # ---- S = Q K^T, softmax, O += P V, in order ----
@@ -885,7 +900,7 @@ def make_kernel(cfg, var):
                 turn_sync(cw)
                 turn_pass(cw)
         if pingpong:
-            # consume consumer 1's last arrival (one more than consumer 0's turns)
+            # consume the last consumer's last arrival (one more than consumer 0's turns)
             if cw == 0:
                 nt.named_barrier_sync(1, 256)
 
@@ -933,7 +948,7 @@ def make_kernel(cfg, var):
             if lt == 0:
                 for j in range(boxes):
                     nt.tma_store(tma_o, (box_d * j, h, wrow0, b), smem,
-                                 staging + j * (128 * SW) + cw * (64 * SW))
+                                 staging + j * (BM * SW) + cw * (64 * SW))
                 nt.bulk_commit_group()
                 if not pers:
                     nt.bulk_wait_group_read(0)  # the boxes left shared memory before the exit
@@ -962,12 +977,12 @@ def make_kernel(cfg, var):
     @cuda.jit(cache=False, launch_bounds=(cfg.threads, 1))
     def attention_kernel(tma_q, tma_k, tma_v, tma_o, out, lse, Sq, Sk, Hq, group, m_blocks,
                          n_work, o_sb, o_ss, o_sh, scale_log2, cu):
-        # Q (128, D) | K S x (BN, D) | V S x (BN, D) [| O's staging (128, D)], SW-byte swizzle
+        # Q (BM, D) | K S x (BN, D) | V S x (BN, D) [| O's staging (BM, D)], SW-byte swizzle
         smem = cuda.shared.array(0, np.uint8, alignment=1024)
         # q_full = qbar[0]: the producer's expect_tx arrival + Q's bytes; persistent: q_empty
-        # = qbar[1], one arrival per consumer thread (256) once the tile's Q K^T retired.  K and
-        # V rings: full[s] = kbars[s] / vbars[s] (one expect_tx arrival + a stage's bytes),
-        # empty[s] = kbars[S + s] / vbars[S + s] (one arrival per consumer warp, 8)
+        # = qbar[1], one arrival per consumer thread (128 NC) once the tile's Q K^T retired.  K
+        # and V rings: full[s] = kbars[s] / vbars[s] (one expect_tx arrival + a stage's bytes),
+        # empty[s] = kbars[S + s] / vbars[S + s] (one arrival per consumer warp, 4 NC)
         qbar = cuda.shared.array(n_qbars, np.uint64, alignment=8)
         kbars = cuda.shared.array(n_ring, np.uint64, alignment=8)
         vbars = cuda.shared.array(n_ring, np.uint64, alignment=8)
@@ -989,9 +1004,9 @@ def make_kernel(cfg, var):
         if t == 0:
             nt.mbarrier_init(qbar, 0, 1)
             if pers:
-                nt.mbarrier_init(qbar, 1, 256)
-            ring_init(kbars, 1, 8)
-            ring_init(vbars, 1, 8)
+                nt.mbarrier_init(qbar, 1, n_consumer_threads)
+            ring_init(kbars, 1, n_consumer_warps)
+            ring_init(vbars, 1, n_consumer_warps)
         cuda.syncthreads()
 
         if wg == 0:
@@ -1024,9 +1039,10 @@ def make_kernel(cfg, var):
                             o_sb, o_ss, o_sh, scale_log2, cu, total_q, m0, b, h, bh, q0,
                             n_tiles, off, it, qph, t, cw, lane, tq)
                     if pingpong:
-                        # both consumers finish the tile before either starts the next: consumer
-                        # 1's first arrival of the next tile must not meet its last of this one
-                        nt.named_barrier_sync(3, 256)
+                        # every consumer finishes the tile before any starts the next: the last
+                        # consumer's first arrival of the next tile must not meet its last of
+                        # this one
+                        nt.named_barrier_sync(7, n_consumer_threads)
                     it += n_tiles
                     qph ^= 1
                     tile += cuda.gridDim.x
@@ -1243,7 +1259,7 @@ def launch_attention(p, cfg, var):
     # varlen: sq, sk are the packed tensors' rows (total_q, total_k), each map has one batch
     # entry (the batch stride is 0) and the kernel finds its sequence's rows in cu_q, cu_k
     mb = 1 if var.varlen else batch
-    maps = (operand_map(q, var.dtype, (mb, sq, hq, D), q_st, sm90_attention.BLOCK_M),
+    maps = (operand_map(q, var.dtype, (mb, sq, hq, D), q_st, cfg.block_m),
             operand_map(k, var.dtype, (mb, sk, p.heads_kv, D), k_st, cfg.block_n),
             operand_map(v, var.dtype, (mb, sk, p.heads_kv, D), v_st, cfg.block_n))
     if var.tma_store:  # boxes of one warpgroup's 64 rows
@@ -1251,8 +1267,8 @@ def launch_attention(p, cfg, var):
     assert not (var.varlen and (var.tma_store or cfg.persistent)), (cfg.name, var)
     kernel = sm90_attention.kernel_for(cfg, var)
     rows = p.seqlen_q  # max_seqlen_q for varlen: the grid's query rows per sequence
-    m_blocks = -(-rows // sm90_attention.BLOCK_M)
-    n_work = sm90_attention.grid_for(batch, hq, rows)
+    m_blocks = -(-rows // cfg.block_m)
+    n_work = sm90_attention.grid_for(batch, hq, rows, cfg.block_m)
     grid = min(n_work, _persistent_blocks()) if cfg.persistent else n_work
     if config.ENABLE_CUDASIM and var.tma_store:
         # numba's simulator copies a NumPy argument in, and back after the kernel: that copy of
@@ -1278,7 +1294,7 @@ def launch_attention(p, cfg, var):
                        shared_bytes=sm90_attention.shared_bytes(cfg, D))
     if prepared is None:
         return None
-    geometry = ((var.dtype, (mb, sq, hq, D), q_st, sm90_attention.BLOCK_M),
+    geometry = ((var.dtype, (mb, sq, hq, D), q_st, cfg.block_m),
                 (var.dtype, (mb, sk, p.heads_kv, D), k_st, cfg.block_n),
                 (var.dtype, (mb, sk, p.heads_kv, D), v_st, cfg.block_n))
     if var.tma_store:

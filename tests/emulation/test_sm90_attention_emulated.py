@@ -12,7 +12,7 @@ the fallback to the cp.async twin for a misaligned operand or no keys.
 
 Each case checks against tests/helpers/attention.py's float64 reference (outputs poisoned
 with NaN first, fresh random data) and that the sm90 kernel, not the fallback, ran.  384 threads
-per block are 384 Python threads here: one or two blocks per case."""
+per block (512 with three consumers) are Python threads here: one or two blocks per case."""
 
 import numpy as np
 import pytest
@@ -82,6 +82,14 @@ CASES = [
     (1, 130, 400, 2, 1, 64, True, "bfloat16", "n176_2s_ov_pp_fx_tma"),
     (1, 70, 500, 1, 1, 128, False, "float16", "n176_2s_ov_pp_fx_tma"),
     (1, 40, 300, 2, 1, 96, False, "bfloat16", "n176_2s_ov_pp_fx_tma"),
+    # head_dim 64 on three consumers (192 x 128 tiles, 512 threads, the turn passed 1 -> 2 ->
+    # 3 -> 1): causal diagonal with the three warpgroups seeing 2, 3 and 3 key tiles that wrap
+    # the 2-stage ring; causal with seqlen_q > seqlen_k (block 0's consumers 0 and 1 see no
+    # key, 2 blocks); MQA over 5 tiles wrapping 3 stages; ragged, f16, one block
+    (1, 150, 300, 1, 1, 64, True, "bfloat16", "m192_n128_2s_ov_pp_fx_tma"),
+    (1, 250, 70, 1, 1, 64, True, "float16", "m192_n128_3s_ov_pp_fx_tma"),
+    (1, 40, 520, 2, 1, 64, False, "bfloat16", "m192_n128_3s_ov_pp_fx_tma"),
+    (1, 191, 129, 1, 1, 64, False, "float16", "m192_n128_2s_ov_pp_fx_tma"),
 ]
 
 
@@ -239,6 +247,7 @@ VARLEN = [
     ("n128_2s_ov_pp_fx_tma", [17, 0, 40], [30, 7, 130], 2, 1, 64, True, "bfloat16"),
     ("n128_2s_ov_pp_fx", [40, 3], [0, 150], 1, 1, 128, False, "float16"),
     ("n80_2s_ov_pp_fx_tma", [20, 33], [50, 100], 1, 1, 256, True, "bfloat16"),
+    ("m192_n128_2s_ov_pp_fx_tma", [17, 0, 200], [30, 7, 140], 1, 1, 64, True, "float16"),
 ]
 
 

@@ -36,7 +36,7 @@ def test_the_producer_arms_each_barrier_with_its_boxes(monkeypatch, name, d):
     cfg = attn.CONFIGS[name]
     cols = attn.swizzle_for(d) // 2
     assert cols == (32 if d == 96 else 64)
-    QB, KB = attn.BLOCK_M * d * 2, cfg.block_n * d * 2
+    QB, KB = cfg.block_m * d * 2, cfg.block_n * d * 2
     VB0 = QB + cfg.stages * KB
     calls = []
     monkeypatch.setattr(sm90_attention_tma, "nt", _Recorder(calls))
@@ -48,7 +48,7 @@ def test_the_producer_arms_each_barrier_with_its_boxes(monkeypatch, name, d):
     assert [c[0] for c in calls[:3]] == ["tma_prefetch_descriptor"] * 3
     armed, boxes, order = {}, {}, []
     tile = {"kbars": -1, "vbars": -1}  # the key tile each ring's boxes are for
-    rows = {"tq": attn.BLOCK_M, "tk": cfg.block_n, "tv": cfg.block_n}
+    rows = {"tq": cfg.block_m, "tk": cfg.block_n, "tv": cfg.block_n}
     for call in calls[3:]:
         if call[0] == "mbarrier_arrive_expect_tx":
             _, bar, index, nbytes = call

@@ -70,6 +70,10 @@ TMA_SMALL = [
     ("n176_2s_ov_pp_fx_tma", (1, 130, 400, 2, 1, 64, True, "bfloat16")),
     ("n176_2s_ov_pp_fx_tma", (1, 70, 500, 1, 1, 128, False, "float16")),
     ("n176_2s_ov_pp_fx_tma", (1, 40, 300, 2, 1, 96, False, "bfloat16")),
+    ("m192_n128_2s_ov_pp_fx_tma", (1, 150, 300, 1, 1, 64, True, "bfloat16")),
+    ("m192_n128_3s_ov_pp_fx_tma", (1, 250, 70, 1, 1, 64, True, "float16")),
+    ("m192_n128_3s_ov_pp_fx_tma", (1, 40, 520, 2, 1, 64, False, "bfloat16")),
+    ("m192_n128_2s_ov_pp_fx_tma", (1, 191, 129, 1, 1, 64, False, "float16")),
 ]
 
 
@@ -104,6 +108,22 @@ def test_tma_many_blocks(sm90, name):
     check(3, 1000, 3000, 6, 1, 64, True, "float16")
     check(1, 4096, 1024, 4, 4, 64, False, "bfloat16")
     assert used == [name] * 3
+
+
+THREE = sorted(n for n, c in sm90_attention.CONFIGS.items() if c.consumers == 3)
+
+
+@pytest.mark.parametrize("name", THREE)
+def test_three_consumers_many_blocks(sm90, name):
+    """Three consumer warpgroups (192-row blocks, the turn passed 1 -> 2 -> 3 -> 1): several
+    waves, long key loops, causal with seqlen_q > seqlen_k, GQA, rows past a 192 multiple."""
+    used = sm90(name)
+    check(3, 1000, 3000, 6, 1, 64, True, "float16")
+    check(1, 4096, 1024, 4, 4, 64, False, "bfloat16")
+    check(2, 2048, 2048, 8, 2, 64, True, "bfloat16")
+    check(2, 1500, 700, 3, 1, 64, True, "float16")
+    check(1, 577, 4099, 16, 8, 64, False, "float16")
+    assert used == [name] * 5
 
 
 def test_many_blocks_and_long_sequences(sm90):
