@@ -302,7 +302,7 @@ def _pv_chain(mma, b_steps):
     return chain
 
 
-def _softmax(block_n, causal, column_limit, fast_exp, pin_ends=False):
+def _softmax(block_n, causal, column_limit, fast_exp, pin_ends=False, narrow=False):
     """``softmax_tile(sacc, n0, tq, row0, wrow0, Sk, off, m_0, m_1, l_0, l_1, scale_log2)``: mask
     S where the tile crosses the last key (or, causal, the diagonal), update the running max and
     sum of the thread's rows row0, row0 + 8 (log2 domain, FA3's two instructions per score:
@@ -313,6 +313,8 @@ def _softmax(block_n, causal, column_limit, fast_exp, pin_ends=False):
     exponentials are numba's ``math.exp2`` of ``s * scale_log2 - max`` (libdevice's exp2f:
     denormal-scaled ex2.approx after a separate multiply and subtraction).  ``pin_ends``: the
     key mask's bounds pass through ``opaque`` (varlen kernels; see the NOTE below).
+    ``narrow``: the causal test of whether a tile needs the mask in 32-bit arithmetic (one
+    register fewer across the key loop than the 64-bit diagonal wrow0 + off; three consumers).
 
     NOTE: one device function, called twice by the overlapped schedule (its first tile is
     peeled): half of what numba types and lowers for two pasted copies (the first compile)."""
@@ -320,7 +322,11 @@ def _softmax(block_n, causal, column_limit, fast_exp, pin_ends=False):
 
     @cuda.jit(device=True, forceinline=True)
     def softmax_tile(sacc, n0, tq, row0, wrow0, Sk, off, m_0, m_1, l_0, l_1, scale_log2):
-        if causal:
+        if causal and narrow:
+            # 32-bit: every key and query index fits (a K of 2^31 rows at head_dim 64 is 256 GiB)
+            masked = n0 + BN > Sk or (np.int32(n0) + np.int32(BN - 1)
+                                      > np.int32(wrow0) + np.int32(off))
+        elif causal:
             masked = n0 + BN > Sk or n0 + (BN - 1) > wrow0 + off
         else:
             masked = n0 + BN > Sk
@@ -697,8 +703,13 @@ def make_kernel(cfg, var):
                    tuple(k_lay.k_offset(16 * i) // 16 for i in range(D // 16)))
     pv = _pv_chain(nt.wgmma_mma_async(D, ptx, acc="f32", a_from="reg", trans_b=1),
                    tuple(v_lay.k_offset(16 * c) // 16 for c in range(KK)))
-    softmax_tile = _softmax(BN, causal, attn.column_limit_mask(D, BN), cfg.fast_exp,
-                            varlen)
+    # NOTE: three consumers (160 registers): causal with lse, ptxas spilled 52 / 68 bytes with
+    # the column limit and 16 / 16 with the per-register compare alone (the 64-bit diagonal of
+    # the masked-tile test live across the loop, and stored and loaded in it); the per-register
+    # compare and a 32-bit test: none
+    three = cfg.consumers == 3
+    softmax_tile = _softmax(BN, causal, attn.column_limit_mask(D, BN) and not three,
+                            cfg.fast_exp, varlen, narrow=three)
     store_row0, store_row1 = (None, None) if tma_store else _row_stores(var.dtype,
                                                                         var.pair_stores, D)
     stage_o = _staging(var.dtype, D, SW, BM) if tma_store else None
