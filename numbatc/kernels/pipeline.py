@@ -133,15 +133,15 @@ def named_barrier_of(ids, nthreads, arrive=False):
     ``i`` (a warp-uniform branch) to one of the literal ids."""
     if len(ids) not in (2, 3):
         raise ValueError(f"named_barrier_of: a pair or a triple of ids, got {ids!r}")
-    first, second, third = (*ids, ids[-1])[:3]
-    three = len(ids) == 3
+    first, second = ids[:2]
+    third = ids[2] if len(ids) == 3 else None
     op = nt.named_barrier_arrive if arrive else nt.named_barrier_sync
 
     @cuda.jit(device=True, forceinline=True)
     def bar(i):
         if i == 0:
             op(first, nthreads)
-        elif three and i == 2:
+        elif third is not None and i == 2:
             op(third, nthreads)
         else:
             op(second, nthreads)

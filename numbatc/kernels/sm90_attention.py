@@ -105,7 +105,6 @@ _THREADS_PER_WG = 128
 BLOCK_M = 128  # query rows per block: 64 per consumer warpgroup
 # NOTE: ptxas puts the 1024-aligned dynamic window after the static mbarriers, at 1024.
 _STATIC_SHARED = 1024
-_POOL = register_pool(384)  # registers a (384, 1)-bounded block is launched with
 CONSUMERS = (2, 3)  # consumer warpgroups a block may have (64 query rows each)
 _SHARED_MAX = 227 * 1024  # shared memory an sm_90 block may have
 
@@ -166,7 +165,7 @@ class Sm90AttnConfig:
         # 384 rounded down to a multiple of 8 = 168 per thread, 64512 in all (not 65536; 512
         # threads: 128 each, all 65536); an .inc that asks for more than the pool holds waits
         # forever.
-        pool = register_pool(self.threads) if self.consumers in CONSUMERS else _POOL
+        pool = register_pool(self.threads)
         regs = (self.producer_regs + self.consumers * self.consumer_regs) * _THREADS_PER_WG
         if regs > pool:
             problems.append(f"setmaxnreg {self.producer_regs}/{self.consumer_regs} needs {regs} "

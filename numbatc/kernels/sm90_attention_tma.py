@@ -45,8 +45,8 @@ boundary (QB, KB, BN * 128 are multiples of 1024), as the 128B swizzle needs (64
 
 Barriers: q_full = qbar[0] (one arrival, the expect_tx); the K and V rings are two
 numbatc.kernels.pipeline rings (``tma_pipeline(stages)``: full[s] = kbars[s] one arrival plus
-the bytes, empty[s] = kbars[S + s] one arrival per consumer warp, 4 x consumers).  Both rings advance in
-step: tile n uses stage n % S in round n // S, which is the consumers' bookkeeping too.
+the bytes, empty[s] = kbars[S + s] one arrival per consumer warp, 4 x consumers).  Both rings
+advance in step: tile n uses stage n % S in round n // S, which is the consumers' bookkeeping too.
 
 Persistent (``_pt``): one block per SM walks the work tiles blockIdx.x, + gridDim.x, ...
 (``work_tile``): under a causal mask every (batch, head)'s last query blocks first -- the most
@@ -447,8 +447,7 @@ def _staging(dtype, head_dim, swizzle, block_m):
     warpgroup's own rows of Q's buffer (free: only its Q K^T read them, and the last one
     retired), or in a persistent kernel a staging tile of their own behind the V ring (the
     producer loads the next tile's Q meanwhile).  16-column group g of box j = g // C (C = SW /
-    32 groups a box) is one stmatrix.x4 at ``srow + j * block_m * SW + ((2 (g % C)) ^ sx) *
-    16``:
+    32 groups a box) is one stmatrix.x4 at ``srow + j * block_m * SW + ((2 (g % C)) ^ sx) * 16``:
     lane l gives the address of matrix q = l // 8 (q % 2: rows 0-7 or 8-15, q // 2: which
     fragment) at row 16 warp + 8 (q % 2) + l % 8 (``srow``; ``sx`` = (q // 2) ^ s(row)), and
     register q holds its (row l // 4, columns 2 (l % 4), + 1) pair: o[8g .. 8g + 7] packed
