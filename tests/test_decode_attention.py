@@ -190,3 +190,37 @@ def test_forced_splits(monkeypatch):
     monkeypatch.setenv("NUMBATC_DECODE_SPLITS", "0")
     with pytest.raises(ValueError, match="a positive number of splits"):
         decode.launch(p, cfg)
+
+
+def test_first_launch_compiles_both_kernels_together(monkeypatch):
+    """launch_flat on a GPU hands both kernels to compile_kernels (the split kernel first: its
+    link overlaps the combine kernel's typing) before either launch, with the signatures the
+    launches use; the emulation compiles nothing."""
+    from numba import config
+
+    import intrinsics.launch as launching
+
+    events = []
+    monkeypatch.setattr(launching, "compile_kernels",
+                        lambda jobs: events.append(("compile", [sig for _, sig in jobs])))
+    monkeypatch.setattr(launching, "launch",
+                        lambda kernel, grid, threads, args, signature=None, **k:
+                        events.append(("launch", signature)))
+    monkeypatch.setattr(split_k, "split_workspace",
+                        lambda device, floats, n, library: lambda stream: (1 << 20, None))
+    monkeypatch.setattr(config, "ENABLE_CUDASIM", 0)
+    p = _problem(seqlen_k=4096)
+    cfg = decode.choose(p)
+    var = decode.DecodeVariant(128, "bfloat16", False, False)
+    strides = (4096 * 8 * 128, 8 * 128, 128)
+    decode.launch_flat(cfg, var, 1, 2, 3, 4, 0, 1, 1, 4096, 32, 4, strides, strides, strides,
+                       strides, 0.1, device=None, split=(8, 512))
+    sigs = decode.signature(var)
+    assert events == [("compile", list(sigs)), ("launch", sigs[0]), ("launch", sigs[1])]
+    events.clear()
+    monkeypatch.setattr(config, "ENABLE_CUDASIM", 1)
+    monkeypatch.setattr(split_k, "split_workspace",
+                        lambda device, floats, n, library: lambda stream: ([0.0] * floats, None))
+    decode.launch_flat(cfg, var, *([None] * 5), 1, 1, 4096, 32, 4, strides, strides, strides,
+                       strides, 0.1, device=None, split=(8, 512))
+    assert [e[0] for e in events] == ["launch", "launch"]

@@ -67,9 +67,9 @@ from numbatc.kernels.sm80_attention import kernel_arguments, kv_arguments, kv_si
 from numbatc.kernels.tiles import make_paged_kv_lookahead, make_paged_kv_loader
 
 __all__ = ["CONFIGS", "DecodeConfig", "DecodeVariant", "MAX_SEQLEN_Q", "MIN_SEQLEN_K",
-           "choose", "choose_config", "compiled", "declines", "kernel_for", "kernel_source",
-           "launch", "launch_flat", "make_combine_body", "make_split_body", "shared_bytes",
-           "split_cost", "splits_for", "unsupported"]
+           "choose", "choose_config", "compile_first", "compiled", "declines", "kernel_for",
+           "kernel_source", "launch", "launch_flat", "make_combine_body", "make_split_body",
+           "shared_bytes", "split_cost", "splits_for", "unsupported"]
 
 LOG2E = 1.4426950408889634
 
@@ -800,6 +800,17 @@ def signature(var: DecodeVariant):
             (f32, f32, u16, f32) + (types.int64,) * 10)
 
 
+def compile_first(cfg: DecodeConfig, var: DecodeVariant):
+    """Compile (or load from the disk cache) both kernels of (cfg, var) together:
+    intrinsics.launch.compile_kernels, the split kernel first, its link (nvJitLink) in a thread
+    while numba types the combine kernel.  First compile of both, sm_90a, head_dim 128 on a
+    2-core host (scripts/diag/compile_time.py decode:128, medians of 3): 1.72-1.78 s one after
+    the other, 1.53-1.55 s so.  A warm call finds both compiled (a dictionary lookup each)."""
+    from intrinsics.launch import compile_kernels
+
+    compile_kernels(list(zip(kernel_for(cfg, var), signature(var))))
+
+
 def launch_flat(cfg, var, q, k, v, out, lse, batch, seqlen_q, seqlen_k, heads_q, group,
                 q_strides, k_strides, v_strides, o_strides, scale, *, device, library=None,
                 stream=0, split=None, kv=None):
@@ -828,6 +839,8 @@ def launch_flat(cfg, var, q, k, v, out, lse, batch, seqlen_q, seqlen_k, heads_q,
         ws_o, ws_lse = ws, ws + 4 * plan.o_floats
     split_kernel, combine_kernel = kernel_for(cfg, var)
     sig_split, sig_combine = (None, None) if emulated else signature(var)
+    if not emulated:
+        compile_first(cfg, var)
     launch_kernel(split_kernel, plan.split_grid, cfg.threads,
                   (q, k, v, ws_o, ws_lse, *plan.split_sizes, np.float32(scale * LOG2E),
                    *(kv or ())),

@@ -14,7 +14,8 @@ the line gives every run and the median.  bf16 (or e4m3 for fp8_ names) row x co
 the variant numbatc.gemm runs for aligned operands (out_pairs); ``attn:<config>:<head_dim>``:
 sm90_attention's, bf16, causal, the variant numbatc.attention runs for a contiguous out (pair
 stores, O by TMA where the head dim has it); ``sm80:<config>``: the portable GEMM's;
-``bwd:<head_dim>[:nd]``: the attention backward's kernels, all of them (see _backward).  ``--ptx DIR``: each
+``bwd:<head_dim>[:nd]``: the attention backward's kernels, all of them (see _backward). ``decode:<head_dim>[:causal]``: flash-decoding's
+split and combine kernels (see _decode).  ``--ptx DIR``: each
 configuration's PTX into DIR/<name>.ptx.  Phases: typing+lowering is numba's (device functions
 included), nvvm_ptx NVVM's, link_cubin the assembly of the PTX (nvJitLink).
 """
@@ -83,6 +84,8 @@ def one(name, profile=None, ptx=None):
     times.clear()
     if name.startswith("bwd:"):
         return _backward(name, precompile, cc, times)
+    if name.startswith("decode:"):
+        return _decode(name, precompile, cc, times, profile)
     family, cfg, var = _variant(name)
     start = time.perf_counter()
     if profile:
@@ -123,6 +126,39 @@ def _backward(name, precompile, cc, times):
         family.compile_first(cfg, var)
     times["total"] = time.perf_counter() - start
     times["family"] = family.__name__.rsplit(".", 1)[-1]
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in times.items()}
+
+
+def _decode(name, precompile, cc, times, profile=None):
+    """``decode:<head_dim>[:causal]``: flash-decoding's two kernels (split, combine) as
+    numbatc.attention's first call compiles them for a bf16 decode step (batch 8, one query,
+    32 query heads over 8 KV heads, 4096 keys) of that head dim, as a first launch does
+    (decode.compile_first)."""
+    from numbatc.attention_api import AttentionProblem
+    from numbatc.kernels import sm80_decode_attention as decode
+
+    from intrinsics import launch as launching
+
+    parts = name.split(":")
+    d, causal = int(parts[1]), "causal" in parts
+    p = AttentionProblem.contiguous(8, 1, 4096, 32, 8, d, causal=causal, dtype="bfloat16",
+                                    cc=cc, ptr=1 << 20)
+    start = time.perf_counter()
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    cfg, var = decode.compiled(p, decode.choose(p))
+    kernels = precompile._kernels_and_signatures(decode, cfg, var)
+    times["source+import"] = time.perf_counter() - start
+    with precompile._target(cc):
+        launching.compile_kernels(kernels)  # NUMBATC_SERIAL_LINK=1: one after the other
+    if profile:
+        prof.disable()
+        prof.dump_stats(profile)
+    times["total"] = time.perf_counter() - start
+    times["config"] = cfg.name
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in times.items()}
 
 
