@@ -313,9 +313,9 @@ def _kernel_and_signature(family, cfg, var):
 
 
 def _kernels_and_signatures(family, cfg, var):
-    """[(kernel, argument types)] that a launch of (cfg, var) compiles: one, flash-decoding's
-    two (its split and combine kernels), or what a module lists (``precompile_kernels``: the
-    attention backward's)."""
+    """[(kernel, argument types)] that a launch of (cfg, var) compiles: one, or what a module
+    lists (``precompile_kernels``: the attention backward's, flash-decoding's split and combine
+    kernels)."""
     if hasattr(family, "precompile_kernels"):
         return [(k, tuple(sig)) for k, sig in family.precompile_kernels(cfg, var)]
     kernel = family.kernel_for(cfg, var)
@@ -325,8 +325,6 @@ def _kernels_and_signatures(family, cfg, var):
         sig = family.signature(var, cfg)  # sm90_attention: tensor maps under its TMA producer
     else:
         sig = family.signature(var)
-    if isinstance(kernel, (tuple, list)):
-        return [(k, tuple(s)) for k, s in zip(kernel, sig)]
     return [(kernel, tuple(sig))]
 
 

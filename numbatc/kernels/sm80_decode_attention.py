@@ -69,7 +69,7 @@ from numbatc.kernels.tiles import make_paged_kv_lookahead, make_paged_kv_loader
 __all__ = ["CONFIGS", "DecodeConfig", "DecodeVariant", "MAX_SEQLEN_Q", "MIN_SEQLEN_K",
            "choose", "choose_config", "compile_first", "compiled", "declines", "kernel_for",
            "kernel_source", "launch", "launch_flat", "make_combine_body", "make_split_body",
-           "shared_bytes", "split_cost", "splits_for", "unsupported"]
+           "precompile_kernels", "shared_bytes", "split_cost", "splits_for", "unsupported"]
 
 LOG2E = 1.4426950408889634
 
@@ -800,6 +800,12 @@ def signature(var: DecodeVariant):
             (f32, f32, u16, f32) + (types.int64,) * 10)
 
 
+def precompile_kernels(cfg: DecodeConfig, var: DecodeVariant):
+    """[(kernel, argument types)] a launch of (cfg, var) compiles, in the order
+    :func:`compile_first` compiles them: the split kernel, then the combine kernel."""
+    return list(zip(kernel_for(cfg, var), signature(var)))
+
+
 def compile_first(cfg: DecodeConfig, var: DecodeVariant):
     """Compile (or load from the disk cache) both kernels of (cfg, var) together:
     intrinsics.launch.compile_kernels, the split kernel first, its link (nvJitLink) in a thread
@@ -808,7 +814,7 @@ def compile_first(cfg: DecodeConfig, var: DecodeVariant):
     the other, 1.53-1.55 s so.  A warm call finds both compiled (a dictionary lookup each)."""
     from intrinsics.launch import compile_kernels
 
-    compile_kernels(list(zip(kernel_for(cfg, var), signature(var))))
+    compile_kernels(precompile_kernels(cfg, var))
 
 
 def launch_flat(cfg, var, q, k, v, out, lse, batch, seqlen_q, seqlen_k, heads_q, group,

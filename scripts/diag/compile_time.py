@@ -14,9 +14,9 @@ the line gives every run and the median.  bf16 (or e4m3 for fp8_ names) row x co
 the variant numbatc.gemm runs for aligned operands (out_pairs); ``attn:<config>:<head_dim>``:
 sm90_attention's, bf16, causal, the variant numbatc.attention runs for a contiguous out (pair
 stores, O by TMA where the head dim has it); ``sm80:<config>``: the portable GEMM's;
-``bwd:<head_dim>[:nd]``: the attention backward's kernels, all of them (see _backward). ``decode:<head_dim>[:causal]``: flash-decoding's
-split and combine kernels (see _decode).  ``--ptx DIR``: each
-configuration's PTX into DIR/<name>.ptx.  Phases: typing+lowering is numba's (device functions
+``bwd:<head_dim>[:nd]``: the attention backward's kernels, all of them (see _backward);
+``decode:<head_dim>[:causal]``: flash-decoding's split and combine kernels (see _decode).
+``--ptx DIR``: each configuration's PTX into DIR/<name>.ptx.  Phases: typing+lowering is numba's (device functions
 included), nvvm_ptx NVVM's, link_cubin the assembly of the PTX (nvJitLink).
 """
 
@@ -150,7 +150,7 @@ def _decode(name, precompile, cc, times, profile=None):
         prof = cProfile.Profile()
         prof.enable()
     cfg, var = decode.compiled(p, decode.choose(p))
-    kernels = precompile._kernels_and_signatures(decode, cfg, var)
+    kernels = decode.precompile_kernels(cfg, var)
     times["source+import"] = time.perf_counter() - start
     with precompile._target(cc):
         launching.compile_kernels(kernels)  # NUMBATC_SERIAL_LINK=1: one after the other
