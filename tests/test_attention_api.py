@@ -10,6 +10,7 @@ queries."""
 import importlib
 import math
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -274,6 +275,52 @@ def test_long_key_tiles_without_the_mask(walk):
     # forced configurations still win
     assert walk("sm90:n128_2s_ov_pp_fx_tma", head_dim=64, seqlen_k=4096) == (
         "sm90_attention", "n128_2s_ov_pp_fx_tma")
+
+
+def test_three_consumers_where_the_grid_fills_the_gpu(walk):
+    # sm90_attention.THREE_CONSUMERS: head_dim 64's 192-row tiles where seqlen reaches 512 (2048
+    # causal) and the grid holds 2.5 (8 causal) tiles an SM (132 for the stand-in's cc 9.0)
+    rule = sm90_attention.THREE_CONSUMERS[64]
+    three, default = rule.config, sm90_attention.choose_config(64).name
+    long_cfg = sm90_attention.LONG_KEY_TILES[64][0]
+    sms = 132
+
+    def shape(tiles_per_sm, seqlen, causal=False):  # heads for that many tiles an SM
+        rows = -(-seqlen // 192)
+        heads = -(-int(tiles_per_sm * sms) // rows)
+        return dict(batch=1, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=heads, heads_kv=1,
+                    head_dim=64, causal=causal)
+
+    assert walk(**shape(2.5, 512)) == ("sm90_attention", three)
+    assert walk(**shape(2.4, 512)) == ("sm90_attention", default)
+    assert walk(**shape(2.0, 4096)) == ("sm90_attention", long_cfg)  # n176 from 2048 keys
+    assert walk(**shape(20, 4096)) == ("sm90_attention", three)
+    assert walk(**shape(20, 511)) == ("sm90_attention", default)
+    assert walk(**dict(shape(20, 4096), seqlen_k=511)) == ("sm90_attention", default)
+    assert walk(**shape(8, 2048, causal=True)) == ("sm90_attention", three)
+    assert walk(**shape(7.0, 2048, causal=True)) == ("sm90_attention", default)
+    assert walk(**shape(20, 2047, causal=True)) == ("sm90_attention", default)
+    # the rule counts 192-row tiles of seqlen_q: 2 x 1024 x 32 heads = 384 tiles, 2.9 an SM
+    assert walk(batch=2, seqlen_q=1024, seqlen_k=1024, heads_q=32, heads_kv=8,
+                head_dim=64) == ("sm90_attention", three)
+    assert walk(batch=1, seqlen_q=1024, seqlen_k=1024, heads_q=32, heads_kv=8,
+                head_dim=64) == ("sm90_attention", default)
+    # other head dims, the portable GPUs and forcing are untouched
+    assert walk(**dict(shape(20, 4096), head_dim=128)) == ("sm90_attention", long_cfg)
+    assert walk(**dict(shape(20, 4096), cc=(8, 0)))[0] == "sm80_attention"
+    assert walk("sm90:n128_2s_ov_pp_fx_tma", **shape(20, 4096)) == (
+        "sm90_attention", "n128_2s_ov_pp_fx_tma")
+
+
+def test_three_consumers_not_for_varlen_or_the_kv_cache():
+    s = sm90_attention
+    base = dict(batch=1, seqlen_q=4096, seqlen_k=4096, heads_q=32, heads_kv=32, head_dim=64)
+    p = attention_problem(**base)
+    assert s.three_consumers(p) == s.THREE_CONSUMERS[64].config
+    for attr in ("varlen", "kv_cache"):
+        stand_in = SimpleNamespace(**{**base, "causal": False, "cc": (9, 0), "device": None,
+                                      "varlen": False, "kv_cache": False, attr: True})
+        assert s.three_consumers(stand_in) is None, attr
 
 
 def test_forcing(walk, monkeypatch):

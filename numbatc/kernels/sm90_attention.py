@@ -306,6 +306,65 @@ DEFAULT_TMA = {64: "n128_2s_ov_pp_fx_tma", 96: "n128_2s_ov_pp_fx_tma",
 LONG_KEY_TILES = {64: ("n176_2s_ov_pp_fx_tma", 2048), 128: ("n176_2s_ov_pp_fx_tma", 2048)}
 
 
+@dataclass(frozen=True)
+class ThreeConsumers:
+    """Where :func:`choose` takes three consumer warpgroups (192-row query tiles) for a head
+    dim: seqlen_q and seqlen_k at least ``least_seqlen`` and at least ``waves`` x the GPU's SMs
+    of 192-row tiles (batch x heads_q x ceil(seqlen_q / 192)); ``causal_*`` the same for the
+    causal mask."""
+
+    config: str
+    least_seqlen: int
+    waves: float
+    causal_least_seqlen: int
+    causal_waves: float
+
+
+#: head_dim -> :class:`ThreeConsumers`: FA3's head_dim 64 tiling (192 x 128, three consumers)
+#: over DEFAULT_TMA and LONG_KEY_TILES, on grids with enough tiles to fill the GPU.  Measured on
+#: an H100 SXM (132 SMs; 2026-12-07, docs/PERFORMANCE.md), bf16, TFLOP/s m192_n128_2s_ov_pp_fx_tma
+#: / the walk's choice before (n128, or n176 from seqlen_k 2048 without the mask): bench
+#: attention --shapes hd64 (each configuration forced in its own process, one session) and
+#: scripts/diag/attn_cfg_ab.py (both in one process):
+#:
+#:     not causal (B x S x H)  tiles / SMs
+#:     16 x 1024 x 32          23.3         365.2 / 326.5   (bench hd64; SDPA 0.87 / 0.79)
+#:     8 x 2048 x 32           21.3         434.0 / 378.1   (0.99 / 0.86)
+#:     4 x 4096 x 32           21.3         478.1 / 417.5   (1.04 / 0.90)
+#:     1 x 16384 x 32          20.8         510.1 / 454.2   (1.16 / 1.02)
+#:     16 x 512 x 32           11.6         282.5 / 261.5   scripts/diag/attn_cfg_ab.py
+#:     4 x 512 x 32 / 1 x 8192 x 8 / 2 x 2048 x 16   2.9 / 2.6 / 2.7   +6 / +11 / +9 %
+#:     1 x 1024 x 32 / 1 x 4096 x 8 / 1 x 2048 x 8   1.5 / 1.3 / 0.7   -16 / -14 / -9 %
+#:     32 x 256 x 32           15.5         157.8 / 189.1   (its second 192-row tile: a third full)
+#:
+#: Causal it gains less (its variant spills 52 bytes): +6 / +6 / +8 % on the bench's 8 x 2048,
+#: 4 x 4096 and 1 x 16384 (21-23 tiles an SM), +5 / +3 % at 8 x 2048 x 32 / 4 x 4096 x 32
+#: (attn_cfg_ab), a tie at 2.6-2.7 tiles an SM (1 x 8192 x 8, 2 x 2048 x 16), and -5 / -6 % at
+#: 16 x 1024 x 32.  Three stages (m192_n128_3s) lost to two on all 20 shapes of attn_cfg_ab
+#: (it won only the bench's 1 x 16384 without the mask, 528.5 / 510.1, in another process).
+#: The thresholds lie between the losses and the wins: seqlen 512 (256 loses to the padding, 512
+#: wins), 2.5 tiles an SM without the mask (1.5 loses, 2.6 wins); with it seqlen 2048 and 8
+#: tiles an SM (between the tie at 2.7 and the wins at 21; nothing measured in between).  Not
+#: taken for varlen and KV-cache problems (not measured there).
+THREE_CONSUMERS = {64: ThreeConsumers("m192_n128_2s_ov_pp_fx_tma", 512, 2.5, 2048, 8.0)}
+
+
+def three_consumers(p):
+    """:data:`THREE_CONSUMERS`' configuration name for problem ``p`` where it applies, else
+    None."""
+    rule = THREE_CONSUMERS.get(p.head_dim)
+    if rule is None or not TMA_BY_DEFAULT or p.varlen or p.kv_cache:
+        return None
+    least, waves = ((rule.causal_least_seqlen, rule.causal_waves) if p.causal
+                    else (rule.least_seqlen, rule.waves))
+    if min(p.seqlen_q, p.seqlen_k) < least:
+        return None
+    from numbatc.kernels import gpus
+
+    tiles = p.batch * p.heads_q * -(-p.seqlen_q // CONFIGS[rule.config].block_m)
+    return rule.config if tiles >= waves * gpus.sm_count(p.cc, p.device) else None
+
+
 def check_fits(cfg: Sm90AttnConfig, head_dim: int):
     nbytes = shared_bytes(cfg, head_dim) + _STATIC_SHARED
     if nbytes > _SHARED_MAX:
@@ -471,6 +530,9 @@ def why_chosen(p, cfg: Sm90AttnConfig) -> str:
 
     if os.environ.get("NUMBATC_ATTN_KERNEL", "").partition(":")[2] == cfg.name:
         return "named by NUMBATC_ATTN_KERNEL"
+    if cfg.name == three_consumers(p):
+        return (f"THREE_CONSUMERS[{p.head_dim}]: {cfg.block_m} x {cfg.block_n} tiles, enough "
+                "of them to fill the GPU")
     which = "DEFAULT_TMA" if TMA_BY_DEFAULT else "DEFAULT"
     forced = p.head_dim not in DEFAULT_HEAD_DIMS
     return (f"{which}[{p.head_dim}]: {cfg.block_m} x {cfg.block_n} tiles, {cfg.stages} stages"
@@ -480,8 +542,9 @@ def why_chosen(p, cfg: Sm90AttnConfig) -> str:
 
 def choose(p, name=None):
     """The configuration for problem ``p`` (``name``: one of CONFIGS, forced; else
-    :data:`LONG_KEY_TILES`' where the head dim has them, the problem is not causal and
-    seqlen_k reaches theirs, else :func:`choose_config`'s for its head dim).  A TMA one runs as
+    :func:`three_consumers`' where it applies, else :data:`LONG_KEY_TILES`' where the head dim
+    has them, the problem is not causal and seqlen_k reaches theirs, else
+    :func:`choose_config`'s for its head dim).  A TMA one runs as
     its cp.async twin where no tensor map describes the operands: :func:`compiled` names the
     configuration that runs, and :func:`launch` says why under NUMBATC_PRINT_CONFIG
     (:func:`resolve`)."""
@@ -496,6 +559,9 @@ def choose(p, name=None):
                          "variant; choose a configuration without _pt")
     if name:
         return CONFIGS[name]
+    three = three_consumers(p)
+    if three:
+        return CONFIGS[three]
     long_tiles = LONG_KEY_TILES.get(p.head_dim)
     if (TMA_BY_DEFAULT and long_tiles and not p.causal and not p.varlen and not p.kv_cache
             and p.seqlen_k >= long_tiles[1]):

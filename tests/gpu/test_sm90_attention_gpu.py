@@ -126,6 +126,20 @@ def test_three_consumers_many_blocks(sm90, name):
     assert used == [name] * 5
 
 
+def test_default_walk_takes_three_consumers_on_full_grids(sm90):
+    """sm90_attention.THREE_CONSUMERS: head_dim 64's default is the 192-row configuration where
+    the grid holds enough 192-row tiles (2.5 an SM, 8 causal, at 132 SMs), causal or not, GQA,
+    seqlen_q != seqlen_k, rows past a 192 multiple; a grid below the mark keeps the default."""
+    rule = sm90_attention.THREE_CONSUMERS[64]
+    used = sm90()
+    check(2, 1024, 1024, 32, 8, 64, False, "bfloat16")  # 384 tiles
+    check(2, 1000, 3000, 40, 8, 64, False, "float16")  # 480
+    check(4, 2048, 2048, 24, 24, 64, True, "bfloat16")  # 1056
+    check(3, 2100, 2500, 32, 4, 64, True, "float16")  # 1056, the mask off the diagonal
+    check(1, 1024, 1024, 32, 32, 64, False, "bfloat16")  # 192: below 2.5 an SM
+    assert used == [rule.config] * 4 + [sm90_attention.choose_config(64).name]
+
+
 def test_many_blocks_and_long_sequences(sm90):
     """Grids of many blocks (all 132 SMs busy, several waves) and long key loops."""
     used = sm90()
