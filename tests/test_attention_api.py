@@ -543,3 +543,14 @@ def test_varlen_bad_operands(cu_values):
         numbatc.attention_varlen(q, *varlen_qkv(hkv=3)[1:], cq, ck, 7, 11)
     with pytest.raises(ValueError, match="out must have q's shape"):
         numbatc.attention_varlen(q, k, v, cq, ck, 7, 11, out=FakeCuda((12, 4, 32)))
+
+
+def test_print_config_names_the_rule_that_chose():
+    # NUMBATC_PRINT_CONFIG's reason (sm90_attention.why_chosen) names the table that picked
+    s = sm90_attention
+    for kw, table in ((dict(seqlen_q=256, seqlen_k=4096), "LONG_KEY_TILES[64]"),
+                      (dict(batch=16, seqlen_q=1024, seqlen_k=1024, heads_q=32, heads_kv=32),
+                       "THREE_CONSUMERS[64]"),
+                      (dict(seqlen_q=256, seqlen_k=256), "DEFAULT_TMA[64]")):
+        p = attention_problem(**kw)
+        assert s.why_chosen(p, s.choose(p)).startswith(table), kw

@@ -533,6 +533,10 @@ def why_chosen(p, cfg: Sm90AttnConfig) -> str:
     if cfg.name == three_consumers(p):
         return (f"THREE_CONSUMERS[{p.head_dim}]: {cfg.block_m} x {cfg.block_n} tiles, enough "
                 "of them to fill the GPU")
+    long_tiles = LONG_KEY_TILES.get(p.head_dim)
+    if long_tiles and cfg.name == long_tiles[0] and cfg is choose(p):
+        return (f"LONG_KEY_TILES[{p.head_dim}]: {cfg.block_m} x {cfg.block_n} tiles, not causal, "
+                f"seqlen_k >= {long_tiles[1]}")
     which = "DEFAULT_TMA" if TMA_BY_DEFAULT else "DEFAULT"
     forced = p.head_dim not in DEFAULT_HEAD_DIMS
     return (f"{which}[{p.head_dim}]: {cfg.block_m} x {cfg.block_n} tiles, {cfg.stages} stages"
