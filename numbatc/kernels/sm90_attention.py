@@ -365,6 +365,16 @@ def three_consumers(p):
     return rule.config if tiles >= waves * gpus.sm_count(p.cc, p.device) else None
 
 
+def long_key_tiles(p):
+    """:data:`LONG_KEY_TILES`' configuration name for problem ``p`` where it applies (the head
+    dim has one, no causal mask, varlen or KV cache, seqlen_k reaching its least), else None."""
+    long_tiles = LONG_KEY_TILES.get(p.head_dim)
+    if (TMA_BY_DEFAULT and long_tiles and not p.causal and not p.varlen and not p.kv_cache
+            and p.seqlen_k >= long_tiles[1]):
+        return long_tiles[0]
+    return None
+
+
 def check_fits(cfg: Sm90AttnConfig, head_dim: int):
     nbytes = shared_bytes(cfg, head_dim) + _STATIC_SHARED
     if nbytes > _SHARED_MAX:
@@ -533,10 +543,9 @@ def why_chosen(p, cfg: Sm90AttnConfig) -> str:
     if cfg.name == three_consumers(p):
         return (f"THREE_CONSUMERS[{p.head_dim}]: {cfg.block_m} x {cfg.block_n} tiles, enough "
                 "of them to fill the GPU")
-    long_tiles = LONG_KEY_TILES.get(p.head_dim)
-    if long_tiles and cfg.name == long_tiles[0] and cfg is choose(p):
+    if cfg.name == long_key_tiles(p):
         return (f"LONG_KEY_TILES[{p.head_dim}]: {cfg.block_m} x {cfg.block_n} tiles, not causal, "
-                f"seqlen_k >= {long_tiles[1]}")
+                f"seqlen_k >= {LONG_KEY_TILES[p.head_dim][1]}")
     which = "DEFAULT_TMA" if TMA_BY_DEFAULT else "DEFAULT"
     forced = p.head_dim not in DEFAULT_HEAD_DIMS
     return (f"{which}[{p.head_dim}]: {cfg.block_m} x {cfg.block_n} tiles, {cfg.stages} stages"
@@ -546,8 +555,7 @@ def why_chosen(p, cfg: Sm90AttnConfig) -> str:
 
 def choose(p, name=None):
     """The configuration for problem ``p`` (``name``: one of CONFIGS, forced; else
-    :func:`three_consumers`' where it applies, else :data:`LONG_KEY_TILES`' where the head dim
-    has them, the problem is not causal and seqlen_k reaches theirs, else
+    :func:`three_consumers`' where it applies, else :func:`long_key_tiles`', else
     :func:`choose_config`'s for its head dim).  A TMA one runs as
     its cp.async twin where no tensor map describes the operands: :func:`compiled` names the
     configuration that runs, and :func:`launch` says why under NUMBATC_PRINT_CONFIG
@@ -563,14 +571,8 @@ def choose(p, name=None):
                          "variant; choose a configuration without _pt")
     if name:
         return CONFIGS[name]
-    three = three_consumers(p)
-    if three:
-        return CONFIGS[three]
-    long_tiles = LONG_KEY_TILES.get(p.head_dim)
-    if (TMA_BY_DEFAULT and long_tiles and not p.causal and not p.varlen and not p.kv_cache
-            and p.seqlen_k >= long_tiles[1]):
-        return CONFIGS[long_tiles[0]]
-    return choose_config(p.head_dim)
+    rule = three_consumers(p) or long_key_tiles(p)
+    return CONFIGS[rule] if rule else choose_config(p.head_dim)
 
 
 def compiled(p, cfg: Sm90AttnConfig):

@@ -20,6 +20,7 @@ stores, O by TMA where the head dim has it); ``sm80:<config>``: the portable GEM
 included), nvvm_ptx NVVM's, link_cubin the assembly of the PTX (nvJitLink).
 """
 
+import contextlib
 import importlib
 import json
 import os
@@ -88,23 +89,33 @@ def one(name, profile=None, ptx=None):
         return _decode(name, precompile, cc, times, profile)
     family, cfg, var = _variant(name)
     start = time.perf_counter()
-    if profile:
-        import cProfile
-
-        prof = cProfile.Profile()
-        prof.enable()
-    kernel, sig = precompile._kernel_and_signature(family, cfg, var)
-    times["source+import"] = time.perf_counter() - start
-    with precompile._target(cc):
-        compiled = launching.compile_kernel(kernel, sig)
-    if profile:
-        prof.disable()
-        prof.dump_stats(profile)
+    with _profiled(profile):
+        kernel, sig = precompile._kernel_and_signature(family, cfg, var)
+        times["source+import"] = time.perf_counter() - start
+        with precompile._target(cc):
+            compiled = launching.compile_kernel(kernel, sig)
     times["total"] = time.perf_counter() - start
     if ptx:
         with open(ptx, "w") as f:
             f.write(compiled._codelibrary.get_asm_str(cc=cc))
     return {k: round(v, 3) for k, v in times.items()}
+
+
+@contextlib.contextmanager
+def _profiled(profile):
+    """cProfile around the block into file ``profile`` (None: no profile)."""
+    if not profile:
+        yield
+        return
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        prof.dump_stats(profile)
 
 
 def _backward(name, precompile, cc, times):
@@ -137,26 +148,17 @@ def _decode(name, precompile, cc, times, profile=None):
     from numbatc.attention_api import AttentionProblem
     from numbatc.kernels import sm80_decode_attention as decode
 
-    from intrinsics import launch as launching
-
     parts = name.split(":")
     d, causal = int(parts[1]), "causal" in parts
     p = AttentionProblem.contiguous(8, 1, 4096, 32, 8, d, causal=causal, dtype="bfloat16",
                                     cc=cc, ptr=1 << 20)
     start = time.perf_counter()
-    if profile:
-        import cProfile
-
-        prof = cProfile.Profile()
-        prof.enable()
-    cfg, var = decode.compiled(p, decode.choose(p))
-    kernels = decode.precompile_kernels(cfg, var)
-    times["source+import"] = time.perf_counter() - start
-    with precompile._target(cc):
-        launching.compile_kernels(kernels)  # NUMBATC_SERIAL_LINK=1: one after the other
-    if profile:
-        prof.disable()
-        prof.dump_stats(profile)
+    with _profiled(profile):
+        cfg, var = decode.compiled(p, decode.choose(p))
+        decode.precompile_kernels(cfg, var)  # the kernels' sources
+        times["source+import"] = time.perf_counter() - start
+        with precompile._target(cc):
+            decode.compile_first(cfg, var)  # NUMBATC_SERIAL_LINK=1: one after the other
     times["total"] = time.perf_counter() - start
     times["config"] = cfg.name
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in times.items()}
