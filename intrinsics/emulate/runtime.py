@@ -372,7 +372,10 @@ class Launch:
             self._try_complete(meeting)
             return
         gone = [m for m in meeting.members if m not in meeting.values and m.finished]
-        if gone:
+        # only once no member may still call it: a lane that is merely slower than the ones
+        # that exited must not be reported missing (the report would depend on the thread
+        # timing); a member blocked elsewhere for good is the deadlock detector's to report
+        if gone and all(m in meeting.values or m.finished for m in meeting.members):
             called = _ranges(sorted(m.lane for m in meeting.values))
             missing = _ranges(sorted(m.lane for m in meeting.members if m not in meeting.values))
             raise EmulationError(
