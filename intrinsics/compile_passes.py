@@ -274,18 +274,120 @@ def _memo_get_call_type(original):
     return get_call_type
 
 
+def _undefined_omitted(original):
+    # lower_binop tries the operator's static form with each operand's compile-time value,
+    # ir.UNDEFINED for an operand that has none (nearly all of them), four times per binop; it
+    # discards any try with an UNDEFINED operand, but first builds the try's types through
+    # _lit_or_omitted, where types.literal(UNDEFINED) raises and formats a LiteralTypingError
+    # that _lit_or_omitted catches to answer Omitted(UNDEFINED).  The same answer, without it.
+    from numba.cuda import types
+    from numba.cuda.core import ir
+
+    def lit_or_omitted(value):
+        if value is ir.UNDEFINED:
+            return types.Omitted(value)
+        return original(value)
+
+    return lit_or_omitted
+
+
+class _PlainErrorText:
+    """numba's error-message colour scheme for errors made and caught inside a compile: the
+    message as it is.  numba's own, where colorama is installed, wraps every message (the
+    "no_color" theme too: bold, then a reset) in colorama's init / deinit, which rewrap
+    sys.stdout and sys.stderr each time; a kernel's typing and lowering raise and catch a few
+    thousand such errors (template searches, constant inference, literal types)."""
+
+    def _same(self, msg):
+        return msg
+
+    code = errmsg = filename = indicate = highlight = reset = _same
+
+
+def _plain_error_text():
+    """Swap numba's (and numba-cuda's) error colour scheme for :class:`_PlainErrorText` where
+    the configured theme is "no_color"; returns the undo."""
+    from numba.core import config
+    from numba.core import errors as core_errors
+    from numba.cuda.core import errors as cuda_errors
+
+    if getattr(config, "COLOR_SCHEME", "no_color") != "no_color":
+        return lambda: None
+    modules = [m for m in (core_errors, cuda_errors) if hasattr(m, "_termcolor_inst")]
+    saved = [(m, m._termcolor_inst) for m in modules]
+    for m in modules:
+        m._termcolor_inst = _PlainErrorText()
+
+    def undo():
+        for m, inst in saved:
+            m._termcolor_inst = inst
+
+    return undo
+
+
+def _nothing_to_inline(func_ir):
+    """True where numba's InlineClosureCallPass has nothing to do in ``func_ir``: it inlines
+    closures (a ``make_function``), ``reduce`` calls and list comprehensions that build arrays
+    (a ``build_list``), and none of these occur."""
+    from numba.cuda.core import ir
+
+    for blk in func_ir.blocks.values():
+        for stmt in blk.body:
+            value = getattr(stmt, "value", None)
+            if isinstance(value, ir.Expr):
+                if value.op in ("make_function", "build_list"):
+                    return False
+                if value.op == "getattr" and value.attr == "reduce":
+                    return False
+            elif isinstance(value, (ir.Global, ir.FreeVar)):
+                if value.name == "reduce" or value.value is functools.reduce:
+                    return False
+    return True
+
+
+def _lean_inline_closure_likes(original):
+    # numba's InlineClosureLikes pass runs InlineClosureCallPass -- a full liveness analysis
+    # with ir.Del statements inserted and removed again, and a walk over every statement and
+    # loop -- then a second liveness analysis (PostProcessor) and fixup_var_define_in_scope.
+    # numbatc's kernels have nothing it inlines (:func:`_nothing_to_inline`); for them the
+    # pass is its second half, whose canonical CFG and lifetimes are what the first half
+    # leaves too.
+    from numba.cuda.core import postproc
+    from numba.cuda.core.ir_utils import fixup_var_define_in_scope
+
+    def run_pass(self, state):
+        if not _nothing_to_inline(state.func_ir):
+            return original(self, state)
+        postproc.PostProcessor(state.func_ir).run()
+        fixup_var_define_in_scope(state.func_ir.blocks)
+        return True
+
+    return run_pass
+
+
 def _install_memos():
     from numba.core.types import functions
+    from numba.cuda import lowering
+    from numba.cuda.core import untyped_passes
     from numba.cuda.typing import context
 
     get_call_type = functions.BaseFunction.__dict__["get_call_type"]
     resolve = context.BaseContext.__dict__["resolve_value_type"]
+    lit_or_omitted = lowering._lit_or_omitted
     functions.BaseFunction.get_call_type = _memo_get_call_type(get_call_type)
     context.BaseContext.resolve_value_type = _memo_resolve_value_type(resolve)
+    lowering._lit_or_omitted = _undefined_omitted(lit_or_omitted)
+    plain_undo = _plain_error_text()
+    inline_pass = untyped_passes.InlineClosureLikes
+    inline_run = inline_pass.__dict__["run_pass"]
+    inline_pass.run_pass = _lean_inline_closure_likes(inline_run)
 
     def undo():
+        plain_undo()
+        inline_pass.run_pass = inline_run
         functions.BaseFunction.get_call_type = get_call_type
         context.BaseContext.resolve_value_type = resolve
+        lowering._lit_or_omitted = lit_or_omitted
         _MEMO.clear()
         _VALUE_MEMO.clear()
 
@@ -300,8 +402,11 @@ def memo_call_types():
     """Within the block, numba's ``BaseFunction.get_call_type`` (the template search behind
     every operator, intrinsic and numpy function call a kernel makes) answers a repeated
     (function, typing context, argument types) from the first answer, and the typing context's
-    ``resolve_value_type`` a repeated global or constant; the memos are dropped when the last
-    block leaves.  ``NUMBATC_NUMBA_MEMO=1`` turns them off."""
+    ``resolve_value_type`` a repeated global or constant, lowering's static-operand types of a
+    binop skip a raised error (:func:`_undefined_omitted`), the errors numba raises and
+    catches while it compiles keep their text uncoloured (:class:`_PlainErrorText`), and the
+    closure-inlining pass runs only its second half where nothing is to be inlined
+    (:func:`_lean_inline_closure_likes`); the memos are dropped when the last block leaves.  ``NUMBATC_NUMBA_MEMO=1`` turns them off."""
     if os.environ.get("NUMBATC_NUMBA_MEMO"):
         yield
         return

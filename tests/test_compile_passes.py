@@ -152,6 +152,7 @@ def test_memo_gives_the_same_ptx_and_comes_off():
     Inside the block the memo answers repeated questions (far fewer template searches than
     calls); after it, numba's own methods are back and the memo is empty."""
     from numba.core.types import functions
+    from numba.cuda import lowering
     from numba.cuda.typing import context
 
     from intrinsics.toolchain import compile_ptx
@@ -159,6 +160,7 @@ def test_memo_gives_the_same_ptx_and_comes_off():
     kernel, sig, cfg = _gemm_kernel("64x128x64_6s_w1_tma_ts")
     before = (functions.BaseFunction.__dict__["get_call_type"],
               context.BaseContext.__dict__["resolve_value_type"])
+    lit_or_omitted = lowering._lit_or_omitted
     plain = compile_ptx(kernel.py_func, sig, "sm_90a", launch_bounds=(cfg.threads, 1))
     calls = [0]
     original = functions.BaseFunction.get_call_type
@@ -178,9 +180,32 @@ def test_memo_gives_the_same_ptx_and_comes_off():
         functions.BaseFunction.get_call_type = original
     assert (functions.BaseFunction.__dict__["get_call_type"],
             context.BaseContext.__dict__["resolve_value_type"]) == before
+    assert lowering._lit_or_omitted is lit_or_omitted
     assert not compile_passes._MEMO and not compile_passes._VALUE_MEMO
     assert _normalise(memo) == _normalise(plain)
     assert 0 < calls[0] < 1000  # template searches behind thousands of calls
+
+
+def test_binop_static_types_and_error_text():
+    """Inside the block: lowering's static-operand types are numba's own answers (Omitted for an
+    operand with no compile-time value, a literal for one with), and errors numba makes keep
+    their text as it is (no colour codes); after it numba's colour scheme is back."""
+    from numba.core import errors as core_errors
+    from numba.cuda import lowering
+    from numba.cuda.core import errors as cuda_errors
+    from numba.cuda.core import ir
+
+    original = lowering._lit_or_omitted
+    schemes = (core_errors.termcolor(), cuda_errors.termcolor())
+    with compile_passes.memo_call_types():
+        for value in (ir.UNDEFINED, 3, 2.5, "s"):
+            assert lowering._lit_or_omitted(value) == original(value)
+        assert lowering._lit_or_omitted is not original
+        assert core_errors.TypingError("bad input").msg == "bad input"
+        assert "bad input" in str(cuda_errors.TypingError("bad input"))
+        assert "\x1b" not in str(core_errors.TypingError("bad input"))
+    assert lowering._lit_or_omitted is original
+    assert (core_errors.termcolor(), cuda_errors.termcolor()) == schemes
 
 
 def test_off_switches(monkeypatch):
