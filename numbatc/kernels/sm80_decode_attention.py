@@ -529,27 +529,29 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
                 for j in range(0, NJ, 2):
                     fb = nt.ldmatrix_x4(smem, kst + kb_row + 8 * j * PE + chunk(2 * ks, kb_sw))
                     for i in range(MI):
-                        a = (qf[(i * KS + ks) * 4], qf[(i * KS + ks) * 4 + 1],
-                             qf[(i * KS + ks) * 4 + 2], qf[(i * KS + ks) * 4 + 3])
-                        mma_into(s_acc, (i * NJ + j) * 4, a, fb[0], fb[1])
-                        mma_into(s_acc, (i * NJ + j + 1) * 4, a, fb[2], fb[3])
+                        qx = (i * KS + ks) * 4
+                        a = (qf[qx], qf[qx + 1], qf[qx + 2], qf[qx + 3])
+                        sx = (i * NJ + j) * 4
+                        mma_into(s_acc, sx, a, fb[0], fb[1])
+                        mma_into(s_acc, sx + 4, a, fb[2], fb[3])
 
             # masks: keys past seqlen_k (the ragged last tile) and past the causal diagonal
             if key0 + KPW > mask_from:
                 for i in range(MI):
                     for j in range(NJ):
+                        col = key0 + 8 * j + tq
+                        sx = (i * NJ + j) * 4
                         for e in range(4):
-                            col = key0 + 8 * j + tq + (e % 2)
-                            if col > lim[2 * i + e // 2]:
-                                s_acc[(i * NJ + j) * 4 + e] = NEG_INF
+                            if col + (e % 2) > lim[2 * i + e // 2]:
+                                s_acc[sx + e] = NEG_INF
 
             # online softmax (log2 domain), rows g and g + 8 of each m16 tile
             for i in range(MI):
                 for h in range(2):
                     mx = NEG_INF
                     for j in range(NJ):
-                        mx = max(mx, max(s_acc[(i * NJ + j) * 4 + 2 * h],
-                                         s_acc[(i * NJ + j) * 4 + 2 * h + 1]))
+                        sx = (i * NJ + j) * 4 + 2 * h
+                        mx = max(mx, max(s_acc[sx], s_acc[sx + 1]))
                     mx = quad_max(mx) * scale_log2
                     m_old = m_run[2 * i + h]
                     m_new = max(m_old, mx)
@@ -558,30 +560,36 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
                     m_run[2 * i + h] = m_new
                     total = ZERO
                     for j in range(NJ):
-                        for e in range(2 * h, 2 * h + 2):
-                            p = math.exp2(s_acc[(i * NJ + j) * 4 + e] * scale_log2 - base)
-                            s_acc[(i * NJ + j) * 4 + e] = p
-                            total += p
+                        sx = (i * NJ + j) * 4 + 2 * h
+                        p = math.exp2(s_acc[sx] * scale_log2 - base)
+                        s_acc[sx] = p
+                        total += p
+                        p = math.exp2(s_acc[sx + 1] * scale_log2 - base)
+                        s_acc[sx + 1] = p
+                        total += p
                     l_run[2 * i + h] = l_run[2 * i + h] * alpha + total
                     for d in range(ND):
-                        o_acc[(i * ND + d) * 4 + 2 * h] *= alpha
-                        o_acc[(i * ND + d) * 4 + 2 * h + 1] *= alpha
+                        ox = (i * ND + d) * 4 + 2 * h
+                        o_acc[ox] *= alpha
+                        o_acc[ox + 1] *= alpha
                 # P as A fragments: S tiles 2c and 2c + 1 make the k16 step c
                 for c in range(KK):
                     for half in range(2):
                         sj = (i * NJ + 2 * c + half) * 4
-                        pa[(i * KK + c) * 4 + 2 * half] = pack(s_acc[sj], s_acc[sj + 1])
-                        pa[(i * KK + c) * 4 + 2 * half + 1] = pack(s_acc[sj + 2], s_acc[sj + 3])
+                        px = (i * KK + c) * 4 + 2 * half
+                        pa[px] = pack(s_acc[sj], s_acc[sj + 1])
+                        pa[px + 1] = pack(s_acc[sj + 2], s_acc[sj + 3])
 
             # O += P V
             for c in range(KK):
                 for d in range(0, ND, 2):
                     fb = nt.ldmatrix_x4_trans(smem, vst + vb_row + 16 * c * PE + chunk(d, vb_sw))
                     for i in range(MI):
-                        a = (pa[(i * KK + c) * 4], pa[(i * KK + c) * 4 + 1],
-                             pa[(i * KK + c) * 4 + 2], pa[(i * KK + c) * 4 + 3])
-                        mma_into(o_acc, (i * ND + d) * 4, a, fb[0], fb[1])
-                        mma_into(o_acc, (i * ND + d + 1) * 4, a, fb[2], fb[3])
+                        px = (i * KK + c) * 4
+                        a = (pa[px], pa[px + 1], pa[px + 2], pa[px + 3])
+                        ox = (i * ND + d) * 4
+                        mma_into(o_acc, ox, a, fb[0], fb[1])
+                        mma_into(o_acc, ox + 4, a, fb[2], fb[3])
 
             st = st + 1 if st + 1 < STAGES else 0
             fill = fill + 1 if fill + 1 < STAGES else 0
@@ -600,10 +608,11 @@ def make_split_body(cfg: DecodeConfig, var: DecodeVariant):
                     if tq == 0:
                         ws_lse[at] = (m_run[2 * i + h] + math.log2(l_row) if l_row > ZERO
                                       else NEG_INF)
+                    w = at * D + tq
                     for d in range(D // 8):
                         x = (i * ND + d) * 4 + 2 * h
-                        ws_o[at * D + 8 * d + tq] = o_acc[x] * inv
-                        ws_o[at * D + 8 * d + tq + 1] = o_acc[x + 1] * inv
+                        ws_o[w + 8 * d] = o_acc[x] * inv
+                        ws_o[w + 8 * d + 1] = o_acc[x + 1] * inv
 
     if KV:
         return body
