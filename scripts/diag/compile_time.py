@@ -20,7 +20,6 @@ stores, O by TMA where the head dim has it); ``sm80:<config>``: the portable GEM
 included), nvvm_ptx NVVM's, link_cubin the assembly of the PTX (nvJitLink).
 """
 
-import contextlib
 import importlib
 import json
 import os
@@ -89,7 +88,7 @@ def one(name, profile=None, ptx=None):
         return _decode(name, precompile, cc, times, profile)
     family, cfg, var = _variant(name)
     start = time.perf_counter()
-    with _profiled(profile):
+    with first_call.profiled(profile):
         kernel, sig = precompile._kernel_and_signature(family, cfg, var)
         times["source+import"] = time.perf_counter() - start
         with precompile._target(cc):
@@ -99,23 +98,6 @@ def one(name, profile=None, ptx=None):
         with open(ptx, "w") as f:
             f.write(compiled._codelibrary.get_asm_str(cc=cc))
     return {k: round(v, 3) for k, v in times.items()}
-
-
-@contextlib.contextmanager
-def _profiled(profile):
-    """cProfile around the block into file ``profile`` (None: no profile)."""
-    if not profile:
-        yield
-        return
-    import cProfile
-
-    prof = cProfile.Profile()
-    prof.enable()
-    try:
-        yield
-    finally:
-        prof.disable()
-        prof.dump_stats(profile)
 
 
 def _backward(name, precompile, cc, times):
@@ -153,7 +135,7 @@ def _decode(name, precompile, cc, times, profile=None):
     p = AttentionProblem.contiguous(8, 1, 4096, 32, 8, d, causal=causal, dtype="bfloat16",
                                     cc=cc, ptr=1 << 20)
     start = time.perf_counter()
-    with _profiled(profile):
+    with first_call.profiled(profile):
         cfg, var = decode.compiled(p, decode.choose(p))
         decode.precompile_kernels(cfg, var)  # the kernels' sources
         times["source+import"] = time.perf_counter() - start

@@ -17,7 +17,9 @@ right) and by ``python -m numbatc precompile`` on the GPU itself.  Tried here un
 simulator only (NUMBA_ENABLE_CUDASIM=1: no compiler phases to time).
 """
 
+import contextlib
 import json
+import os
 import sys
 import time
 
@@ -120,6 +122,34 @@ def main(shapes):
                           "rel_err": err}), flush=True)
 
 
+@contextlib.contextmanager
+def profiled(path):
+    """cProfile around the block into file ``path`` (None: no profile)."""
+    if not path:
+        yield
+        return
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        prof.dump_stats(path)
+
+
+def _profile_path(spec):
+    """``$FIRST_CALL_PROFILE/<spec>.prof`` where that variable names a folder (on the GPU host,
+    whose first calls run longer than the CPU host's compiles of the same kernels: what else
+    they spend it on), else None."""
+    folder = os.environ.get("FIRST_CALL_PROFILE")
+    if not folder:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, spec.replace(":", "_") + ".prof")
+
+
 def first_attention(spec, rng, numbatc):
     from numba import cuda
 
@@ -143,10 +173,11 @@ def first_attention(spec, rng, numbatc):
 
     dispatch.choose_attention = recording
     T.clear()
-    t = time.perf_counter()
-    out = numbatc.attention(q, k, v, causal=causal)
-    cuda.synchronize()
-    first = time.perf_counter() - t
+    with profiled(_profile_path(spec)):
+        t = time.perf_counter()
+        out = numbatc.attention(q, k, v, causal=causal)
+        cuda.synchronize()
+        first = time.perf_counter() - t
     t = time.perf_counter()
     numbatc.attention(q, k, v, causal=causal)
     cuda.synchronize()
