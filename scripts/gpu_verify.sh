@@ -121,14 +121,13 @@
 #              testlogs.txt), the attention backward's first calls, compiled together and
 #              one after another (first_call.txt), then one round of sm80stage's three
 #              configurations (bench80.txt); PENDING_ROUNDS (default 1)
-#   survey     the twenty-first session's first round: SURVEY_PART=attn: bench attention --shapes
-#              hd128 and large on the default walk (attn_all.txt); SURVEY_PART=ab:
-#              scripts/diag/attn_cfg_ab.py of the persistent and 176-key configurations on short
-#              and causal shapes (ab.txt), one Nsight Compute report of head_dim 128's default
-#              (profile_attn128*); SURVEY_PART=gemm:
-#              the bf16 shape table (table_bfloat16.*), flash-decoding's cold first calls
-#              (first_call.txt, one under cProfile: first_call_profile/) and the warm GEMM's host
-#              path against torch.matmul (host_overhead.txt)
+#   survey     the twenty-first session's round (SURVEY_PART, default one = firstcall + ab):
+#              firstcall: flash-decoding's cold first calls (first_call.txt, one under cProfile:
+#              first_call_profile/) and the warm GEMM's host path against torch.matmul
+#              (host_overhead.txt); ab: scripts/diag/attn_cfg_ab.py of the persistent, 176-key
+#              and 3-stage configurations on short and causal shapes (ab.txt) and one Nsight
+#              Compute report of head_dim 128's default (profile_attn128*); attn: bench attention
+#              --shapes hd128 and large (attn_all.txt); table: the bf16 GEMM shape table
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
 source "$(dirname "$0")/gpu_common.sh"
 what=${1:-api}
@@ -720,25 +719,14 @@ if [[ $what == pending ]]; then
 fi
 
 if [[ $what == survey ]]; then
-  part=${SURVEY_PART:-attn}
+  part=${SURVEY_PART:-one}
   if [[ $part == attn ]]; then
     for shapes in hd128 large; do
       t 200 $py -m numbatc.bench attention --shapes $shapes
     done > "$out/attn_all.txt"
-  elif [[ $part == ab ]]; then
-    ( echo "== hd64: the persistent configuration on short and causal shapes"
-      t 120 $py scripts/diag/attn_cfg_ab.py --cfgs default,n128_2s_ov_pp_fx_tma,n128_2s_ov_pp_fx_tma_pt \
-        16x1024x1024x32x32x64c 32x512x512x32x32x64c 8x2048x2048x32x32x64c 16x1024x1024x32x32x64 \
-        64x256x256x32x32x64 2x1024x1024x16x16x64c
-      echo "== hd128"
-      t 150 $py scripts/diag/attn_cfg_ab.py --cfgs default,n176_2s_ov_pp_fx_tma,n128_3s_ov_pp_fx_tma,n128_2s_ov_pp_fx_tma_pt \
-        16x1024x1024x16x16x128c 16x1024x1024x16x16x128 4x4096x4096x16x16x128c 4x4096x4096x16x16x128 \
-        32x512x512x16x16x128c 1x16384x16384x16x16x128c
-    ) > "$out/ab.txt" 2>&1
-    PROFILE_TAG=_attn128 PROFILE_LIMIT=150 PROFILE_CODE="q = torch.randn(4, 4096, 16, 128, device='cuda', dtype=torch.bfloat16); numbatc.attention(q, q, q)" \
-      bash "$0" profile
-  else
-    TABLE_LIMIT=400 bash "$0" table
+  fi
+  if [[ $part == table ]]; then TABLE_LIMIT=400 bash "$0" table; fi
+  if [[ $part == one || $part == firstcall ]]; then
     ( for i in 1 2; do
         NUMBATC_CACHE_DIR=/tmp/fc-decode-$i CUDA_CACHE_DISABLE=1 t 60 $py scripts/diag/first_call.py \
           attn:1x1x8192x32x8x128
@@ -747,10 +735,24 @@ if [[ $what == survey ]]; then
       FIRST_CALL_PROFILE="$out/first_call_profile" NUMBATC_CACHE_DIR=/tmp/fc-decode-p \
         CUDA_CACHE_DISABLE=1 t 90 $py scripts/diag/first_call.py attn:1x1x8192x32x8x128
       echo "== compile_time.py decode:128 on this host"
-      t 90 $py scripts/diag/compile_time.py decode:128 --repeat 2
+      t 60 $py scripts/diag/compile_time.py decode:128 --repeat 2
     ) > "$out/first_call.txt" 2>&1
     for shape in 64,2048,2048 16,4096,4096 1,8192,8192; do
-      t 60 $py scripts/host_overhead.py --shape $shape --libs torch
+      t 40 $py scripts/host_overhead.py --shape $shape --libs torch
     done > "$out/host_overhead.txt"
   fi
+  if [[ $part == one || $part == ab ]]; then
+    ( echo "== hd64: the persistent configuration on short and causal shapes"
+      t 110 $py scripts/diag/attn_cfg_ab.py --cfgs default,n128_2s_ov_pp_fx_tma,n128_2s_ov_pp_fx_tma_pt \
+        16x1024x1024x32x32x64c 32x512x512x32x32x64c 8x2048x2048x32x32x64c 16x1024x1024x32x32x64 \
+        64x256x256x32x32x64 2x1024x1024x16x16x64c
+      echo "== hd128"
+      t 130 $py scripts/diag/attn_cfg_ab.py --cfgs default,n176_2s_ov_pp_fx_tma,n128_3s_ov_pp_fx_tma,n128_2s_ov_pp_fx_tma_pt \
+        16x1024x1024x16x16x128c 16x1024x1024x16x16x128 4x4096x4096x16x16x128c 4x4096x4096x16x16x128 \
+        32x512x512x16x16x128c 1x16384x16384x16x16x128c
+    ) > "$out/ab.txt" 2>&1
+    PROFILE_TAG=_attn128 PROFILE_LIMIT=100 PROFILE_CODE="q = torch.randn(4, 4096, 16, 128, device='cuda', dtype=torch.bfloat16); numbatc.attention(q, q, q)" \
+      bash "$0" profile
+  fi
+  echo "[survey $part done at $((SECONDS - start)) s]" >> "$out/first_call.txt"
 fi
