@@ -345,6 +345,19 @@ def _nothing_to_inline(func_ir):
     return True
 
 
+#: sha256[:16] of numba-cuda's InlineClosureLikes.run_pass and InlineClosureCallPass.run sources
+#: that :func:`_lean_inline_closure_likes`' shortcut was checked against (numba-cuda 0.30.x)
+_KNOWN_INLINE_SOURCES = {"f8a9b6156db234b3"}
+
+
+def _inline_source_hash():
+    from numba.cuda.core import inline_closurecall, untyped_passes
+
+    src = (inspect.getsource(untyped_passes.InlineClosureLikes.run_pass)
+           + inspect.getsource(inline_closurecall.InlineClosureCallPass.run))
+    return hashlib.sha256(src.encode()).hexdigest()[:16]
+
+
 def _lean_inline_closure_likes(original):
     # numba's InlineClosureLikes pass runs InlineClosureCallPass -- a full liveness analysis
     # with ir.Del statements inserted and removed again, and a walk over every statement and
@@ -380,7 +393,12 @@ def _install_memos():
     plain_undo = _plain_error_text()
     inline_pass = untyped_passes.InlineClosureLikes
     inline_run = inline_pass.__dict__["run_pass"]
-    inline_pass.run_pass = _lean_inline_closure_likes(inline_run)
+    try:  # another numba-cuda's pass may do more than the shortcut knows: it keeps its own
+        lean = _inline_source_hash() in _KNOWN_INLINE_SOURCES
+    except Exception:
+        lean = False
+    if lean:
+        inline_pass.run_pass = _lean_inline_closure_likes(inline_run)
 
     def undo():
         plain_undo()
@@ -406,7 +424,9 @@ def memo_call_types():
     binop skip a raised error (:func:`_undefined_omitted`), the errors numba raises and
     catches while it compiles keep their text uncoloured (:class:`_PlainErrorText`), and the
     closure-inlining pass runs only its second half where nothing is to be inlined
-    (:func:`_lean_inline_closure_likes`); the memos are dropped when the last block leaves.  ``NUMBATC_NUMBA_MEMO=1`` turns them off."""
+    (:func:`_lean_inline_closure_likes`, for the numba-cuda source it was checked against);
+    the memos are dropped when the last block leaves.  ``NUMBATC_NUMBA_MEMO=1`` turns them
+    off."""
     if os.environ.get("NUMBATC_NUMBA_MEMO"):
         yield
         return
