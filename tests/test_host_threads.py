@@ -7,6 +7,7 @@ directory, so that the races it guards against (two threads' temporary files, tw
 kernel, two fills of numba's device list) are hit, not hoped for."""
 
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ import time
 
 import pytest
 
+import numbatc
 from numbatc.kernels import build
 
 THREADS = 8
@@ -158,7 +160,10 @@ _PROCESS = textwrap.dedent("""
 def test_two_processes_fill_one_cache_directory(tmp_path):
     """Two processes, each with 8 threads, fill one NUMBATC_CACHE_DIR with the same 40 kernels
     at once: both succeed and the directory holds each kernel once, whole."""
-    env = dict(os.environ, NUMBATC_CACHE_DIR=str(tmp_path / "shared"))
+    # the children import the numbatc under test (this checkout), not whichever one is installed
+    here = str(pathlib.Path(numbatc.__file__).resolve().parents[1])
+    path = os.pathsep.join([here] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    env = dict(os.environ, NUMBATC_CACHE_DIR=str(tmp_path / "shared"), PYTHONPATH=path)
     script = tmp_path / "fill.py"
     script.write_text(_PROCESS)
     start = time.time() + 3.0  # both interpreters up by then
