@@ -16,8 +16,9 @@ import time
 
 import pytest
 
-import numbatc
 from numbatc.kernels import build
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 THREADS = 8
 ROUNDS = 12
@@ -160,9 +161,8 @@ _PROCESS = textwrap.dedent("""
 def test_two_processes_fill_one_cache_directory(tmp_path):
     """Two processes, each with 8 threads, fill one NUMBATC_CACHE_DIR with the same 40 kernels
     at once: both succeed and the directory holds each kernel once, whole."""
-    # the children import the numbatc under test (this checkout), not whichever one is installed
-    here = str(pathlib.Path(numbatc.__file__).resolve().parents[1])
-    path = os.pathsep.join([here] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    # the children import this checkout's numbatc, not whichever one is installed
+    path = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     env = dict(os.environ, NUMBATC_CACHE_DIR=str(tmp_path / "shared"), PYTHONPATH=path)
     script = tmp_path / "fill.py"
     script.write_text(_PROCESS)
