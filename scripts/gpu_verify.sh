@@ -128,10 +128,32 @@
 #              and 3-stage configurations on short and causal shapes (ab.txt) and one Nsight
 #              Compute report of head_dim 128's default (profile_attn128*); attn: bench attention
 #              --shapes hd128 and large (attn_all.txt); table: the bf16 GEMM shape table
+#   rescale    the twenty-third session's round: the rescale_before_pv (_rb) configurations'
+#              GPU tests in shards (tests.txt, testlogs.txt) beside compute-sanitizer memcheck /
+#              racecheck / synccheck of them (sanitize.txt), then attn_cfg_ab.py of them against
+#              the defaults at head_dim 256, 192, 128 and 64 (ab.txt)
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
 source "$(dirname "$0")/gpu_common.sh"
 what=${1:-api}
 here=$(dirname "$0")
+
+# shards_and_sanitizer NAME "TESTS" [tool:kind ...]: shards of GPU tests (SHARDS_K: a pytest
+# -k expression; SHARDS, SHARDS_TIMEOUT) beside compute-sanitizer on the tool:kind cases, into
+# tests.txt, testlogs.txt and sanitize.txt
+shards_and_sanitizer() { local name=$1 tests=$2; shift 2
+  $py scripts/pytest_shards.py --shards ${SHARDS:-12} --timeout ${SHARDS_TIMEOUT:-300} \
+    --out /tmp/shards_$name $tests -- --tb=short ${SHARDS_K:+-k "$SHARDS_K"} \
+    > /tmp/${name}_tests.txt 2>&1 &
+  { for case in "$@"; do
+      set -- ${case/:/ }
+      echo "== $1 $2"
+      t ${SANITIZE_LIMIT:-120} compute-sanitizer --tool $1 --report-api-errors no --print-limit 5 \
+        $py scripts/sanitize_cases.py $2 | grep -vE "^\s*$" | tail -8
+    done; } > "$out/sanitize.txt" 2>&1 &
+  wait
+  { cat /tmp/${name}_tests.txt; echo "[tests done at $((SECONDS - start)) s]"; } > "$out/tests.txt"
+  for f in /tmp/shards_$name/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
+}
 
 # staged_rounds N: the portable GEMM's default large tile and its two untimed twins (the staged
 # epilogue, the late refill) forced in turn, N rounds, the order rotated each round
@@ -557,25 +579,11 @@ if [[ $what == profile ]]; then
 fi
 
 if [[ $what == code90 ]]; then
-  # shards of GPU tests (name, tests) beside compute-sanitizer on tool:kind cases, into
-  # tests.txt, testlogs.txt and sanitize.txt
-  shards_and_sanitizer() { local name=$1 tests=$2; shift 2
-    $py scripts/pytest_shards.py --shards ${CODE90_SHARDS:-12} --timeout ${CODE90_TIMEOUT:-300} \
-      --out /tmp/shards_$name $tests -- --tb=short > /tmp/${name}_tests.txt 2>&1 &
-    { for case in "$@"; do
-        set -- ${case/:/ }
-        echo "== $1 $2"
-        t 120 compute-sanitizer --tool $1 --report-api-errors no --print-limit 5 \
-          $py scripts/sanitize_cases.py $2 | grep -vE "^\s*$" | tail -6
-      done; } > "$out/sanitize.txt" 2>&1 &
-    wait
-    { cat /tmp/${name}_tests.txt; echo "[tests done at $((SECONDS - start)) s]"; } > "$out/tests.txt"
-    for f in /tmp/shards_$name/*.log; do echo "=== $f"; cat "$f"; done > "$out/testlogs.txt"
-  }
   # each benchmark on both trees back to back, so that both see the same GPU state
   run() { local tree=$1 limit=$2; shift 2
     if [[ $tree == base ]]; then PYTHONPATH=$PWD/.gpu/base:$PYTHONPATH t $limit "$@"; else t $limit "$@"; fi; }
   part=${CODE90_PART:-tests}
+  SHARDS=${CODE90_SHARDS:-12} SHARDS_TIMEOUT=${CODE90_TIMEOUT:-300}
   if [[ $part == attn ]]; then
     shards_and_sanitizer attn "tests/gpu/test_sm90_attention_gpu.py tests/gpu/test_attention_gpu.py" \
       memcheck:attention_sm90 racecheck:attention_sm90
@@ -755,4 +763,26 @@ if [[ $what == survey ]]; then
       bash "$0" profile
   fi
   echo "[survey $part done at $((SECONDS - start)) s]" >> "$out/first_call.txt"
+fi
+
+if [[ $what == rescale ]]; then
+  # the rescale_before_pv configurations (and head_dim 192's overlap without the ping-pong):
+  # their GPU tests in shards beside compute-sanitizer on them, then each against the defaults
+  # in one process (SDPA in the same run) at head_dim 256, 192 and 128
+  SHARDS=8 SHARDS_TIMEOUT=250 SHARDS_K="rb_fx or n112_2s_ov_fx_tma" SANITIZE_LIMIT=150 \
+    shards_and_sanitizer rb tests/gpu/test_sm90_attention_gpu.py memcheck:attention_sm90_rb \
+    racecheck:attention_sm90_rb synccheck:attention_sm90_rb
+  ( echo "== hd256"
+    t 150 $py scripts/diag/attn_cfg_ab.py --cfgs default,n80_2s_ov_fx_tma,n80_2s_ov_rb_fx_tma,n80_2s_ov_pp_rb_fx_tma \
+      16x1024x1024x8x8x256 16x1024x1024x8x8x256c 4x4096x4096x8x8x256 4x4096x4096x8x8x256c \
+      1x16384x16384x8x8x256c
+    echo "== hd192"
+    t 150 $py scripts/diag/attn_cfg_ab.py --cfgs default,n112_2s_ov_fx_tma,n112_2s_ov_rb_fx_tma,n112_2s_ov_pp_rb_fx_tma \
+      16x1024x1024x10x10x192 16x1024x1024x10x10x192c 4x4096x4096x10x10x192 4x4096x4096x10x10x192c \
+      1x16384x16384x10x10x192c
+    echo "== hd128 and hd64"
+    t 120 $py scripts/diag/attn_cfg_ab.py --cfgs default,n128_2s_ov_pp_fx_tma,n128_2s_ov_pp_rb_fx_tma \
+      16x1024x1024x16x16x128 16x1024x1024x16x16x128c 4x4096x4096x16x16x128c 32x512x512x16x16x128c \
+      16x1024x1024x32x32x64c 64x256x256x32x32x64
+  ) > "$out/ab.txt" 2>&1
 fi

@@ -6,7 +6,8 @@
 Kinds: gemm_sm80, gemm_sm90, gemm_sm90_split (split-K forced), gemm_sm90_persistent, gemm_sm90_ts
 (the TMA store epilogue), gemm_fp8, gemm_fp8_block (blockwise scales), attention_sm80, attention_sm90,
 attention_sm90_large (head_dim 96 / 192 / 256 on the Hopper kernel), attention_sm90_m192 (the
-three-consumer configurations forced),
+three-consumer configurations forced), attention_sm90_rb (O's rescale under the next Q K^T,
+forced),
 attention_warm (the default kernel's warm call: the pointer relaunch, new pointers each call),
 decode (flash-decoding's split kernel and combine, splits forced), kvcache
 (numbatc.attention_with_kvcache: paged and contiguous, decode and prefill, then garbage lengths
@@ -300,6 +301,10 @@ KINDS = {
     "attention_sm90_large": lambda: attention("sm90", ATTN_LARGE),
     "attention_sm90_m192": lambda: [attention(f"sm90:{n}", ATTN_M192) for n in
                                     ("m192_n128_2s_ov_pp_fx_tma", "m192_n128_3s_ov_pp_fx_tma")],
+    # O rescaled under the next Q K^T (rescale_before_pv), each forced on cases of its head dims
+    "attention_sm90_rb": lambda: [attention(f"sm90:{n}", cases) for n, cases in (
+        ("n128_2s_ov_pp_rb_fx_tma", ATTN), ("n112_2s_ov_pp_rb_fx_tma", ATTN_LARGE[:1]),
+        ("n80_2s_ov_rb_fx_tma", ATTN_LARGE[1:3]))],
     "attention_warm": lambda: attention(None, ATTN, repeat=3), "decode": decode,
     "kvcache": kvcache, "attention_backward": attention_backward, "varlen": varlen,
     "attention_backward_sm90": attention_backward_sm90,

@@ -99,6 +99,11 @@ def test_assembles_without_spills_or_serialised_wgmma(name, d, dtype, causal, wi
         assert all(text in ptx for text in cp_async), cp_async
         assert "cp.async.bulk" not in ptx
     assert ("wgmma.wait_group.sync.aligned 1;" in ptx) == cfg.overlap
+    # a wgmma.fence before each issue: in order S's and P V's; overlapped the first tile's S,
+    # the loop's (and, with O rescaled between its S and P V, one more before that P V), the
+    # last tile's P V
+    fences = (3 + cfg.rescale_before_pv) if cfg.overlap else 2
+    assert ptx.count("wgmma.fence.sync.aligned;") == fences, ptx.count("wgmma.fence.sync.aligned;")
     # ping-pong: consumer w syncs on barrier 1 + w and arrives on the next one's (256
     # threads); persistent: all sync on barrier 7 after each work tile
     bars = set(re.findall(r"barrier\.(sync|arrive)\.aligned (\d+), %r", ptx))

@@ -41,7 +41,10 @@ Scheduling: ``overlap=False`` configurations run each tile's two GEMMs and softm
 ``overlap=True`` ones (``_ov``) are FlashAttention-3's intra-warpgroup pipeline: the wgmma of
 S(n) = Q K(n)^T and that of O += P(n-1) V(n-1) are issued back to back, the consumer waits for
 S(n) only (``wgmma_wait_group(1)``) and computes softmax(S(n)) while P(n-1) V(n-1) runs on the
-tensor core; O is rescaled once that group retired.
+tensor core; O is rescaled once that group retired.  ``rescale_before_pv=True`` ones (``_rb``)
+defer that rescale to the next tile: O *= alpha(n-1) between the issue of S(n) and that of
+P(n-1) V(n-1), under the Q K^T (FA3's RescaleOBeforeGemm, its schedule above head_dim 128),
+with a second wgmma.fence before the P V, whose accumulator the multiplies wrote.
 
 ``pingpong=True`` ones (``_pp``, on top of ``_ov``) add FA3's inter-warpgroup ping-pong: the two
 consumers take turns issuing their GEMMs, so that one warpgroup's softmax runs while the other's
@@ -124,6 +127,10 @@ class Sm90AttnConfig:
     producer_regs: int = 56
     consumer_regs: int = 224
     pingpong: bool = False  # FA3's inter-warpgroup ping-pong (named barriers; needs overlap)
+    # O's rescale by tile n's factor in tile n + 1's turn, between the issue of S(n + 1) and that
+    # of P(n) V(n) (FA3's RescaleOBeforeGemm, which it takes above head_dim 128), instead of
+    # after P(n - 1) V(n - 1) retired: the multiplies run under the Q K^T (needs overlap)
+    rescale_before_pv: bool = False
     # P = ex2.approx.ftz(fma(s, scale_log2, -max)): FFMA + MUFU.EX2 per score (intrinsics.
     # fastmath) instead of math.exp2's denormal-scaled ex2 after a separate multiply and subtract
     fast_exp: bool = False
@@ -156,6 +163,9 @@ class Sm90AttnConfig:
             problems.append(f"stages must be >= 2, got {self.stages}")
         if self.pingpong and not self.overlap:
             problems.append("pingpong needs overlap=True (it is built on the _ov schedule)")
+        if self.rescale_before_pv and not self.overlap:
+            problems.append("rescale_before_pv needs overlap=True (the in-order schedule has "
+                            "no Q K^T in flight to hide it under)")
         if self.consumers not in CONSUMERS:
             problems.append(f"consumers must be one of {CONSUMERS}, got {self.consumers}")
         elif self.consumers != 2 and self.producer != "tma":
@@ -268,6 +278,26 @@ CONFIGS = {
                        producer="tma", producer_regs=24, consumer_regs=240, head_dims=(192,)),
         Sm90AttnConfig("n112_2s_ov_pp_fx", 112, overlap=True, pingpong=True, fast_exp=True,
                        head_dims=(192,)),
+        # O's rescale under the next Q K^T (rescale_before_pv): FA3's schedule above head_dim
+        # 128 is this without the ping-pong (it keeps its scheduler barriers to 128 and below);
+        # both, with and without it, at 192 and 256, and head_dim 64-128's default with it
+        Sm90AttnConfig("n80_2s_ov_rb_fx_tma", 80, overlap=True, rescale_before_pv=True,
+                       fast_exp=True, producer="tma", producer_regs=24, consumer_regs=240,
+                       head_dims=(256,)),
+        Sm90AttnConfig("n80_2s_ov_pp_rb_fx_tma", 80, overlap=True, pingpong=True,
+                       rescale_before_pv=True, fast_exp=True, producer="tma", producer_regs=24,
+                       consumer_regs=240, head_dims=(256,)),
+        Sm90AttnConfig("n112_2s_ov_fx_tma", 112, overlap=True, fast_exp=True, producer="tma",
+                       producer_regs=24, consumer_regs=240, head_dims=(192,)),
+        Sm90AttnConfig("n112_2s_ov_rb_fx_tma", 112, overlap=True, rescale_before_pv=True,
+                       fast_exp=True, producer="tma", producer_regs=24, consumer_regs=240,
+                       head_dims=(192,)),
+        Sm90AttnConfig("n112_2s_ov_pp_rb_fx_tma", 112, overlap=True, pingpong=True,
+                       rescale_before_pv=True, fast_exp=True, producer="tma", producer_regs=24,
+                       consumer_regs=240, head_dims=(192,)),
+        Sm90AttnConfig("n128_2s_ov_pp_rb_fx_tma", 128, overlap=True, pingpong=True,
+                       rescale_before_pv=True, fast_exp=True, producer="tma", producer_regs=24,
+                       consumer_regs=240, head_dims=(64, 96, 128)),
     )
 }
 

@@ -677,7 +677,7 @@ def make_kernel(cfg, var):
     cp = not cfg.tma  # the cp.async producer (sm90_attention's docstring)
     with_lse, tma_store = var.with_lse, var.tma_store
     assert not (tma_store and varlen), "a box of O would write the next sequence's rows"
-    overlap, pingpong = cfg.overlap, cfg.pingpong
+    overlap, pingpong, rescale_first = cfg.overlap, cfg.pingpong, cfg.rescale_before_pv
     SW = attn.swizzle_for(D)
     q_lay, k_lay, v_lay, QPB = layouts(cfg, D)  # QPB: consumer 1's Q rows start here
     BM, NC = cfg.block_m, cfg.consumers  # query rows; consumer warpgroups (64 rows each)
@@ -779,6 +779,9 @@ def make_kernel(cfg, var):
         m_1 = NEG_INF
         l_0 = ZERO
         l_1 = ZERO
+        if rescale_first:
+            alpha_0 = ZERO  # (defined on every path: the loop's first rescale scales zeros)
+            alpha_1 = ZERO
         sacc = nt.wgmma_fence_operand(zeros_s)
         o = nt.wgmma_fence_operand(zeros_o)
         pa = zeros_p
@@ -858,6 +861,11 @@ def make_kernel(cfg, var):
                 nt.wgmma_fence()
                 sacc = qk(sacc, dq, dk + _U(s * KB16))
                 nt.wgmma_commit_group()
+                if rescale_first:
+                    # O *= tile n-1's factor while S(n) runs (P(n-2) V(n-2) retired last tile);
+                    # a register write before a wgmma that reads it: a fence of its own
+                    o = nt.wgmma_fence_operand(nt.frag_scale_rows(o, alpha_0, alpha_1))
+                    nt.wgmma_fence()
                 o = pv(o, pa, dv + _U(sp * KB16))
                 nt.wgmma_commit_group()
                 if pingpong:
@@ -873,7 +881,8 @@ def make_kernel(cfg, var):
                 pa = nt.wgmma_fence_operand(pa)  # P(n-1) stays put until its wgmma retired
                 if lane == 0:
                     release(vbars, sp)
-                o = nt.frag_scale_rows(o, alpha_0, alpha_1)
+                if not rescale_first:
+                    o = nt.frag_scale_rows(o, alpha_0, alpha_1)
                 # NOTE: P(n) goes into the A registers only now that P(n-1) V(n-1) retired (as
                 # FA3 does): converting during that wgmma made ptxas serialise every wgmma of
                 # the kernel (C7513, "non wgmma instructions defining input registers of a
@@ -882,6 +891,8 @@ def make_kernel(cfg, var):
             if n_wg > 0:
                 sp = (it + n_wg - 1) % S
                 wait(vbars, sp, ((it + n_wg - 1) // S) & 1)
+                if rescale_first:
+                    o = nt.frag_scale_rows(o, alpha_0, alpha_1)  # the last tile's factor
                 o = nt.wgmma_fence_operand(o)
                 pa = nt.wgmma_fence_operand(pa)
                 nt.wgmma_fence()

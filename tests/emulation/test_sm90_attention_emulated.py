@@ -90,6 +90,14 @@ CASES = [
     (1, 250, 70, 1, 1, 64, True, "float16", "m192_n128_3s_ov_pp_fx_tma"),
     (1, 40, 520, 2, 1, 64, False, "bfloat16", "m192_n128_3s_ov_pp_fx_tma"),
     (1, 191, 129, 1, 1, 64, False, "float16", "m192_n128_2s_ov_pp_fx_tma"),
+    # O rescaled under the next Q K^T (rescale_before_pv): FA3's head_dim 256 schedule (no
+    # ping-pong), GQA, causal, 3 ragged tiles wrap the ring; 192 with and without the
+    # ping-pong (rows that see no key: causal, seqlen_q > seqlen_k); 128 and 64 with it
+    (1, 113, 203, 2, 1, 256, True, "bfloat16", "n80_2s_ov_rb_fx_tma"),
+    (1, 130, 30, 1, 1, 192, True, "float16", "n112_2s_ov_pp_rb_fx_tma"),
+    (1, 40, 300, 1, 1, 192, False, "bfloat16", "n112_2s_ov_rb_fx_tma"),
+    (1, 70, 400, 2, 1, 128, True, "bfloat16", "n128_2s_ov_pp_rb_fx_tma"),
+    (1, 150, 150, 1, 1, 64, False, "float16", "n128_2s_ov_pp_rb_fx_tma"),
 ]
 
 
