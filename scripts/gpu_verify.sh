@@ -128,10 +128,12 @@
 #              and 3-stage configurations on short and causal shapes (ab.txt) and one Nsight
 #              Compute report of head_dim 128's default (profile_attn128*); attn: bench attention
 #              --shapes hd128 and large (attn_all.txt); table: the bf16 GEMM shape table
-#   rescale    the twenty-third session's round: the rescale_before_pv (_rb) configurations'
-#              GPU tests in shards (tests.txt, testlogs.txt) beside compute-sanitizer memcheck /
-#              racecheck / synccheck of them (sanitize.txt), then attn_cfg_ab.py of them against
-#              the defaults at head_dim 256, 192, 128 and 64 (ab.txt)
+#   rescale    the twenty-third session's round, a call per RESCALE_PART: tests, the
+#              rescale_before_pv (_rb) configurations' GPU tests in shards (tests.txt,
+#              testlogs.txt) beside compute-sanitizer memcheck / racecheck / synccheck of them
+#              (sanitize.txt); ab, attn_cfg_ab.py of them against the defaults at head_dim 256,
+#              192, 128 and 64 (ab.txt); profile, Nsight Compute on the Hopper backward
+#              (profile_bwd128*)
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
 source "$(dirname "$0")/gpu_common.sh"
 what=${1:-api}
@@ -570,7 +572,7 @@ fi
 if [[ $what == profile ]]; then
   tag=${PROFILE_TAG:-}  # a suffix for the two files, so that one call can profile several problems
   : "${PROFILE_CODE:=a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16); numbatc.gemm(a, a)}"
-  t ${PROFILE_LIMIT:-200} ncu --clock-control none -k regex:"gemm_kernel|attention_kernel" -c 1 \
+  t ${PROFILE_LIMIT:-200} ncu --clock-control none -k regex:"${PROFILE_KERNELS:-gemm_kernel|attention_kernel}" -c 1 \
     --section SpeedOfLight --section WarpStateStats --section SourceCounters \
     --section MemoryWorkloadAnalysis --import-source no -o /tmp/prof -f \
     $py -c "import torch, numbatc; $PROFILE_CODE; torch.cuda.synchronize()" | tail -5 > "$out/profile$tag.txt"
@@ -766,23 +768,32 @@ if [[ $what == survey ]]; then
 fi
 
 if [[ $what == rescale ]]; then
-  # the rescale_before_pv configurations (and head_dim 192's overlap without the ping-pong):
-  # their GPU tests in shards beside compute-sanitizer on them, then each against the defaults
-  # in one process (SDPA in the same run) at head_dim 256, 192 and 128
-  SHARDS=8 SHARDS_TIMEOUT=250 SHARDS_K="rb_fx or n112_2s_ov_fx_tma" SANITIZE_LIMIT=150 \
-    shards_and_sanitizer rb tests/gpu/test_sm90_attention_gpu.py memcheck:attention_sm90_rb \
-    racecheck:attention_sm90_rb synccheck:attention_sm90_rb
-  ( echo "== hd256"
-    t 150 $py scripts/diag/attn_cfg_ab.py --cfgs default,n80_2s_ov_fx_tma,n80_2s_ov_rb_fx_tma,n80_2s_ov_pp_rb_fx_tma \
-      16x1024x1024x8x8x256 16x1024x1024x8x8x256c 4x4096x4096x8x8x256 4x4096x4096x8x8x256c \
-      1x16384x16384x8x8x256c
-    echo "== hd192"
-    t 150 $py scripts/diag/attn_cfg_ab.py --cfgs default,n112_2s_ov_fx_tma,n112_2s_ov_rb_fx_tma,n112_2s_ov_pp_rb_fx_tma \
-      16x1024x1024x10x10x192 16x1024x1024x10x10x192c 4x4096x4096x10x10x192 4x4096x4096x10x10x192c \
-      1x16384x16384x10x10x192c
-    echo "== hd128 and hd64"
-    t 120 $py scripts/diag/attn_cfg_ab.py --cfgs default,n128_2s_ov_pp_fx_tma,n128_2s_ov_pp_rb_fx_tma \
-      16x1024x1024x16x16x128 16x1024x1024x16x16x128c 4x4096x4096x16x16x128c 32x512x512x16x16x128c \
-      16x1024x1024x32x32x64c 64x256x256x32x32x64
-  ) > "$out/ab.txt" 2>&1
+  # RESCALE_PART=tests: the rescale_before_pv configurations (and head_dim 192's overlap without
+  # the ping-pong): their GPU tests in shards beside compute-sanitizer on them (tests.txt,
+  # testlogs.txt, sanitize.txt); ab: each against the defaults in one process, SDPA in the same
+  # run, at head_dim 256, 192, 128 and 64 (ab.txt); profile: one Nsight Compute report of the
+  # Hopper backward's main kernel (head_dim 128, deterministic=False; profile_bwd128*)
+  part=${RESCALE_PART:-tests}
+  if [[ $part == tests ]]; then
+    SHARDS=8 SHARDS_TIMEOUT=250 SHARDS_K="rb_fx or n112_2s_ov_fx_tma" SANITIZE_LIMIT=150 \
+      shards_and_sanitizer rb tests/gpu/test_sm90_attention_gpu.py memcheck:attention_sm90_rb \
+      racecheck:attention_sm90_rb synccheck:attention_sm90_rb
+  elif [[ $part == ab ]]; then
+    ( echo "== hd256"
+      t 170 $py scripts/diag/attn_cfg_ab.py --cfgs default,n80_2s_ov_fx_tma,n80_2s_ov_rb_fx_tma,n80_2s_ov_pp_rb_fx_tma \
+        16x1024x1024x8x8x256 16x1024x1024x8x8x256c 4x4096x4096x8x8x256 4x4096x4096x8x8x256c \
+        1x16384x16384x8x8x256c
+      echo "== hd192"
+      t 170 $py scripts/diag/attn_cfg_ab.py --cfgs default,n112_2s_ov_fx_tma,n112_2s_ov_rb_fx_tma,n112_2s_ov_pp_rb_fx_tma \
+        16x1024x1024x10x10x192 16x1024x1024x10x10x192c 4x4096x4096x10x10x192 4x4096x4096x10x10x192c \
+        1x16384x16384x10x10x192c
+      echo "== hd128 and hd64"
+      t 150 $py scripts/diag/attn_cfg_ab.py --cfgs default,n128_2s_ov_pp_fx_tma,n128_2s_ov_pp_rb_fx_tma \
+        16x1024x1024x16x16x128 16x1024x1024x16x16x128c 4x4096x4096x16x16x128c 32x512x512x16x16x128c \
+        16x1024x1024x32x32x64c 64x256x256x32x32x64
+    ) > "$out/ab.txt" 2>&1
+  else
+    PROFILE_TAG=_bwd128 PROFILE_LIMIT=200 PROFILE_KERNELS=bwd_kernel PROFILE_CODE="q, k, v, do = (torch.randn(4, 4096, 16, 128, device='cuda', dtype=torch.bfloat16) for _ in range(4)); o, lse = numbatc.attention(q, k, v, return_lse=True); numbatc.attention_backward(q, k, v, o, lse, do, deterministic=False)" \
+      bash "$0" profile
+  fi
 fi
