@@ -132,8 +132,9 @@
 #              rescale_before_pv (_rb) configurations' GPU tests in shards (tests.txt,
 #              testlogs.txt) beside compute-sanitizer memcheck / racecheck / synccheck of them
 #              (sanitize.txt); ab, attn_cfg_ab.py of them against the defaults at head_dim 256,
-#              192, 128 and 64 (ab.txt); profile, Nsight Compute on the Hopper backward
-#              (profile_bwd128*)
+#              192, 128 and 64 (ab.txt); l2, attn_cfg_ab.py of the persistent kernel's causal
+#              order in L2 sections (_pt_l2) against _pt and the default (ab_l2.txt); profile,
+#              Nsight Compute on the Hopper backward (profile_bwd128*)
 # Usage on the device machine:  source .gpu/env.sh && bash scripts/gpu_verify.sh SECTION
 source "$(dirname "$0")/gpu_common.sh"
 what=${1:-api}
@@ -769,13 +770,14 @@ fi
 
 if [[ $what == rescale ]]; then
   # RESCALE_PART=tests: the rescale_before_pv configurations (and head_dim 192's overlap without
-  # the ping-pong): their GPU tests in shards beside compute-sanitizer on them (tests.txt,
+  # the ping-pong, and the persistent order in L2 sections): their GPU tests in shards beside compute-sanitizer on them (tests.txt,
   # testlogs.txt, sanitize.txt); ab: each against the defaults in one process, SDPA in the same
-  # run, at head_dim 256, 192, 128 and 64 (ab.txt); profile: one Nsight Compute report of the
+  # run, at head_dim 256, 192, 128 and 64 (ab.txt); l2: the persistent causal order in L2
+  # sections (ab_l2.txt); profile: one Nsight Compute report of the
   # Hopper backward's main kernel (head_dim 128, deterministic=False; profile_bwd128*)
   part=${RESCALE_PART:-tests}
   if [[ $part == tests ]]; then
-    SHARDS=8 SHARDS_TIMEOUT=250 SHARDS_K="rb_fx or n112_2s_ov_fx_tma" SANITIZE_LIMIT=150 \
+    SHARDS=8 SHARDS_TIMEOUT=250 SHARDS_K="rb_fx or n112_2s_ov_fx_tma or pt_l2 or l2_sections" SANITIZE_LIMIT=150 \
       shards_and_sanitizer rb tests/gpu/test_sm90_attention_gpu.py memcheck:attention_sm90_rb \
       racecheck:attention_sm90_rb synccheck:attention_sm90_rb
   elif [[ $part == ab ]]; then
@@ -792,6 +794,12 @@ if [[ $what == rescale ]]; then
         16x1024x1024x16x16x128 16x1024x1024x16x16x128c 4x4096x4096x16x16x128c 32x512x512x16x16x128c \
         16x1024x1024x32x32x64c 64x256x256x32x32x64
     ) > "$out/ab.txt" 2>&1
+  elif [[ $part == l2 ]]; then
+    # the persistent kernel's causal order in L2 sections against the old order and the
+    # default, where the old one lost 25 % (head_dim 128: 132 heads' K and V at once)
+    t 200 $py scripts/diag/attn_cfg_ab.py --cfgs default,n128_2s_ov_pp_fx_tma_pt,n128_2s_ov_pp_fx_tma_pt_l2 \
+      16x1024x1024x16x16x128c 32x512x512x16x16x128c 4x4096x4096x16x16x128c 1x16384x16384x16x16x128c \
+      16x1024x1024x32x32x64c 8x2048x2048x32x32x64c 16x1024x1024x16x16x96c > "$out/ab_l2.txt" 2>&1
   else
     PROFILE_TAG=_bwd128 PROFILE_LIMIT=200 PROFILE_KERNELS=bwd_kernel PROFILE_CODE="q, k, v, do = (torch.randn(4, 4096, 16, 128, device='cuda', dtype=torch.bfloat16) for _ in range(4)); o, lse = numbatc.attention(q, k, v, return_lse=True); numbatc.attention_backward(q, k, v, o, lse, do, deterministic=False)" \
       bash "$0" profile

@@ -357,3 +357,37 @@ def test_kernels_are_code_and_tma_takes_the_fast_exponential():
     with pytest.raises(ValueError, match="producer='tma' needs fast_exp=True"):
         attn.Sm90AttnConfig("slow_tma", 128, producer="tma", producer_regs=24,
                             consumer_regs=240)
+
+
+@pytest.mark.parametrize("bhn, m_blocks, Sk, D, group, budget", [
+    (512, 8, 1024, 128, 1, 32 << 20),   # 64 pairs a section: 8 sections
+    (256, 8, 1024, 128, 1, 32 << 20),   # 16 x 1024 x 16: 64 a section, 4 sections
+    (40, 3, 300, 64, 4, 1 << 17),       # GQA: one kv head's 4 query heads a section
+    (10, 3, 1024, 128, 1, 3 << 19),     # 3 pairs a section: 3 + 3 + 3 + 1 (a short last one)
+    (24, 2, 512, 64, 2, 3 << 17),       # GQA, 3 kv heads a section: 6 + 6 + 6 + 6
+    (6, 5, 200, 96, 2, 1),              # a budget below one kv head: its query heads alone
+    (7, 4, 1 << 30, 128, 1, 32 << 20),  # a kv head past 32-bit bytes (Sk clamped)
+    (12, 2, 64, 64, 3, 0),              # no budget: one section (the old order)
+])
+def test_l2_sections_order_every_tile_once_longest_first(bhn, m_blocks, Sk, D, group, budget):
+    """The persistent causal order with an L2 budget (FA3's LPT sections): every work tile
+    exactly once; within a section of pairs whose K and V fit the budget (at least one kv
+    head's query heads, the last section the rest), the last query blocks first; sections one
+    after another, each its pairs' every tile."""
+    import numpy as np
+
+    block_coords, _ = sm90_attention_tma._coords(128, True, True, 128, budget, D)
+    Hq = group * 4
+    seen = [block_coords.py_func(t, np.uint32(bhn), m_blocks, Hq, group, Sk)
+            for t in range(bhn * m_blocks)]
+    pairs = [(int(m0) // 128, int(bh)) for m0, b, h, hk, bh in seen]
+    assert sorted(pairs) == [(mi, bh) for mi in range(m_blocks) for bh in range(bhn)]
+    for m0, b, h, hk, bh in seen:
+        assert (b, h, hk) == (bh // Hq, bh % Hq, (bh % Hq) // group)
+    kv_bytes = min(Sk, 1 << 24) * D * 4
+    per = min(max(budget // kv_bytes, 1) * group, bhn) if budget else bhn
+    for start in range(0, bhn, per):
+        tiles = pairs[start * m_blocks:(start + min(per, bhn - start)) * m_blocks]
+        assert {bh for _, bh in tiles} == set(range(start, min(start + per, bhn)))
+        levels = [mi for mi, _ in tiles]
+        assert levels == sorted(levels, reverse=True)  # longest first within the section

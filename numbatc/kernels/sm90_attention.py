@@ -140,6 +140,12 @@ class Sm90AttnConfig:
     # a persistent grid (one block per SM) walking the (batch, head, query block) tiles, longest
     # first under a causal mask (sm90_attention_tma.WORK_TILE); TMA producers only
     persistent: bool = False
+    # persistent and causal: the bytes of K and V a section of the work may keep in L2 (FA3's
+    # LPT scheduler: 32 MB of an H100's or H200's 50 MB).  The longest-first order runs over
+    # sections of as many (batch, query head) pairs as fit, each section's tiles longest first,
+    # so that the blocks at work share their keys and values in L2; 0: one section of all
+    # pairs (sm90_attention_tma._coords)
+    l2_budget: int = 0
     # the head dims it is meant for (tested, and chosen by name): its tiles fit shared memory
     head_dims: tuple = (64, 128)
     # consumer warpgroups, 64 query rows each: 3 is FA3's head_dim 64 tiling (192 x 128, 512
@@ -157,6 +163,8 @@ class Sm90AttnConfig:
             problems.append("producer='tma' needs fast_exp=True")
         if self.persistent and self.producer != "tma":
             problems.append("persistent needs producer='tma'")
+        if self.l2_budget and not self.persistent:
+            problems.append("l2_budget orders a persistent grid's work: it needs persistent=True")
         if self.block_n not in BLOCK_NS:
             problems.append(f"block_n must be one of {BLOCK_NS}, got {self.block_n}")
         if self.stages < 2:
@@ -248,6 +256,10 @@ CONFIGS = {
         Sm90AttnConfig("n128_2s_ov_pp_fx_tma_pt", 128, overlap=True, pingpong=True,
                        fast_exp=True, producer="tma", producer_regs=24, consumer_regs=240,
                        persistent=True, head_dims=(64, 96, 128)),
+        # ... and its work in L2-sized sections under the causal mask (FA3's LPT scheduler)
+        Sm90AttnConfig("n128_2s_ov_pp_fx_tma_pt_l2", 128, overlap=True, pingpong=True,
+                       fast_exp=True, producer="tma", producer_regs=24, consumer_regs=240,
+                       persistent=True, l2_budget=32 << 20, head_dims=(64, 96, 128)),
         # head_dim 256 (FA3's tiles: 128 x 80, 2 stages): O is 128 registers a consumer thread,
         # S 40, P 20; Q 64 KB + 2 x (K 40 KB + V 40 KB) = 224 KB of shared memory.
         Sm90AttnConfig("n80_2s_ov_pp_fx_tma", 80, overlap=True, pingpong=True, fast_exp=True,
@@ -434,7 +446,8 @@ def choose_config(head_dim: int) -> Sm90AttnConfig:
 def twin(cfg: Sm90AttnConfig, head_dim: int) -> Sm90AttnConfig:
     """The cp.async configuration a TMA one falls back to: the same name without ``_tma`` where
     it exists, else the cp.async default for the head dim."""
-    return CONFIGS.get(cfg.name.removesuffix("_pt").removesuffix("_tma")) or CONFIGS[DEFAULT[head_dim]]
+    name = cfg.name.removesuffix("_l2").removesuffix("_pt").removesuffix("_tma")
+    return CONFIGS.get(name) or CONFIGS[DEFAULT[head_dim]]
 
 
 def resolve(p, cfg: Sm90AttnConfig):

@@ -486,22 +486,41 @@ def _staging(dtype, head_dim, swizzle, block_m):
     return stage_o
 
 
-def _coords(block_n, causal, longest_first, block_m):
-    """``block_coords(tile, bhn, m_blocks, Hq, group)`` -> (m0, b, h, hk, bh) of work tile
+def _coords(block_n, causal, longest_first, block_m, l2_budget=0, head_dim=128):
+    """``block_coords(tile, bhn, m_blocks, Hq, group, Sk)`` -> (m0, b, h, hk, bh) of work tile
     ``tile`` (a block's, or a persistent block's of m_blocks * bhn), and ``key_tiles(m0, Sk,
-    off)``: the key tiles the tile's rows see.  ``longest_first`` (persistent, causal): every
-    (batch, head)'s last query blocks first, the most keys; else one (batch, head)'s query
-    blocks side by side, last first (they share K and V in L2).  NOTE: 32-bit unsigned
-    arithmetic: a 64-bit division by a run-time value is a subroutine call in SASS, and a call
-    anywhere in the kernel makes ptxas serialise every wgmma (C7509)."""
+    off)``: the key tiles the tile's rows see.  ``longest_first`` (persistent, causal): the
+    last query blocks first, the most keys -- over every (batch, head) pair, or with
+    ``l2_budget`` over sections of pairs whose K and V fit that many bytes (the last section
+    takes the rest), section after section (FA3's LPT scheduler: the blocks at work then share
+    K and V in L2); else one (batch, head)'s query blocks side by side, last first (they share
+    K and V in L2).  NOTE: 32-bit unsigned arithmetic: a 64-bit division by a run-time value
+    is a subroutine call in SASS, and a call anywhere in the kernel makes ptxas serialise every
+    wgmma (C7509)."""
     div = _div(block_n)
     BN = block_n
+    # K and V of one kv head take Sk * head_dim * 4 bytes: Sk * UNIT units of 128 bytes (head
+    # dims are multiples of 32); Sk clamped so that the product stays 32-bit
+    UNIT = head_dim // 32
+    BUDGET = l2_budget // 128
+    sectioned = longest_first and l2_budget > 0
 
     @cuda.jit(device=True, forceinline=True)
-    def block_coords(tile, bhn, m_blocks, Hq, group):
+    def block_coords(tile, bhn, m_blocks, Hq, group, Sk):
         w = np.uint32(tile)
         mb = np.uint32(m_blocks)
-        if longest_first:
+        if sectioned:
+            # pairs of a section: the query heads of as many kv heads as fit (at least one)
+            kv = np.uint32(min(max(Sk, 1), 1 << 24)) * np.uint32(UNIT)
+            per = max(np.uint32(np.uint32(BUDGET) // kv), np.uint32(1)) * np.uint32(group)
+            per = min(per, np.uint32(bhn))
+            sec = np.uint32(w // np.uint32(per * mb))
+            first = np.uint32(sec * per)
+            pairs = min(per, np.uint32(np.uint32(bhn) - first))  # the last section: the rest
+            r = np.uint32(w - np.uint32(first * mb))
+            bh = np.uint32(first + np.uint32(r % pairs))
+            mi = np.uint32(np.uint32(mb - np.uint32(1)) - np.uint32(r // pairs))
+        elif longest_first:
             bh = np.uint32(w % bhn)
             mi = np.uint32(np.uint32(mb - np.uint32(1)) - np.uint32(w // bhn))
         else:
@@ -712,11 +731,11 @@ def make_kernel(cfg, var):
     store_row0, store_row1 = (None, None) if tma_store else _row_stores(var.dtype,
                                                                         var.pair_stores, D)
     stage_o = _staging(var.dtype, D, SW, BM) if tma_store else None
-    block_coords, key_tiles = _coords(BN, causal, pers and causal, BM)
+    block_coords, key_tiles = _coords(BN, causal, pers and causal, BM, cfg.l2_budget, D)
     div = _div(BN)
 
     def work_tile(tile, bhn, m_blocks, Hq, group, Sk, off):
-        m0, b, h, hk, bh = block_coords(tile, bhn, m_blocks, Hq, group)
+        m0, b, h, hk, bh = block_coords(tile, bhn, m_blocks, Hq, group, Sk)
         return m0, b, h, hk, bh, key_tiles(m0, Sk, off)
 
     work_tile = cuda.jit(device=True, forceinline=True)(work_tile)
@@ -987,7 +1006,7 @@ def make_kernel(cfg, var):
         # a block per tile: one (batch, head)'s query blocks are neighbours (they share K and V
         # in L2), the last ones, which see the most keys under a causal mask, first.  Varlen:
         # the sequence's rows q0 .. of q and k0 .. of k and v, its Sq and Sk
-        m0, b, h, hk, bh = block_coords(cuda.blockIdx.x, 0, m_blocks, Hq, group)
+        m0, b, h, hk, bh = block_coords(cuda.blockIdx.x, 0, m_blocks, Hq, group, Sk)
         q0 = np.int64(0)
         k0 = np.int64(0)
         if varlen:

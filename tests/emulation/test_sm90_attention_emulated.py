@@ -98,6 +98,8 @@ CASES = [
     (1, 40, 300, 1, 1, 192, False, "bfloat16", "n112_2s_ov_rb_fx_tma"),
     (1, 70, 400, 2, 1, 128, True, "bfloat16", "n128_2s_ov_pp_rb_fx_tma"),
     (1, 150, 150, 1, 1, 64, False, "float16", "n128_2s_ov_pp_rb_fx_tma"),
+    # persistent in L2 sections (one section here: the budget holds these keys many times)
+    (2, 150, 239, 2, 1, 64, True, "bfloat16", "n128_2s_ov_pp_fx_tma_pt_l2"),
 ]
 
 
@@ -115,6 +117,22 @@ def test_sm90_attention_in_the_emulation(sm90, monkeypatch, b, sq, sk, hq, hkv, 
     assert bool(left.touched) == (c.pingpong
                                   or (c.tma and d in sm90_attention.TMA_STORE_HEAD_DIMS))
     assert not left(), "a named barrier left part-full"
+
+
+def test_persistent_l2_sections(sm90, monkeypatch):
+    """The persistent causal order in L2 sections (sm90_attention_tma._coords), walked by the
+    emulation's 2 blocks, rows that see no key (seqlen_q > seqlen_k): a budget of two kv heads'
+    K and V over 3 heads (sections of 2 and 1: the short last one), then of one kv head with
+    GQA (2 batches x 4 query heads over 2 kv heads: 4 sections of 2 query heads)."""
+    import dataclasses
+
+    base = sm90_attention.CONFIGS["n128_2s_ov_pp_fx_tma_pt_l2"]
+    for heads, hq, hkv, b in ((2, 3, 3, 1), (1, 4, 2, 2)):
+        cfg = dataclasses.replace(base, name=f"{base.name}_{heads}", l2_budget=heads * 60 * 64 * 4)
+        monkeypatch.setitem(sm90_attention.CONFIGS, cfg.name, cfg)
+        used = sm90(cfg.name)
+        check(b, 400, 60, hq, hkv, 64, True, "float16")
+        assert used == [cfg.name]
 
 
 @pytest.mark.parametrize("name", ["n128_2s_ov_pp_fx_tma", "n128_2s_ov_pp_fx"])

@@ -110,6 +110,28 @@ def test_tma_many_blocks(sm90, name):
     assert used == [name] * 3
 
 
+def test_persistent_l2_sections(sm90, monkeypatch):
+    """The persistent causal order in L2 sections (n128_2s_ov_pp_fx_tma_pt_l2): its 32 MB
+    budget over 24 heads of 8192 keys (sections of 8 heads), then budgets of 1 and 2 kv heads'
+    K and V forced on GQA grids of several waves (short last sections; 3 query heads a kv
+    head), each against the float64 reference."""
+    import dataclasses
+
+    name = "n128_2s_ov_pp_fx_tma_pt_l2"
+    used = sm90(name)
+    check(1, 256, 8192, 24, 24, 128, True, "bfloat16")
+    assert used == [name]
+    base = sm90_attention.CONFIGS[name]
+    for kv_heads, args in ((1, (2, 1500, 700, 12, 4, 64, True, "float16")),
+                           (2, (3, 1000, 1100, 15, 5, 128, True, "bfloat16"))):
+        D, sk = args[5], args[2]
+        cfg = dataclasses.replace(base, name=f"{name}_{kv_heads}", l2_budget=kv_heads * sk * D * 4)
+        monkeypatch.setitem(sm90_attention.CONFIGS, cfg.name, cfg)
+        used = sm90(cfg.name)
+        check(*args)
+        assert used == [cfg.name]
+
+
 THREE = sorted(n for n, c in sm90_attention.CONFIGS.items() if c.consumers == 3)
 
 
