@@ -128,7 +128,7 @@
 #              and 3-stage configurations on short and causal shapes (ab.txt) and one Nsight
 #              Compute report of head_dim 128's default (profile_attn128*); attn: bench attention
 #              --shapes hd128 and large (attn_all.txt); table: the bf16 GEMM shape table
-#   rescale    the twenty-third session's round, a call per RESCALE_PART: tests, the
+#   round23    the twenty-third session's round, a call per ROUND23_PART: tests, the
 #              rescale_before_pv (_rb) configurations' GPU tests in shards (tests.txt,
 #              testlogs.txt) beside compute-sanitizer memcheck / racecheck / synccheck of them
 #              (sanitize.txt); ab, attn_cfg_ab.py of them against the defaults at head_dim 256,
@@ -768,14 +768,14 @@ if [[ $what == survey ]]; then
   echo "[survey $part done at $((SECONDS - start)) s]" >> "$out/first_call.txt"
 fi
 
-if [[ $what == rescale ]]; then
-  # RESCALE_PART=tests: the rescale_before_pv configurations (and head_dim 192's overlap without
+if [[ $what == round23 ]]; then
+  # ROUND23_PART=tests: the rescale_before_pv configurations (and head_dim 192's overlap without
   # the ping-pong, and the persistent order in L2 sections): their GPU tests in shards beside compute-sanitizer on them (tests.txt,
   # testlogs.txt, sanitize.txt); ab: each against the defaults in one process, SDPA in the same
   # run, at head_dim 256, 192, 128 and 64 (ab.txt); l2: the persistent causal order in L2
   # sections (ab_l2.txt); profile: one Nsight Compute report of the
   # Hopper backward's main kernel (head_dim 128, deterministic=False; profile_bwd128*)
-  part=${RESCALE_PART:-tests}
+  part=${ROUND23_PART:-tests}
   if [[ $part == tests ]]; then
     SHARDS=8 SHARDS_TIMEOUT=250 SHARDS_K="rb_fx or n112_2s_ov_fx_tma or pt_l2 or l2_sections" SANITIZE_LIMIT=150 \
       shards_and_sanitizer rb tests/gpu/test_sm90_attention_gpu.py memcheck:attention_sm90_rb \
