@@ -216,7 +216,7 @@ def test_tma_switch_twins_and_refusals(monkeypatch):
         for d in cfg.head_dims:
             twin = attn.twin(cfg, d) if cfg.tma else cfg
             assert not twin.tma and d in twin.head_dims
-            own = cfg.name.removesuffix("_pt").removesuffix("_tma") in attn.CONFIGS
+            own = cfg.name.removesuffix("_l2").removesuffix("_pt").removesuffix("_tma") in attn.CONFIGS
             assert twin.block_n == cfg.block_n if own or not cfg.tma else (
                 twin is attn.CONFIGS[attn.DEFAULT[d]]), (cfg.name, d, twin.name)
     assert attn.twin(attn.CONFIGS["n176_2s_ov_pp_fx_tma"], 64).name == attn.DEFAULT[64]
